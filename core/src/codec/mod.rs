@@ -1,0 +1,3 @@
+//! Wire codecs shared by the machines.
+
+pub mod frame;

@@ -1,0 +1,873 @@
+//! The FS proxy machine (seed 000): serves the file operations of connected
+//! clients, sans-I/O.
+//!
+//! Bytes from each client go in (`Input::Bytes`); framed responses, file
+//! effects for the shell to perform, and frames for an upstream proxy come
+//! out (`poll_output`). Each client's requests are served one at a time in
+//! arrival order, so a client may pipeline freely and still see its writes
+//! and reads applied in the order it sent them; different clients proceed
+//! independently.
+//!
+//! The machine plays the seed's three roles:
+//! - the upstream server ("vfsd"): [`StdioRole::Reject`], no upstream;
+//! - the top-level parent-side mux: [`StdioRole::Local`], no upstream;
+//! - the intermediate proxy: [`StdioRole::Local`] with `upstream: true`,
+//!   forwarding every non-stdio operation, after applying its own policy,
+//!   and closing upstream whatever a departed client still held.
+
+mod virtual_fs;
+pub mod wire;
+
+pub use virtual_fs::{VirtualFs, DEFAULT_MAX_VIRTUAL_BYTES};
+
+use crate::b64;
+use crate::codec::frame::{self, FrameDecoder, DEFAULT_MAX_FRAME};
+use crate::handles::{ClientId, Handle, HandleTable, Missing};
+use crate::policy::{Denied, Policy, Resolved, RootId};
+use crate::time::Instant;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use wire::{ErrorCode, Failure, Limits, Mode, Op, OpKind, Rejection, Request, Response, Success};
+
+/// Open handles the whole machine may hold by default.
+pub const DEFAULT_MAX_OPEN_HANDLES: usize = 1024;
+/// Requests one client may have waiting behind the one being served.
+pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 256;
+
+/// How handles 0, 1 and 2 are treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StdioRole {
+    /// The parent-side mux: served from the process's own stdio.
+    Local,
+    /// The upstream server: refused with E_PERM.
+    Reject,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub policy: Policy,
+    pub stdio: StdioRole,
+    /// Forward non-stdio operations to an upstream proxy.
+    pub upstream: bool,
+    pub max_frame: usize,
+    pub limits: Limits,
+    pub max_open_handles: usize,
+    pub max_queued_requests: usize,
+    pub max_virtual_bytes: u64,
+}
+
+impl Config {
+    pub fn new(policy: Policy, stdio: StdioRole) -> Self {
+        Config {
+            policy,
+            stdio,
+            upstream: false,
+            max_frame: DEFAULT_MAX_FRAME,
+            limits: Limits::default(),
+            max_open_handles: DEFAULT_MAX_OPEN_HANDLES,
+            max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
+            max_virtual_bytes: DEFAULT_MAX_VIRTUAL_BYTES,
+        }
+    }
+}
+
+/// A host file the shell holds open on the machine's behalf.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FileId(pub u64);
+
+/// Names one effect so its completion can be matched to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EffectId(pub u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StdStream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "input")]
+pub enum Input {
+    Connected {
+        client: ClientId,
+    },
+    Bytes {
+        client: ClientId,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    /// The client's end is closed (every copy of it).
+    Eof {
+        client: ClientId,
+    },
+    /// The client's process is gone, whoever still holds the pipe.
+    Died {
+        client: ClientId,
+    },
+    EffectDone {
+        id: EffectId,
+        result: EffectResult,
+    },
+    UpstreamBytes {
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    UpstreamEof,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "output")]
+pub enum Output {
+    /// Framed bytes for a client.
+    Send {
+        client: ClientId,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    /// Stop serving the client and drop the machine's end of its pipe.
+    Close {
+        client: ClientId,
+    },
+    Effect {
+        id: EffectId,
+        effect: Effect,
+    },
+    /// Framed bytes for the upstream proxy.
+    SendUpstream {
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "effect")]
+pub enum Effect {
+    /// Open `rel` beneath root `root` (never following a path out of it).
+    Open {
+        file: FileId,
+        root: RootId,
+        rel: PathBuf,
+        mode: Mode,
+    },
+    Read {
+        file: FileId,
+        max: u32,
+    },
+    Write {
+        file: FileId,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    Close {
+        file: FileId,
+    },
+    ReadStdin {
+        max: u32,
+    },
+    WriteStdio {
+        stream: StdStream,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsErrorKind {
+    NotFound,
+    /// Permission denied, or a path that led out of its root.
+    Denied,
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "result")]
+pub enum EffectResult {
+    Opened,
+    Data {
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+        eof: bool,
+    },
+    Written {
+        written: u64,
+    },
+    Closed,
+    Failed {
+        kind: FsErrorKind,
+        message: String,
+    },
+}
+
+/// Counters for `--report` and for the simulator's checkers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    pub requests: u64,
+    pub responses: u64,
+    pub errors_by_code: BTreeMap<ErrorCode, u64>,
+    pub handles_opened: u64,
+    pub handles_closed: u64,
+    /// Of `handles_closed`, those closed because their client left.
+    pub handles_cleaned_up: u64,
+    pub clients: u64,
+    /// Frames that ended a session: oversized length prefixes.
+    pub frames_rejected: u64,
+    /// Sessions that hit EOF in the middle of a frame.
+    pub truncated_frames: u64,
+    /// Upstream responses that could not be matched or decoded.
+    pub upstream_errors: u64,
+}
+
+#[derive(Debug)]
+enum Target {
+    Host(FileId),
+    Virtual { name: String, pos: u64 },
+    Upstream(Handle),
+}
+
+#[derive(Debug)]
+struct Slot {
+    mode: Mode,
+    target: Target,
+}
+
+/// What a pending effect or upstream request is for.
+#[derive(Debug)]
+enum Waiting {
+    Open {
+        file: FileId,
+        mode: Mode,
+    },
+    UpstreamOpen {
+        mode: Mode,
+    },
+    Read,
+    Write,
+    Close,
+    /// Closing for a client that left; nobody to answer.
+    Cleanup,
+    Stdio,
+}
+
+#[derive(Debug)]
+struct Pending {
+    client: ClientId,
+    /// The request this answers; `None` for cleanup.
+    req: Option<String>,
+    waiting: Waiting,
+}
+
+#[derive(Debug)]
+struct Client {
+    decoder: FrameDecoder,
+    queue: VecDeque<Request>,
+    /// Serving a request whose answer waits on an effect or upstream.
+    busy: bool,
+    /// Waiting on an effect on a host file: cleanup must wait for it, so
+    /// a close never overtakes an operation on the same file.
+    busy_on_file: bool,
+    alive: bool,
+}
+
+#[derive(Debug)]
+pub struct FsProxy {
+    config: Config,
+    clients: BTreeMap<ClientId, Client>,
+    table: HandleTable<Slot>,
+    virt: VirtualFs,
+    pending: BTreeMap<EffectId, Pending>,
+    next_effect: u64,
+    next_file: u64,
+    /// Host opens under way, counted against the handle limit.
+    opening: usize,
+    upstream_decoder: FrameDecoder,
+    upstream_pending: BTreeMap<String, Pending>,
+    upstream_alive: bool,
+    next_upstream_id: u64,
+    outputs: VecDeque<Output>,
+    stats: Stats,
+}
+
+fn missing_failure(h: Handle, m: Missing) -> Failure {
+    match m {
+        Missing::NoEntry => Failure::new(ErrorCode::NoEnt, format!("no such handle: {h}")),
+        Missing::Closed => Failure::new(ErrorCode::Closed, format!("handle {h} is closed")),
+    }
+}
+
+fn denied_failure(d: Denied) -> Failure {
+    let code = if d == Denied::Empty { ErrorCode::Arg } else { ErrorCode::Perm };
+    Failure::new(code, d.to_string())
+}
+
+fn fs_failure(kind: FsErrorKind, message: String) -> Failure {
+    let code = match kind {
+        FsErrorKind::NotFound => ErrorCode::NoEnt,
+        FsErrorKind::Denied => ErrorCode::Perm,
+        FsErrorKind::Other => ErrorCode::Io,
+    };
+    Failure { code, message }
+}
+
+fn unexpected(result: &EffectResult) -> Failure {
+    Failure::new(ErrorCode::Io, format!("unexpected effect result: {result:?}"))
+}
+
+impl FsProxy {
+    pub fn new(config: Config) -> Self {
+        FsProxy {
+            clients: BTreeMap::new(),
+            table: HandleTable::new(),
+            virt: VirtualFs::new(config.max_virtual_bytes),
+            pending: BTreeMap::new(),
+            next_effect: 0,
+            next_file: 0,
+            opening: 0,
+            upstream_decoder: FrameDecoder::new(config.max_frame),
+            upstream_pending: BTreeMap::new(),
+            upstream_alive: config.upstream,
+            next_upstream_id: 0,
+            outputs: VecDeque::new(),
+            stats: Stats::default(),
+            config,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Live handles on this level.
+    pub fn open_handles(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Live handles `client` owns.
+    pub fn handles_of(&self, client: ClientId) -> usize {
+        self.table.owned_by(client)
+    }
+
+    /// Clients the machine still tracks (connected, or gone with an effect
+    /// still to finish).
+    pub fn tracked_clients(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Host files open on the machine's behalf, or being opened, are all
+    /// accounted for: no file effect is outstanding. Stdio effects are not
+    /// counted: a read of stdin may never finish and holds nothing.
+    pub fn quiescent(&self) -> bool {
+        self.pending.values().all(|p| matches!(p.waiting, Waiting::Stdio))
+            && self.upstream_pending.values().all(|p| p.req.is_none())
+    }
+
+    /// Contents of a virtual file (for tests and checkers).
+    pub fn virtual_file(&self, name: &str) -> Option<&[u8]> {
+        self.virt.contents(name)
+    }
+
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// The FS proxy keeps no timers: every wait it has ends with an input.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+
+    pub fn handle(&mut self, _now: Instant, input: Input) {
+        match input {
+            Input::Connected { client } => {
+                if self.clients.contains_key(&client) {
+                    return;
+                }
+                self.stats.clients += 1;
+                self.clients.insert(
+                    client,
+                    Client {
+                        decoder: FrameDecoder::new(self.config.max_frame),
+                        queue: VecDeque::new(),
+                        busy: false,
+                        busy_on_file: false,
+                        alive: true,
+                    },
+                );
+            }
+            Input::Bytes { client, data } => self.on_bytes(client, &data),
+            Input::Eof { client } => {
+                if let Some(c) = self.clients.get(&client) {
+                    if c.alive && c.decoder.has_partial() {
+                        self.stats.truncated_frames += 1;
+                    }
+                }
+                self.depart(client);
+            }
+            Input::Died { client } => self.depart(client),
+            Input::EffectDone { id, result } => self.on_effect_done(id, result),
+            Input::UpstreamBytes { data } => self.on_upstream_bytes(&data),
+            Input::UpstreamEof => self.upstream_lost("upstream closed"),
+        }
+    }
+
+    fn on_bytes(&mut self, client: ClientId, data: &[u8]) {
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        if !c.alive {
+            return;
+        }
+        c.decoder.push(data);
+        loop {
+            let Some(c) = self.clients.get_mut(&client) else { return };
+            match c.decoder.next_frame() {
+                Ok(Some(payload)) => {
+                    self.stats.requests += 1;
+                    match wire::parse_request(&payload, self.config.limits) {
+                        Ok(req) => self.enqueue(client, req),
+                        Err(Rejection { id, code, message }) => {
+                            self.respond(client, id, Err(Failure { code, message }));
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.stats.frames_rejected += 1;
+                    self.respond(client, None, Err(Failure::new(ErrorCode::Range, e.to_string())));
+                    self.depart(client);
+                    return;
+                }
+            }
+        }
+        self.pump(client);
+    }
+
+    fn enqueue(&mut self, client: ClientId, req: Request) {
+        let limit = self.config.max_queued_requests;
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        if c.queue.len() >= limit {
+            let msg = format!("more than {limit} requests waiting; read responses before sending more");
+            self.respond(client, Some(req.id), Err(Failure::new(ErrorCode::Range, msg)));
+        } else {
+            c.queue.push_back(req);
+        }
+    }
+
+    /// Serve `client`'s queued requests until one has to wait.
+    fn pump(&mut self, client: ClientId) {
+        loop {
+            let Some(c) = self.clients.get_mut(&client) else { return };
+            if !c.alive || c.busy {
+                return;
+            }
+            let Some(req) = c.queue.pop_front() else { return };
+            self.serve(client, req);
+        }
+    }
+
+    fn respond(&mut self, client: ClientId, id: Option<String>, outcome: Result<Success, Failure>) {
+        let Some(c) = self.clients.get(&client) else { return };
+        if !c.alive {
+            return;
+        }
+        if let Err(f) = &outcome {
+            *self.stats.errors_by_code.entry(f.code).or_default() += 1;
+        }
+        self.stats.responses += 1;
+        let payload = wire::encode_response(&Response { id, outcome });
+        self.outputs.push_back(Output::Send { client, data: frame::encode(&payload) });
+    }
+
+    fn effect(&mut self, pending: Pending, effect: Effect) {
+        let id = EffectId(self.next_effect);
+        self.next_effect += 1;
+        if matches!(pending.waiting, Waiting::Open { .. }) {
+            self.opening += 1;
+        }
+        if pending.req.is_some() {
+            if let Some(c) = self.clients.get_mut(&pending.client) {
+                c.busy = true;
+                c.busy_on_file = !matches!(pending.waiting, Waiting::Stdio);
+            }
+        }
+        self.pending.insert(id, pending);
+        self.outputs.push_back(Output::Effect { id, effect });
+    }
+
+    fn forward(&mut self, client: ClientId, req: Option<String>, waiting: Waiting, op: Op) {
+        let id = format!("u{}", self.next_upstream_id);
+        self.next_upstream_id += 1;
+        let payload = wire::encode_request(&Request { id: id.clone(), op });
+        if req.is_some() {
+            if let Some(c) = self.clients.get_mut(&client) {
+                c.busy = true;
+            }
+        }
+        self.upstream_pending.insert(id, Pending { client, req, waiting });
+        self.outputs.push_back(Output::SendUpstream { data: frame::encode(&payload) });
+    }
+
+    fn serve(&mut self, client: ClientId, req: Request) {
+        let Request { id, op } = req;
+        let immediate = match op {
+            Op::Quota { .. } | Op::LlmCmd { .. } => Err(Failure::new(
+                ErrorCode::Unsupported,
+                format!("{} is reserved and no broker is configured", op.name()),
+            )),
+            Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if h.is_stdio() => {
+                self.serve_stdio(client, id, op);
+                return;
+            }
+            Op::Open { path, mode } => match self.open(client, &id, &path, mode) {
+                Ok(Some(s)) => Ok(s),
+                Ok(None) => return,
+                Err(f) => Err(f),
+            },
+            Op::Read { h, max } => match self.read(client, &id, h, max) {
+                Ok(Some(s)) => Ok(s),
+                Ok(None) => return,
+                Err(f) => Err(f),
+            },
+            Op::Write { h, data } => match self.write(client, &id, h, data) {
+                Ok(Some(s)) => Ok(s),
+                Ok(None) => return,
+                Err(f) => Err(f),
+            },
+            Op::Close { h } => match self.close(client, &id, h) {
+                Ok(Some(s)) => Ok(s),
+                Ok(None) => return,
+                Err(f) => Err(f),
+            },
+        };
+        self.respond(client, Some(id), immediate);
+    }
+
+    fn serve_stdio(&mut self, client: ClientId, id: String, op: Op) {
+        if self.config.stdio == StdioRole::Reject {
+            let msg = "handles 0..2 are stdio, served by the parent-side mux";
+            self.respond(client, Some(id), Err(Failure::new(ErrorCode::Perm, msg)));
+            return;
+        }
+        let pending = |id| Pending { client, req: Some(id), waiting: Waiting::Stdio };
+        match op {
+            Op::Close { .. } => self.respond(client, Some(id), Ok(Success::Closed)),
+            Op::Read { h, max } if h.get() == 0 => self.effect(pending(id), Effect::ReadStdin { max }),
+            Op::Write { h, data } if h.get() != 0 => {
+                let stream = if h.get() == 1 { StdStream::Stdout } else { StdStream::Stderr };
+                self.effect(pending(id), Effect::WriteStdio { stream, data });
+            }
+            _ => {
+                let msg = "stdin is read-only; stdout and stderr are write-only";
+                self.respond(client, Some(id), Err(Failure::new(ErrorCode::Perm, msg)));
+            }
+        }
+    }
+
+    fn open(
+        &mut self,
+        client: ClientId,
+        id: &str,
+        path: &str,
+        mode: Mode,
+    ) -> Result<Option<Success>, Failure> {
+        let resolved = self.config.policy.resolve(path, mode.writable()).map_err(denied_failure)?;
+        if self.table.len() + self.opening >= self.config.max_open_handles {
+            return Err(Failure::new(
+                ErrorCode::Range,
+                format!("too many open handles (limit {})", self.config.max_open_handles),
+            ));
+        }
+        let req = Some(id.to_owned());
+        if self.config.upstream {
+            if !self.upstream_alive {
+                return Err(Failure::new(ErrorCode::Io, "upstream closed"));
+            }
+            let path = match resolved {
+                Resolved::Host { root, rel } => match self.config.policy.root(root) {
+                    Some(r) => r.path.join(rel).to_string_lossy().into_owned(),
+                    None => return Err(Failure::new(ErrorCode::Io, "unknown root")),
+                },
+                Resolved::Virtual { name } => name,
+            };
+            self.forward(client, req, Waiting::UpstreamOpen { mode }, Op::Open { path, mode });
+            return Ok(None);
+        }
+        match resolved {
+            Resolved::Virtual { name } => {
+                let pos = self.virt.open(&name, mode)?;
+                let handle = self.table.insert(client, Slot { mode, target: Target::Virtual { name, pos } });
+                self.stats.handles_opened += 1;
+                Ok(Some(Success::Opened { handle }))
+            }
+            Resolved::Host { root, rel } => {
+                let file = FileId(self.next_file);
+                self.next_file += 1;
+                self.effect(
+                    Pending { client, req, waiting: Waiting::Open { file, mode } },
+                    Effect::Open { file, root, rel, mode },
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    fn read(&mut self, client: ClientId, id: &str, h: Handle, max: u32) -> Result<Option<Success>, Failure> {
+        let slot = self.table.get_mut(client, h).map_err(|m| missing_failure(h, m))?;
+        if !slot.mode.readable() {
+            return Err(Failure::new(ErrorCode::Perm, format!("handle {h} was not opened for reading")));
+        }
+        let req = Some(id.to_owned());
+        match &mut slot.target {
+            Target::Virtual { name, pos } => {
+                let data = self.virt.read(name, pos, max);
+                let eof = data.is_empty();
+                Ok(Some(Success::Data { data, eof }))
+            }
+            Target::Host(file) => {
+                let file = *file;
+                self.effect(Pending { client, req, waiting: Waiting::Read }, Effect::Read { file, max });
+                Ok(None)
+            }
+            Target::Upstream(up) => {
+                let up = *up;
+                if !self.upstream_alive {
+                    return Err(Failure::new(ErrorCode::Io, "upstream closed"));
+                }
+                self.forward(client, req, Waiting::Read, Op::Read { h: up, max });
+                Ok(None)
+            }
+        }
+    }
+
+    fn write(
+        &mut self,
+        client: ClientId,
+        id: &str,
+        h: Handle,
+        data: Vec<u8>,
+    ) -> Result<Option<Success>, Failure> {
+        let slot = self.table.get_mut(client, h).map_err(|m| missing_failure(h, m))?;
+        if !slot.mode.writable() {
+            return Err(Failure::new(ErrorCode::Perm, format!("handle {h} was not opened for writing")));
+        }
+        let append = slot.mode == Mode::Append;
+        let req = Some(id.to_owned());
+        match &mut slot.target {
+            Target::Virtual { name, pos } => {
+                let written = self.virt.write(name, pos, append, &data)?;
+                Ok(Some(Success::Written { written }))
+            }
+            Target::Host(file) => {
+                let file = *file;
+                self.effect(Pending { client, req, waiting: Waiting::Write }, Effect::Write { file, data });
+                Ok(None)
+            }
+            Target::Upstream(up) => {
+                let up = *up;
+                if !self.upstream_alive {
+                    return Err(Failure::new(ErrorCode::Io, "upstream closed"));
+                }
+                self.forward(client, req, Waiting::Write, Op::Write { h: up, data });
+                Ok(None)
+            }
+        }
+    }
+
+    fn close(&mut self, client: ClientId, id: &str, h: Handle) -> Result<Option<Success>, Failure> {
+        let slot = self.table.remove(client, h).map_err(|m| missing_failure(h, m))?;
+        self.stats.handles_closed += 1;
+        let req = Some(id.to_owned());
+        match slot.target {
+            Target::Virtual { .. } => Ok(Some(Success::Closed)),
+            Target::Host(file) => {
+                self.effect(Pending { client, req, waiting: Waiting::Close }, Effect::Close { file });
+                Ok(None)
+            }
+            Target::Upstream(up) => {
+                if !self.upstream_alive {
+                    // The upstream closed everything when its pipe closed.
+                    return Ok(Some(Success::Closed));
+                }
+                self.forward(client, req, Waiting::Close, Op::Close { h: up });
+                Ok(None)
+            }
+        }
+    }
+
+    fn on_effect_done(&mut self, id: EffectId, result: EffectResult) {
+        let Some(Pending { client, req, waiting }) = self.pending.remove(&id) else { return };
+        if matches!(waiting, Waiting::Open { .. }) {
+            self.opening -= 1;
+        }
+        let alive = self.clients.get(&client).is_some_and(|c| c.alive);
+        let outcome = match (waiting, result) {
+            (Waiting::Open { file, mode }, EffectResult::Opened) => {
+                if alive {
+                    let handle = self.table.insert(client, Slot { mode, target: Target::Host(file) });
+                    self.stats.handles_opened += 1;
+                    Ok(Success::Opened { handle })
+                } else {
+                    // Opened for a client that has left: close it at once.
+                    let cleanup = Pending { client, req: None, waiting: Waiting::Cleanup };
+                    self.effect(cleanup, Effect::Close { file });
+                    Err(Failure::new(ErrorCode::Io, "client left"))
+                }
+            }
+            (Waiting::Read | Waiting::Stdio, EffectResult::Data { data, eof }) => {
+                Ok(Success::Data { data, eof })
+            }
+            (Waiting::Write | Waiting::Stdio, EffectResult::Written { written }) => {
+                Ok(Success::Written { written })
+            }
+            (Waiting::Close, EffectResult::Closed) => Ok(Success::Closed),
+            (Waiting::Cleanup, _) => return,
+            (_, EffectResult::Failed { kind, message }) => Err(fs_failure(kind, message)),
+            (_, other) => Err(unexpected(&other)),
+        };
+        if req.is_none() {
+            return;
+        }
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.busy = false;
+            c.busy_on_file = false;
+        }
+        if alive {
+            self.respond(client, req, outcome);
+            self.pump(client);
+        } else {
+            self.cleanup(client);
+        }
+    }
+
+    /// The client closed its end or died: stop serving it, and once no
+    /// effect on its files is under way, close everything it holds.
+    fn depart(&mut self, client: ClientId) {
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        if !c.alive {
+            return;
+        }
+        c.alive = false;
+        c.queue.clear();
+        c.decoder = FrameDecoder::new(0);
+        self.outputs.push_back(Output::Close { client });
+        self.cleanup(client);
+    }
+
+    fn cleanup(&mut self, client: ClientId) {
+        let Some(c) = self.clients.get(&client) else { return };
+        if c.alive || (c.busy && c.busy_on_file) {
+            return;
+        }
+        for (_, slot) in self.table.drain_owner(client) {
+            self.stats.handles_closed += 1;
+            self.stats.handles_cleaned_up += 1;
+            match slot.target {
+                Target::Virtual { .. } => {}
+                Target::Host(file) => {
+                    self.effect(
+                        Pending { client, req: None, waiting: Waiting::Cleanup },
+                        Effect::Close { file },
+                    );
+                }
+                Target::Upstream(up) => {
+                    if self.upstream_alive {
+                        self.forward(client, None, Waiting::Cleanup, Op::Close { h: up });
+                    }
+                }
+            }
+        }
+        self.clients.remove(&client);
+    }
+
+    fn on_upstream_bytes(&mut self, data: &[u8]) {
+        if !self.upstream_alive {
+            return;
+        }
+        self.upstream_decoder.push(data);
+        loop {
+            match self.upstream_decoder.next_frame() {
+                Ok(Some(payload)) => self.on_upstream_frame(&payload),
+                Ok(None) => return,
+                Err(e) => {
+                    self.stats.upstream_errors += 1;
+                    self.upstream_lost(&format!("upstream sent a bad frame: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_upstream_frame(&mut self, payload: &[u8]) {
+        #[derive(Deserialize)]
+        struct IdOnly {
+            id: Option<String>,
+        }
+        let id = serde_json::from_slice::<IdOnly>(payload).ok().and_then(|r| r.id);
+        let Some(Pending { client, req, waiting }) = id.and_then(|id| self.upstream_pending.remove(&id))
+        else {
+            self.stats.upstream_errors += 1;
+            return;
+        };
+        let kind = match waiting {
+            Waiting::UpstreamOpen { .. } => OpKind::Open,
+            Waiting::Read => OpKind::Read,
+            Waiting::Write => OpKind::Write,
+            Waiting::Close | Waiting::Cleanup => OpKind::Close,
+            Waiting::Open { .. } | Waiting::Stdio => OpKind::Other,
+        };
+        let outcome = match wire::parse_response(payload, kind) {
+            Ok(r) => r.outcome,
+            Err(e) => {
+                self.stats.upstream_errors += 1;
+                Err(Failure::new(ErrorCode::Io, format!("bad upstream response: {e}")))
+            }
+        };
+        let alive = self.clients.get(&client).is_some_and(|c| c.alive);
+        let outcome = match (waiting, outcome) {
+            (Waiting::Cleanup, _) => return,
+            (Waiting::UpstreamOpen { mode }, Ok(Success::Opened { handle: up })) => {
+                if alive {
+                    let handle = self.table.insert(client, Slot { mode, target: Target::Upstream(up) });
+                    self.stats.handles_opened += 1;
+                    Ok(Success::Opened { handle })
+                } else {
+                    self.forward(client, None, Waiting::Cleanup, Op::Close { h: up });
+                    return;
+                }
+            }
+            (_, outcome) => outcome,
+        };
+        self.finish_upstream(client, req, outcome);
+    }
+
+    fn finish_upstream(&mut self, client: ClientId, req: Option<String>, outcome: Result<Success, Failure>) {
+        if req.is_none() {
+            return;
+        }
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.busy = false;
+        }
+        self.respond(client, req, outcome);
+        self.pump(client);
+    }
+
+    fn upstream_lost(&mut self, why: &str) {
+        if !self.upstream_alive {
+            return;
+        }
+        self.upstream_alive = false;
+        self.upstream_decoder = FrameDecoder::new(0);
+        for (_, Pending { client, req, .. }) in std::mem::take(&mut self.upstream_pending) {
+            self.finish_upstream(client, req, Err(Failure::new(ErrorCode::Io, why)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,3 @@
+//! Unit and property tests of the FS proxy machine.
+
+use super::*;

@@ -1,0 +1,16 @@
+//! airlock-core: every protocol machine of airlock, sans-I/O.
+//!
+//! Nothing in this crate reads a clock, touches a file or socket, spawns a
+//! thread or draws a random number. Machines take time and I/O results as
+//! inputs (`handle(now, input)`) and hand effects back as outputs
+//! (`poll_output()`), so the production shell and the simulator drive the
+//! very same code.
+
+pub mod codec;
+pub mod fsproxy;
+pub mod fuzzing;
+pub mod handles;
+pub mod policy;
+pub mod time;
+
+mod b64;

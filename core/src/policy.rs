@@ -1,0 +1,243 @@
+//! Path policy: which paths a child may open, and how.
+//!
+//! This is the lexical half of confinement. It decides, from the path text
+//! alone, whether a request names a host file under an allowed root (and
+//! which root, and the path relative to it), a file of the session's virtual
+//! namespace, or nothing the child may touch. The other half — symlinks that
+//! lead out of a root — is enforced by the shell opening the relative path
+//! through a capability handle on the root (cap-std), which refuses escapes.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    ReadOnly,
+    ReadWrite,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Root {
+    /// Absolute and lexically normal.
+    pub path: PathBuf,
+    pub access: Access,
+}
+
+/// Index of a root in [`Policy::roots`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RootId(pub usize);
+
+/// Where an allowed path leads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolved {
+    /// A host file: `rel` (lexically normal, no `..`, possibly empty for the
+    /// root itself) beneath root `root`.
+    Host { root: RootId, rel: PathBuf },
+    /// A file of the session's in-memory namespace, by normalized name.
+    Virtual { name: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Denied {
+    Empty,
+    Nul,
+    /// A `..` climbs above the working directory a relative path starts in.
+    Escape,
+    /// An absolute path under no allowed root.
+    OutsideRoots,
+    /// A write to a path under a read-only root.
+    ReadOnly,
+}
+
+impl fmt::Display for Denied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Denied::Empty => "empty path",
+            Denied::Nul => "path contains a NUL byte",
+            Denied::Escape => "path escapes the working directory",
+            Denied::OutsideRoots => "path is outside every allowed root",
+            Denied::ReadOnly => "path is under a read-only root",
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    roots: Vec<Root>,
+    cwd: PathBuf,
+}
+
+/// Lexically normalize `path`: drop `.`, apply `..`. Returns `None` when a
+/// `..` would climb above the start of a relative path. For absolute paths
+/// `..` at `/` stays at `/`, as the kernel does.
+pub fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    let mut depth = 0usize;
+    for c in path.components() {
+        match c {
+            Component::RootDir | Component::Prefix(_) => {
+                out.push(c.as_os_str());
+            }
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if depth > 0 {
+                    out.pop();
+                    depth -= 1;
+                } else if !path.is_absolute() {
+                    return None;
+                }
+            }
+            Component::Normal(n) => {
+                out.push(n);
+                depth += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+impl Policy {
+    /// A policy over `roots` for a process whose working directory is `cwd`.
+    /// Relative roots resolve against `cwd`; paths are normalized lexically.
+    /// When roots overlap, the most specific one decides, and of two equal
+    /// roots the writable one.
+    pub fn new(cwd: PathBuf, roots: impl IntoIterator<Item = Root>) -> Self {
+        let cwd = normalize(&Path::new("/").join(&cwd)).unwrap_or_else(|| PathBuf::from("/"));
+        let mut out: Vec<Root> = Vec::new();
+        for r in roots {
+            let Some(path) = normalize(&cwd.join(&r.path)) else { continue };
+            match out.iter_mut().find(|o| o.path == path) {
+                Some(o) => o.access = o.access.max(r.access),
+                None => out.push(Root { path, access: r.access }),
+            }
+        }
+        Policy { roots: out, cwd }
+    }
+
+    pub fn roots(&self) -> &[Root] {
+        &self.roots
+    }
+
+    pub fn root(&self, id: RootId) -> Option<&Root> {
+        self.roots.get(id.0)
+    }
+
+    pub fn cwd(&self) -> &Path {
+        &self.cwd
+    }
+
+    /// Decide what `path` names for a request that does (`write`) or does
+    /// not write.
+    pub fn resolve(&self, path: &str, write: bool) -> Result<Resolved, Denied> {
+        if path.is_empty() {
+            return Err(Denied::Empty);
+        }
+        if path.contains('\0') {
+            return Err(Denied::Nul);
+        }
+        let p = Path::new(path);
+        let relative = !p.is_absolute();
+        let norm_rel = if relative { Some(normalize(p).ok_or(Denied::Escape)?) } else { None };
+        let abs = match &norm_rel {
+            Some(rel) => self.cwd.join(rel),
+            None => normalize(p).ok_or(Denied::Escape)?,
+        };
+        let best = self
+            .roots
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| abs.starts_with(&r.path))
+            .max_by_key(|(_, r)| r.path.components().count());
+        match (best, norm_rel) {
+            (Some((i, root)), _) => {
+                if write && root.access == Access::ReadOnly {
+                    return Err(Denied::ReadOnly);
+                }
+                let rel = abs.strip_prefix(&root.path).map(Path::to_path_buf).unwrap_or_default();
+                Ok(Resolved::Host { root: RootId(i), rel })
+            }
+            (None, Some(rel)) => {
+                let name = rel.to_str().ok_or(Denied::Nul)?;
+                if name.is_empty() {
+                    // "." names the working directory itself, not a file.
+                    return Err(Denied::Empty);
+                }
+                Ok(Resolved::Virtual { name: name.to_owned() })
+            }
+            (None, None) => Err(Denied::OutsideRoots),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn policy() -> Policy {
+        Policy::new(
+            PathBuf::from("/work/proj"),
+            [
+                Root { path: "/data".into(), access: Access::ReadOnly },
+                Root { path: "/data/out".into(), access: Access::ReadWrite },
+                Root { path: "scratch".into(), access: Access::ReadWrite },
+            ],
+        )
+    }
+
+    fn host(root: usize, rel: &str) -> Result<Resolved, Denied> {
+        Ok(Resolved::Host { root: RootId(root), rel: rel.into() })
+    }
+
+    #[test]
+    fn resolves_roots_virtuals_and_refusals() {
+        let p = policy();
+        assert_eq!(p.resolve("/data/a.txt", false), host(0, "a.txt"));
+        assert_eq!(p.resolve("/data/a.txt", true), Err(Denied::ReadOnly));
+        assert_eq!(p.resolve("/data/out/b", true), host(1, "b"));
+        assert_eq!(p.resolve("/data/x/../out/b", true), host(1, "b"));
+        assert_eq!(p.resolve("scratch/c", true), host(2, "c"));
+        assert_eq!(p.resolve("/work/proj/scratch/./c", true), host(2, "c"));
+        assert_eq!(p.resolve("notes.txt", true), Ok(Resolved::Virtual { name: "notes.txt".into() }));
+        assert_eq!(p.resolve("./a/../notes.txt", false), Ok(Resolved::Virtual { name: "notes.txt".into() }));
+        assert_eq!(p.resolve("../proj/notes.txt", false), Err(Denied::Escape));
+        assert_eq!(p.resolve("scratch/../../x", false), Err(Denied::Escape));
+        assert_eq!(p.resolve("/data/../etc/passwd", false), Err(Denied::OutsideRoots));
+        assert_eq!(p.resolve("/etc/passwd", false), Err(Denied::OutsideRoots));
+        assert_eq!(p.resolve("/../../data/a", false), host(0, "a"));
+        assert_eq!(p.resolve("a\0b", false), Err(Denied::Nul));
+        assert_eq!(p.resolve("", false), Err(Denied::Empty));
+        assert_eq!(p.resolve(".", false), Err(Denied::Empty));
+        assert_eq!(p.resolve("/dataset", false), Err(Denied::OutsideRoots));
+    }
+
+    proptest! {
+        /// Whatever the text, an allowed host path is beneath its root and
+        /// carries no `..`; a virtual name is relative and carries no `..`.
+        #[test]
+        fn resolution_never_leaves(parts in proptest::collection::vec(prop_oneof![
+            Just("..".to_string()), Just(".".to_string()), Just("data".to_string()),
+            Just("out".to_string()), Just("scratch".to_string()), Just("".to_string()), "[a-z]{1,3}",
+        ], 0..8), absolute in any::<bool>(), write in any::<bool>()) {
+            let p = policy();
+            let text = format!("{}{}", if absolute { "/" } else { "" }, parts.join("/"));
+            match p.resolve(&text, write) {
+                Ok(Resolved::Host { root, rel }) => {
+                    let r = p.root(root).unwrap();
+                    prop_assert!(rel.components().all(|c| matches!(c, Component::Normal(_))));
+                    prop_assert!(r.path.join(&rel).starts_with(&r.path));
+                    if write { prop_assert_eq!(r.access, Access::ReadWrite); }
+                }
+                Ok(Resolved::Virtual { name }) => {
+                    prop_assert!(!absolute);
+                    prop_assert!(Path::new(&name).components().all(|c| matches!(c, Component::Normal(_))));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}

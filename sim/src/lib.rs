@@ -1,0 +1,1 @@
+//! Deterministic simulator (see issue: the simulator).
