@@ -1,1 +1,59 @@
-fn main() {}
+use airlock::commands::{self, FsCommand, ServeArgs};
+use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+use std::os::fd::RawFd;
+use std::process::ExitCode;
+
+/// airlock stands between LLM-driven child processes and the host.
+#[derive(Debug, Parser)]
+#[command(name = "airlock", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run CMD as a child with the FS proxy on descriptor 3.
+    Run {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+        argv: Vec<OsString>,
+    },
+    /// Serve one client on an already-open socket descriptor (upstream role).
+    Serve {
+        /// The descriptor to serve.
+        #[arg(long, value_name = "N")]
+        fd: RawFd,
+        #[command(flatten)]
+        serve: ServeArgs,
+    },
+    /// Reach files through the proxy from inside a child.
+    #[command(subcommand)]
+    Fs(FsCommand),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Run { serve, argv } => commands::run(serve, argv, None),
+        Command::Serve { fd, serve } => commands::serve(serve, *fd, None),
+        Command::Fs(cmd) => commands::fs(cmd),
+    };
+    match result {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("airlock: {e:#}");
+            ExitCode::from(125)
+        }
+    }
+}

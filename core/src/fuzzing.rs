@@ -1,2 +1,524 @@
 //! Entry points shared by the fuzz targets in `fuzz/` and the tests that
 //! replay their corpora, so both exercise exactly the same code.
+//!
+//! Also home of [`Shell`], a minimal in-memory shell for the FS proxy: the
+//! unit tests, the corpus replay and the fuzz targets all drive the machine
+//! through it, so an invariant it checks is checked everywhere.
+//!
+//! The functions here panic on purpose when the machine misbehaves: a panic
+//! is how a fuzzer learns it found something.
+
+use crate::codec::frame::{self, FrameDecoder, HEADER_LEN};
+use crate::fsproxy::wire::Mode;
+use crate::fsproxy::{
+    Config, Effect, EffectId, EffectResult, FileId, FsErrorKind, FsProxy, Input, Output, StdStream, StdioRole,
+};
+use crate::handles::ClientId;
+use crate::policy::{Access, Policy, Root, RootId};
+use crate::time::Instant;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Component, PathBuf};
+
+/// Where a host file lives in [`MemFs`]: a root and a path beneath it.
+pub type FileKey = (RootId, PathBuf);
+
+#[derive(Debug)]
+struct OpenFile {
+    key: FileKey,
+    pos: u64,
+    mode: Mode,
+}
+
+/// The host filesystem and stdio, in memory, as the shell would see them.
+#[derive(Debug, Default)]
+pub struct MemFs {
+    pub files: BTreeMap<FileKey, Vec<u8>>,
+    open: BTreeMap<FileId, OpenFile>,
+    pub stdin: Vec<u8>,
+    stdin_pos: usize,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl MemFs {
+    /// Host files currently open on the machine's behalf.
+    pub fn open_files(&self) -> usize {
+        self.open.len()
+    }
+
+    fn file(&self, file: FileId, what: &str) -> &OpenFile {
+        match self.open.get(&file) {
+            Some(f) => f,
+            None => panic!("{what} on {file:?}, which is not open"),
+        }
+    }
+
+    /// Carry out `effect` the way a POSIX shell would.
+    ///
+    /// # Panics
+    /// When the machine asks for something no correct machine asks for:
+    /// an operation on a file it has not opened, a write through a
+    /// read-only open, an open of a path that is not confined to its root.
+    pub fn perform(&mut self, effect: &Effect) -> EffectResult {
+        match effect {
+            Effect::Open { file, root, rel, mode } => {
+                assert!(!self.open.contains_key(file), "{file:?} opened twice");
+                assert!(
+                    rel.components().all(|c| matches!(c, Component::Normal(_))),
+                    "open of an unconfined path {rel:?}"
+                );
+                let key = (*root, rel.clone());
+                match mode {
+                    Mode::Read if !self.files.contains_key(&key) => {
+                        return EffectResult::Failed {
+                            kind: FsErrorKind::NotFound,
+                            message: format!("{} not found", rel.display()),
+                        };
+                    }
+                    Mode::Write => {
+                        self.files.insert(key.clone(), Vec::new());
+                    }
+                    _ => {
+                        self.files.entry(key.clone()).or_default();
+                    }
+                }
+                self.open.insert(*file, OpenFile { key, pos: 0, mode: *mode });
+                EffectResult::Opened
+            }
+            Effect::Read { file, max } => {
+                let f = self.file(*file, "read");
+                assert!(f.mode.readable(), "read through a handle opened {:?}", f.mode);
+                let data = self.files.get(&f.key).map(Vec::as_slice).unwrap_or_default();
+                let start = usize::try_from(f.pos).unwrap_or(usize::MAX).min(data.len());
+                let end = start.saturating_add(*max as usize).min(data.len());
+                let out = data[start..end].to_vec();
+                if let Some(f) = self.open.get_mut(file) {
+                    f.pos = end as u64;
+                }
+                let eof = out.is_empty();
+                EffectResult::Data { data: out, eof }
+            }
+            Effect::Write { file, data } => {
+                let f = self.file(*file, "write");
+                assert!(f.mode.writable(), "write through a handle opened {:?}", f.mode);
+                let (key, pos, append) = (f.key.clone(), f.pos, f.mode == Mode::Append);
+                let content = self.files.entry(key).or_default();
+                let start = if append { content.len() } else { usize::try_from(pos).unwrap_or(usize::MAX) };
+                let end = start.saturating_add(data.len());
+                if content.len() < end {
+                    content.resize(end, 0);
+                }
+                content[start..end].copy_from_slice(data);
+                if let Some(f) = self.open.get_mut(file) {
+                    f.pos = end as u64;
+                }
+                EffectResult::Written { written: data.len() as u64 }
+            }
+            Effect::Close { file } => {
+                let _ = self.file(*file, "close");
+                self.open.remove(file);
+                EffectResult::Closed
+            }
+            Effect::ReadStdin { max } => {
+                let start = self.stdin_pos.min(self.stdin.len());
+                let end = start.saturating_add(*max as usize).min(self.stdin.len());
+                self.stdin_pos = end;
+                let data = self.stdin[start..end].to_vec();
+                let eof = data.is_empty();
+                EffectResult::Data { data, eof }
+            }
+            Effect::WriteStdio { stream, data } => {
+                match stream {
+                    StdStream::Stdout => self.stdout.extend_from_slice(data),
+                    StdStream::Stderr => self.stderr.extend_from_slice(data),
+                }
+                EffectResult::Written { written: data.len() as u64 }
+            }
+        }
+    }
+
+    /// Fail `effect` as an I/O error would. A failed close still releases
+    /// the file, as `close(2)` does.
+    pub fn fail(&mut self, effect: &Effect) -> EffectResult {
+        if let Effect::Close { file } = effect {
+            let _ = self.file(*file, "close");
+            self.open.remove(file);
+        }
+        EffectResult::Failed { kind: FsErrorKind::Other, message: "injected failure".into() }
+    }
+}
+
+/// One output of the machine, as the shell recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A response frame's payload.
+    Sent(ClientId, Vec<u8>),
+    Closed(ClientId),
+    /// A whole frame for the upstream proxy.
+    Upstream(Vec<u8>),
+}
+
+/// A shell around one [`FsProxy`]: performs its effects on a [`MemFs`],
+/// and records what it sends, checking on the way that every frame to a
+/// client is well formed and that nothing goes to a client that has left.
+#[derive(Debug)]
+pub struct Shell {
+    pub proxy: FsProxy,
+    pub fs: MemFs,
+    /// Complete every effect as soon as it appears.
+    pub auto: bool,
+    /// Effects issued and not yet completed, in issue order.
+    pub effects: Vec<(EffectId, Effect)>,
+    pub events: Vec<Event>,
+    departed: BTreeSet<ClientId>,
+    clock: u64,
+}
+
+impl Shell {
+    pub fn new(config: Config, fs: MemFs) -> Self {
+        Shell {
+            proxy: FsProxy::new(config),
+            fs,
+            auto: true,
+            effects: Vec::new(),
+            events: Vec::new(),
+            departed: BTreeSet::new(),
+            clock: 0,
+        }
+    }
+
+    fn now(&mut self) -> Instant {
+        self.clock += 1;
+        Instant::from_micros(self.clock)
+    }
+
+    /// Hand `input` to the machine and collect what it puts out.
+    pub fn input(&mut self, input: Input) {
+        match &input {
+            Input::Eof { client } | Input::Died { client } => {
+                self.departed.insert(*client);
+            }
+            Input::Connected { client } => {
+                self.departed.remove(client);
+            }
+            _ => {}
+        }
+        let now = self.now();
+        self.proxy.handle(now, input);
+        self.drain();
+        if self.auto {
+            self.settle();
+        }
+    }
+
+    pub fn connect(&mut self, client: ClientId) {
+        self.input(Input::Connected { client });
+    }
+
+    /// Send `payload` framed, as `client`.
+    pub fn send(&mut self, client: ClientId, payload: &[u8]) {
+        self.input(Input::Bytes { client, data: frame::encode(payload) });
+    }
+
+    fn drain(&mut self) {
+        while let Some(out) = self.proxy.poll_output() {
+            match out {
+                Output::Send { client, data } => {
+                    assert!(!self.departed.contains(&client), "sent to {client}, which has left: {data:?}");
+                    let payload = single_frame(&data);
+                    self.events.push(Event::Sent(client, payload));
+                }
+                Output::Close { client } => {
+                    self.departed.insert(client);
+                    self.events.push(Event::Closed(client));
+                }
+                Output::Effect { id, effect } => self.effects.push((id, effect)),
+                Output::SendUpstream { data } => self.events.push(Event::Upstream(data)),
+            }
+        }
+    }
+
+    /// Complete the `idx`-th outstanding effect (successfully, or with an
+    /// injected failure).
+    pub fn complete(&mut self, idx: usize, fail: bool) {
+        if idx >= self.effects.len() {
+            return;
+        }
+        let (id, effect) = self.effects.remove(idx);
+        let result = if fail { self.fs.fail(&effect) } else { self.fs.perform(&effect) };
+        let now = self.now();
+        self.proxy.handle(now, Input::EffectDone { id, result });
+        self.drain();
+    }
+
+    /// Complete every outstanding effect, and those they lead to.
+    pub fn settle(&mut self) {
+        // Completions issue only closes (of files whose client left), and
+        // a close issues nothing, so this ends.
+        while !self.effects.is_empty() {
+            self.complete(0, false);
+        }
+    }
+
+    /// Response payloads sent to `client`, as JSON.
+    pub fn responses(&self, client: ClientId) -> Vec<Value> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Sent(c, p) if *c == client => Some(parse_response_json(p)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Take the frames queued for upstream.
+    pub fn take_upstream(&mut self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        self.events.retain(|e| match e {
+            Event::Upstream(d) => {
+                out.push(d.clone());
+                false
+            }
+            _ => true,
+        });
+        out
+    }
+
+    /// Take every frame payload sent to `client`.
+    pub fn take_sent(&mut self, client: ClientId) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        self.events.retain(|e| match e {
+            Event::Sent(c, p) if *c == client => {
+                out.push(p.clone());
+                false
+            }
+            _ => true,
+        });
+        out
+    }
+}
+
+/// The payload of `data`, which must be exactly one frame.
+fn single_frame(data: &[u8]) -> Vec<u8> {
+    let Some((header, payload)) = data.split_first_chunk::<HEADER_LEN>() else {
+        panic!("output shorter than a frame header: {data:?}");
+    };
+    assert_eq!(u32::from_be_bytes(*header) as usize, payload.len(), "output is not exactly one frame");
+    payload.to_vec()
+}
+
+/// A response payload as JSON, checked to carry the envelope every
+/// response must carry.
+///
+/// # Panics
+/// When it does not.
+pub fn parse_response_json(payload: &[u8]) -> Value {
+    let v: Value = match serde_json::from_slice(payload) {
+        Ok(v) => v,
+        Err(e) => panic!("response is not JSON ({e}): {}", String::from_utf8_lossy(payload)),
+    };
+    let Some(obj) = v.as_object() else { panic!("response is not an object: {v}") };
+    assert!(matches!(obj.get("id"), Some(Value::String(_) | Value::Null)), "response without id: {v}");
+    match obj.get("ok") {
+        Some(Value::Bool(true)) => assert!(!obj.contains_key("error"), "ok response with error: {v}"),
+        Some(Value::Bool(false)) => {
+            let code = v.pointer("/error/code").and_then(Value::as_str);
+            assert!(
+                code.is_some_and(|c| crate::fsproxy::wire::ErrorCode::parse(c).is_some()),
+                "failed response without a known code: {v}"
+            );
+        }
+        _ => panic!("response without boolean ok: {v}"),
+    }
+    v
+}
+
+/// The policy the harnesses use: `/ro` read-only (root 0), `/rw` writable
+/// (root 1), working directory `/home/agent`, whose relative paths are
+/// virtual.
+pub fn test_policy() -> Policy {
+    Policy::new(
+        PathBuf::from("/home/agent"),
+        [
+            Root { path: "/ro".into(), access: Access::ReadOnly },
+            Root { path: "/rw".into(), access: Access::ReadWrite },
+        ],
+    )
+}
+
+/// A filesystem with one file under each root.
+pub fn test_fs() -> MemFs {
+    let mut fs = MemFs::default();
+    fs.files.insert((RootId(0), "hello.txt".into()), b"hello".to_vec());
+    fs.files.insert((RootId(1), "notes.txt".into()), b"old notes".to_vec());
+    fs.stdin = b"typed on stdin\n".to_vec();
+    fs
+}
+
+/// Fuzz the frame decoder: the first byte picks the maximum frame size,
+/// then the data is fed in chunks whose sizes come from the data itself.
+/// Re-encoding every decoded frame must give back exactly the bytes
+/// consumed, and a refusal must be for a prefix really over the maximum.
+pub fn frame_decoder(data: &[u8]) {
+    let Some((&max_byte, rest)) = data.split_first() else { return };
+    let max = usize::from(max_byte) * 4;
+    let mut dec = FrameDecoder::new(max);
+    let mut stream: Vec<u8> = Vec::new();
+    let mut reencoded: Vec<u8> = Vec::new();
+    let mut failed = false;
+    let mut input = rest;
+    while let Some((&size, tail)) = input.split_first() {
+        let n = usize::from(size % 64).min(tail.len());
+        let (chunk, tail) = tail.split_at(n);
+        input = tail;
+        stream.extend_from_slice(chunk);
+        dec.push(chunk);
+        loop {
+            match dec.next_frame() {
+                Ok(Some(payload)) => {
+                    assert!(!failed, "a frame came out after a refusal");
+                    assert!(payload.len() <= max, "frame of {} bytes over max {max}", payload.len());
+                    frame::encode_into(&payload, &mut reencoded);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // The refused prefix sits right after what was consumed.
+                    let at = reencoded.len();
+                    let header = stream.get(at..at + HEADER_LEN).and_then(|h| <[u8; 4]>::try_from(h).ok());
+                    let Some(header) = header else { panic!("refused without a full header: {e}") };
+                    let len = u32::from_be_bytes(header) as usize;
+                    assert!(len > max, "refused a {len}-byte frame under max {max}");
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        if !failed {
+            assert_eq!(reencoded.len() + dec.buffered(), stream.len(), "bytes lost or invented");
+            assert!(dec.buffered() < HEADER_LEN + max + 64, "buffered more than one frame");
+        }
+        assert_eq!(&stream[..reencoded.len()], &reencoded[..], "re-encoding differs from the input");
+    }
+    if failed {
+        assert!(dec.next_frame().is_err(), "decoder recovered after a refusal");
+        assert!(!dec.has_partial());
+    }
+}
+
+/// Requests the session fuzzer can name with a couple of bytes, so it
+/// reaches deep states without having to spell JSON.
+fn template(sel: u8, arg: u8, id: u64) -> Vec<u8> {
+    const PATHS: [&str; 8] = [
+        "/ro/hello.txt",
+        "/rw/notes.txt",
+        "/rw/new.txt",
+        "scratch.txt",
+        "../escape",
+        "/etc/passwd",
+        "/ro/missing",
+        "sub/dir/v.txt",
+    ];
+    const MODES: [&str; 5] = ["r", "w", "a", "rw", "x"];
+    let h = u64::from(arg % 12);
+    let req = match sel % 8 {
+        0 | 1 => serde_json::json!({"id": id.to_string(), "op": "open", "params": {
+            "path": PATHS[usize::from(arg % 8)], "mode": MODES[usize::from(arg / 8 % 5)]}}),
+        2 => {
+            serde_json::json!({"id": id.to_string(), "op": "read", "params": {"h": h, "max": 1 + u64::from(arg) * 17}})
+        }
+        3 => serde_json::json!({"id": id.to_string(), "op": "write", "params": {"h": h, "data": "aGVsbG8="}}),
+        4 => serde_json::json!({"id": id.to_string(), "op": "close", "params": {"h": h}}),
+        5 => {
+            let op = ["QUOTA", "LLMCMD", "stat"][usize::from(arg % 3)];
+            serde_json::json!({"id": id.to_string(), "op": op})
+        }
+        6 => {
+            serde_json::json!({"id": id.to_string(), "op": "read", "params": {"h": h, "max": u64::from(arg % 2) * 5000}})
+        }
+        _ => serde_json::json!({"op": "close", "params": {"h": h}}),
+    };
+    serde_json::to_vec(&req).unwrap_or_default()
+}
+
+/// Fuzz an FS proxy session. The first byte picks the configuration; the
+/// rest is a script of commands, each a selector byte and its arguments:
+/// raw bytes or a whole frame from one of two client slots, a templated
+/// request, effect completions and failures, EOF, death, reconnection.
+/// Every response must be a well-formed frame carrying a JSON object with
+/// an id and a boolean ok; once every client has gone and every effect is
+/// done, no handle and no file may be left open.
+pub fn fsproxy_session(data: &[u8]) {
+    let Some((&cfg, mut script)) = data.split_first() else { return };
+    let stdio = if cfg & 1 == 0 { StdioRole::Local } else { StdioRole::Reject };
+    let mut config = Config::new(test_policy(), stdio);
+    if cfg & 2 != 0 {
+        // Small limits, so oversized frames and full tables are reachable.
+        config.max_frame = 200;
+        config.max_open_handles = 4;
+        config.max_queued_requests = 4;
+        config.max_virtual_bytes = 64;
+    }
+    let mut shell = Shell::new(config, test_fs());
+    shell.auto = false;
+    let mut slots = [ClientId(0), ClientId(1)];
+    let mut next_client = 2;
+    for c in slots {
+        shell.connect(c);
+    }
+    let mut next_id = 0u64;
+    let take = |script: &mut &[u8], n: usize| -> Vec<u8> {
+        let n = n.min(script.len());
+        let (head, tail) = script.split_at(n);
+        *script = tail;
+        head.to_vec()
+    };
+    while let Some((&cmd, rest)) = script.split_first() {
+        script = rest;
+        let client = slots[usize::from(cmd >> 7)];
+        let arg = take(&mut script, 1).first().copied().unwrap_or(0);
+        match cmd & 0x0f {
+            0 | 1 => {
+                let bytes = take(&mut script, usize::from(arg));
+                shell.input(Input::Bytes { client, data: bytes });
+            }
+            2 => {
+                let payload = take(&mut script, usize::from(arg));
+                shell.send(client, &payload);
+            }
+            3..=7 => {
+                let sel = take(&mut script, 1).first().copied().unwrap_or(0);
+                next_id += 1;
+                shell.send(client, &template(sel, arg, next_id));
+            }
+            8 | 9 => {
+                let n = shell.effects.len().max(1);
+                shell.complete(usize::from(arg) % n, false);
+            }
+            10 => {
+                let n = shell.effects.len().max(1);
+                shell.complete(usize::from(arg) % n, true);
+            }
+            11 => shell.settle(),
+            12 => shell.input(Input::Eof { client }),
+            13 => shell.input(Input::Died { client }),
+            14 => {
+                let slot = usize::from(cmd >> 7);
+                slots[slot] = ClientId(next_client);
+                next_client += 1;
+                shell.connect(slots[slot]);
+            }
+            _ => shell.fs.stdin.extend_from_slice(&take(&mut script, usize::from(arg))),
+        }
+    }
+    for client in 0..next_client {
+        shell.input(Input::Eof { client: ClientId(client) });
+    }
+    shell.settle();
+    assert_eq!(shell.proxy.open_handles(), 0, "handles left after every client left");
+    assert_eq!(shell.proxy.tracked_clients(), 0, "clients still tracked");
+    assert_eq!(shell.fs.open_files(), 0, "host files left open");
+    assert!(shell.proxy.quiescent());
+    let stats = shell.proxy.stats();
+    assert_eq!(stats.handles_opened, stats.handles_closed, "opened and closed counts differ");
+}

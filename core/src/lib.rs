@@ -12,5 +12,6 @@ pub mod fuzzing;
 pub mod handles;
 pub mod policy;
 pub mod time;
+pub mod trace;
 
 mod b64;

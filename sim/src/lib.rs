@@ -1,1 +1,332 @@
-//! Deterministic simulator (see issue: the simulator).
+//! airlock-sim: the deterministic simulator of the FS proxy core.
+//!
+//! A world is built from a seed alone: the seed picks a swarm (which faults
+//! are on and how often, how many clients, how many requests each), and
+//! seeded RNGs drive the clients, the pipes, the host filesystem and the
+//! scheduler. Checkers run after every step; a failing seed is shrunk by
+//! turning the swarm's knobs down, and the smallest failing run is written
+//! as a trace (`airlock_core::trace`) that `airlock replay` reproduces.
+//!
+//! ```no_run
+//! let opts = airlock_sim::SimOptions {
+//!     seeds: 0..100,
+//!     steps: None,
+//!     scenario: airlock_sim::Scenario::Default,
+//!     jobs: 2,
+//!     trace_dir: None,
+//! };
+//! let summary = airlock_sim::run_many(&opts, |r| {
+//!     if let Some(f) = &r.failure {
+//!         eprintln!("seed {} failed {}: {}", r.seed, f.invariant, f.message);
+//!     }
+//! });
+//! assert!(summary.failed.is_empty());
+//! ```
+
+mod fs;
+pub mod swarm;
+mod world;
+
+pub use swarm::{FaultKind, Swarm};
+
+use airlock_core::fsproxy::PlantedBug;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant as WallInstant};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scenario {
+    /// One FS proxy serving its clients directly, as `airlock serve`.
+    #[default]
+    Default,
+    /// An intermediate proxy forwarding its clients' requests to a top-level
+    /// one, which may also have clients of its own.
+    Nested,
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Scenario::Default => "default",
+            Scenario::Nested => "nested",
+        })
+    }
+}
+
+impl FromStr for Scenario {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "default" => Ok(Scenario::Default),
+            "nested" => Ok(Scenario::Nested),
+            other => Err(format!("unknown scenario {other:?} (want default or nested)")),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub seeds: Range<u64>,
+    /// Steps before each world winds down; `None` keeps the swarm's choice.
+    pub steps: Option<usize>,
+    pub scenario: Scenario,
+    /// Worker threads; results do not depend on it.
+    pub jobs: usize,
+    /// Where failing seeds write their (shrunk) traces.
+    pub trace_dir: Option<PathBuf>,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions { seeds: 0..100, steps: None, scenario: Scenario::Default, jobs: 1, trace_dir: None }
+    }
+}
+
+/// The first invariant a run broke.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub invariant: String,
+    pub step: u64,
+    pub message: String,
+    /// The machine level and client concerned, when one is.
+    pub level: Option<usize>,
+    pub client: Option<u64>,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at step {}", self.invariant, self.step)?;
+        if let (Some(l), Some(c)) = (self.level, self.client) {
+            write!(f, " (level {l}, client {c})")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    pub scenario: Scenario,
+    pub swarm: Swarm,
+    pub steps: u64,
+    /// Simulated time at the end of the run, in microseconds.
+    pub sim_time_us: u64,
+    pub faults: BTreeMap<FaultKind, u64>,
+    pub failure: Option<Failure>,
+    /// For a failure: the smallest swarm that still fails the same way.
+    pub shrunk: Option<Swarm>,
+    /// For a failure with a trace directory: the trace of the shrunk run.
+    pub trace: Option<PathBuf>,
+}
+
+impl SeedResult {
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+
+    pub fn swarm_description(&self) -> String {
+        let faults: Vec<String> = self.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        let mut s = format!(
+            "seed {} [{}] {}\n  steps={} sim_time={:.3}s injected[{}]",
+            self.seed,
+            self.scenario,
+            self.swarm.describe(),
+            self.steps,
+            self.sim_time_us as f64 / 1e6,
+            faults.join(" ")
+        );
+        if let Some(f) = &self.failure {
+            s.push_str(&format!("\n  FAILED {f}"));
+        }
+        if let Some(shrunk) = &self.shrunk {
+            s.push_str(&format!("\n  shrunk to {}", shrunk.describe()));
+        }
+        if let Some(t) = &self.trace {
+            s.push_str(&format!("\n  trace {}", t.display()));
+        }
+        s
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    pub seeds: u64,
+    pub passed: u64,
+    /// Failing seeds, by seed.
+    pub failed: Vec<SeedResult>,
+    pub steps: u64,
+    pub sim_time_us: u64,
+    pub faults: BTreeMap<FaultKind, u64>,
+    pub wall: Duration,
+}
+
+/// Run one seed: build its world, run it with checkers, and on failure
+/// shrink it and write the trace of the smallest failing run.
+pub fn run_seed(seed: u64, opts: &SimOptions) -> SeedResult {
+    run_seed_inner(seed, opts, None)
+}
+
+/// [`run_seed`] with a bug planted in every machine, for the tests that
+/// prove the checkers can fail.
+#[doc(hidden)]
+pub fn run_seed_with_bug(seed: u64, opts: &SimOptions, bug: PlantedBug) -> SeedResult {
+    run_seed_inner(seed, opts, Some(bug))
+}
+
+/// Run one seed (no shrinking) and return its full trace.
+pub fn record_trace(seed: u64, opts: &SimOptions) -> (SeedResult, Vec<u8>) {
+    let swarm = swarm_for(seed, opts);
+    let out = world::World::new(seed, opts.scenario, swarm.clone(), None, Some(None)).run();
+    let trace = out.trace.clone().unwrap_or_default();
+    (result(seed, opts.scenario, swarm, out), trace)
+}
+
+/// The swarm `seed` picks under `opts`.
+pub fn swarm_for(seed: u64, opts: &SimOptions) -> Swarm {
+    let mut swarm = Swarm::from_seed(seed, opts.scenario);
+    if let Some(steps) = opts.steps {
+        swarm.max_steps = steps;
+    }
+    swarm
+}
+
+fn result(seed: u64, scenario: Scenario, swarm: Swarm, out: world::Outcome) -> SeedResult {
+    SeedResult {
+        seed,
+        scenario,
+        swarm,
+        steps: out.steps,
+        sim_time_us: out.now,
+        faults: out.faults,
+        failure: out.failure,
+        shrunk: None,
+        trace: None,
+    }
+}
+
+fn run_seed_inner(seed: u64, opts: &SimOptions, bug: Option<PlantedBug>) -> SeedResult {
+    let swarm = swarm_for(seed, opts);
+    let out = world::World::new(seed, opts.scenario, swarm.clone(), bug, None).run();
+    let mut res = result(seed, opts.scenario, swarm.clone(), out);
+    let Some(failure) = res.failure.clone() else { return res };
+    let (small, small_failure) = shrink(seed, opts.scenario, bug, swarm, failure);
+    if let Some(dir) = &opts.trace_dir {
+        // The shrunk run is replayed with tracing on; being deterministic, it
+        // fails the same way, so the header can already say how.
+        let note = serde_json::to_value(&small_failure).ok();
+        let out = world::World::new(seed, opts.scenario, small.clone(), bug, Some(note)).run();
+        if let Some(trace) = out.trace {
+            let path = dir.join(format!("fail-{}-{seed}.jsonl", opts.scenario));
+            if std::fs::create_dir_all(dir).is_ok() && std::fs::write(&path, &trace).is_ok() {
+                res.trace = Some(path);
+            }
+        }
+    }
+    res.failure = Some(small_failure);
+    res.shrunk = Some(small);
+    res
+}
+
+/// Turn the swarm's knobs down while the same invariant still fails.
+fn shrink(
+    seed: u64,
+    scenario: Scenario,
+    bug: Option<PlantedBug>,
+    swarm: Swarm,
+    failure: Failure,
+) -> (Swarm, Failure) {
+    let invariant = failure.invariant.clone();
+    let attempt = |cand: &Swarm| -> Option<Failure> {
+        let out = world::World::new(seed, scenario, cand.clone(), bug, None).run();
+        out.failure.filter(|f| f.invariant == invariant)
+    };
+    let mut best = swarm;
+    let mut best_failure = failure;
+    // A run is the same up to its failing step whatever comes after.
+    best.max_steps = best.max_steps.min(best_failure.step as usize);
+    let accept = |cand: Swarm, best: &mut Swarm, best_failure: &mut Failure| -> bool {
+        match attempt(&cand) {
+            Some(f) => {
+                *best = cand;
+                best.max_steps = best.max_steps.min(f.step as usize);
+                *best_failure = f;
+                true
+            }
+            None => false,
+        }
+    };
+    let unlimited = |s: &Swarm| Swarm { max_steps: 200_000.max(s.max_steps), ..s.clone() };
+    for clients in 1..best.clients {
+        if accept(Swarm { clients, ..unlimited(&best) }, &mut best, &mut best_failure) {
+            break;
+        }
+    }
+    if best.top_clients > 0 {
+        accept(Swarm { top_clients: 0, ..unlimited(&best) }, &mut best, &mut best_failure);
+    }
+    for div in [16, 8, 4, 2] {
+        let ops = (best.ops_per_client / div).max(1);
+        if ops < best.ops_per_client
+            && accept(Swarm { ops_per_client: ops, ..unlimited(&best) }, &mut best, &mut best_failure)
+        {
+            break;
+        }
+    }
+    let kinds: Vec<FaultKind> = best.faults.keys().copied().collect();
+    for kind in kinds {
+        let mut cand = unlimited(&best);
+        cand.faults.remove(&kind);
+        accept(cand, &mut best, &mut best_failure);
+    }
+    if best.pipeline > 1 {
+        accept(Swarm { pipeline: 1, ..unlimited(&best) }, &mut best, &mut best_failure);
+    }
+    (best, best_failure)
+}
+
+/// Run every seed of `opts.seeds` on `opts.jobs` threads. `progress` sees
+/// each result as it completes (in completion order); the summary is in
+/// seed order and does not depend on `jobs`.
+pub fn run_many(opts: &SimOptions, progress: impl Fn(&SeedResult) + Sync) -> Summary {
+    let start = WallInstant::now();
+    let next = AtomicU64::new(opts.seeds.start);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..opts.jobs.max(1) {
+            s.spawn(|| loop {
+                let seed = next.fetch_add(1, Ordering::Relaxed);
+                if seed >= opts.seeds.end {
+                    break;
+                }
+                let r = run_seed(seed, opts);
+                progress(&r);
+                results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|r| r.seed);
+    let mut summary = Summary { wall: start.elapsed(), ..Summary::default() };
+    for r in results {
+        summary.seeds += 1;
+        summary.steps += r.steps;
+        summary.sim_time_us += r.sim_time_us;
+        for (k, n) in &r.faults {
+            *summary.faults.entry(*k).or_default() += n;
+        }
+        if r.passed() {
+            summary.passed += 1;
+        } else {
+            summary.failed.push(r);
+        }
+    }
+    summary
+}

@@ -56,6 +56,21 @@ pub struct Config {
     pub max_open_handles: usize,
     pub max_queued_requests: usize,
     pub max_virtual_bytes: u64,
+    /// A deliberate bug, switched on only by the simulator's own tests to
+    /// prove its checkers can fail. Never set in production; absent from
+    /// serialized configs unless set, so a trace records it when it was on.
+    #[doc(hidden)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planted_bug: Option<PlantedBug>,
+}
+
+/// Bugs the simulator's tests plant on purpose (see [`Config::planted_bug`]).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlantedBug {
+    /// Cleanup after a departed client leaves its highest handle open.
+    CleanupForgetsLastHandle,
 }
 
 impl Config {
@@ -69,6 +84,7 @@ impl Config {
             max_open_handles: DEFAULT_MAX_OPEN_HANDLES,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
             max_virtual_bytes: DEFAULT_MAX_VIRTUAL_BYTES,
+            planted_bug: None,
         }
     }
 }
@@ -265,7 +281,9 @@ struct Pending {
 #[derive(Debug)]
 struct Client {
     decoder: FrameDecoder,
-    queue: VecDeque<Request>,
+    /// Requests in arrival order; undecodable ones keep their place so
+    /// their errors are answered in order too.
+    queue: VecDeque<Result<Request, Rejection>>,
     /// Serving a request whose answer waits on an effect or upstream.
     busy: bool,
     /// Waiting on an effect on a host file: cleanup must wait for it, so
@@ -429,14 +447,14 @@ impl FsProxy {
             match c.decoder.next_frame() {
                 Ok(Some(payload)) => {
                     self.stats.requests += 1;
-                    match wire::parse_request(&payload, self.config.limits) {
-                        Ok(req) => self.enqueue(client, req),
-                        Err(Rejection { id, code, message }) => {
-                            self.respond(client, id, Err(Failure { code, message }));
-                        }
-                    }
+                    let parsed = wire::parse_request(&payload, self.config.limits);
+                    self.enqueue(client, parsed);
+                    // Serve as each frame arrives, so what a client may have
+                    // queued, and what it hears before a framing error, does
+                    // not depend on how its bytes were chunked.
+                    self.pump(client);
                 }
-                Ok(None) => break,
+                Ok(None) => return,
                 Err(e) => {
                     self.stats.frames_rejected += 1;
                     self.respond(client, None, Err(Failure::new(ErrorCode::Range, e.to_string())));
@@ -445,15 +463,30 @@ impl FsProxy {
                 }
             }
         }
-        self.pump(client);
     }
 
-    fn enqueue(&mut self, client: ClientId, req: Request) {
+    fn enqueue(&mut self, client: ClientId, req: Result<Request, Rejection>) {
         let limit = self.config.max_queued_requests;
+        // Closing a handle the client owns only ever releases resources, and
+        // an intermediate proxy may send many at once (cleaning up after a
+        // departed child) over its one connection: refusing one would leak
+        // the handle here for good. Admitting one per owned handle keeps the
+        // queue bounded.
+        let closing = match &req {
+            Ok(Request { op: Op::Close { h }, .. }) => Some(*h),
+            _ => None,
+        };
+        let owned_close = closing.is_some_and(|h| self.table.get_mut(client, h).is_ok());
         let Some(c) = self.clients.get_mut(&client) else { return };
-        if c.queue.len() >= limit {
+        let queued = |q: &Result<Request, Rejection>| matches!(q, Ok(Request { op: Op::Close { h }, .. }) if Some(*h) == closing);
+        let releases = owned_close && !c.queue.iter().any(queued);
+        if c.queue.len() >= limit && !releases {
             let msg = format!("more than {limit} requests waiting; read responses before sending more");
-            self.respond(client, Some(req.id), Err(Failure::new(ErrorCode::Range, msg)));
+            let id = match req {
+                Ok(r) => Some(r.id),
+                Err(r) => r.id,
+            };
+            self.respond(client, id, Err(Failure::new(ErrorCode::Range, msg)));
         } else {
             c.queue.push_back(req);
         }
@@ -466,8 +499,13 @@ impl FsProxy {
             if !c.alive || c.busy {
                 return;
             }
-            let Some(req) = c.queue.pop_front() else { return };
-            self.serve(client, req);
+            match c.queue.pop_front() {
+                None => return,
+                Some(Ok(req)) => self.serve(client, req),
+                Some(Err(Rejection { id, code, message })) => {
+                    self.respond(client, id, Err(Failure { code, message }));
+                }
+            }
         }
     }
 
@@ -764,7 +802,7 @@ impl FsProxy {
         if c.alive || (c.busy && c.busy_on_file) {
             return;
         }
-        for (_, slot) in self.table.drain_owner(client) {
+        for (_, slot) in self.drain_for_cleanup(client) {
             self.stats.handles_closed += 1;
             self.stats.handles_cleaned_up += 1;
             match slot.target {
@@ -783,6 +821,18 @@ impl FsProxy {
             }
         }
         self.clients.remove(&client);
+    }
+
+    fn drain_for_cleanup(&mut self, client: ClientId) -> Vec<(Handle, Slot)> {
+        let mut drained = self.table.drain_owner(client);
+        if self.config.planted_bug == Some(PlantedBug::CleanupForgetsLastHandle) {
+            if let Some((_, slot)) = drained.pop() {
+                // Re-filed under a fresh number: the client's handle stays
+                // in the table for good, which is the leak being planted.
+                self.table.insert(client, slot);
+            }
+        }
+        drained
     }
 
     fn on_upstream_bytes(&mut self, data: &[u8]) {

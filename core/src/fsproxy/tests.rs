@@ -1,3 +1,1099 @@
-//! Unit and property tests of the FS proxy machine.
+//! Unit and property tests of the FS proxy machine, driven only through
+//! `handle` / `poll_output` by the in-memory shell of `crate::fuzzing`.
 
 use super::*;
+use crate::fuzzing::{parse_response_json, test_fs, test_policy, Event, Shell};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+
+const A: ClientId = ClientId(1);
+const B: ClientId = ClientId(2);
+
+fn shell_with(config: Config) -> Shell {
+    let mut s = Shell::new(config, test_fs());
+    s.connect(A);
+    s.connect(B);
+    s
+}
+
+fn shell() -> Shell {
+    shell_with(Config::new(test_policy(), StdioRole::Local))
+}
+
+/// Send `req` as `client` and return the one response it gets.
+fn call(s: &mut Shell, client: ClientId, req: Value) -> Value {
+    let before = s.responses(client).len();
+    s.send(client, req.to_string().as_bytes());
+    let mut got = s.responses(client).split_off(before);
+    assert_eq!(got.len(), 1, "{req} got {got:?}");
+    got.remove(0)
+}
+
+fn open(s: &mut Shell, client: ClientId, path: &str, mode: &str) -> Value {
+    call(s, client, json!({"id": "o", "op": "open", "params": {"path": path, "mode": mode}}))
+}
+
+fn read(s: &mut Shell, client: ClientId, h: u64, max: u64) -> Value {
+    call(s, client, json!({"id": "r", "op": "read", "params": {"h": h, "max": max}}))
+}
+
+fn write(s: &mut Shell, client: ClientId, h: u64, data: &[u8]) -> Value {
+    use base64::Engine as _;
+    let data = base64::engine::general_purpose::STANDARD.encode(data);
+    call(s, client, json!({"id": "w", "op": "write", "params": {"h": h, "data": data}}))
+}
+
+fn close(s: &mut Shell, client: ClientId, h: u64) -> Value {
+    call(s, client, json!({"id": "c", "op": "close", "params": {"h": h}}))
+}
+
+fn handle_of(resp: &Value) -> u64 {
+    match resp.pointer("/result/handle").and_then(Value::as_u64) {
+        Some(h) => h,
+        None => panic!("not an open success: {resp}"),
+    }
+}
+
+fn code(resp: &Value) -> &str {
+    match resp.pointer("/error/code").and_then(Value::as_str) {
+        Some(c) => c,
+        None => panic!("not an error: {resp}"),
+    }
+}
+
+fn data_of(resp: &Value) -> (Vec<u8>, bool) {
+    use base64::Engine as _;
+    let d = resp.pointer("/result/data").and_then(Value::as_str).unwrap_or_else(|| panic!("{resp}"));
+    let eof = resp.pointer("/result/eof").and_then(Value::as_bool).unwrap_or_else(|| panic!("{resp}"));
+    (base64::engine::general_purpose::STANDARD.decode(d).unwrap_or_else(|e| panic!("{e}: {resp}")), eof)
+}
+
+/// Contents of `path` wherever the policy puts it.
+fn contents(s: &Shell, path: &str) -> Option<Vec<u8>> {
+    match test_policy().resolve(path, false) {
+        Ok(Resolved::Host { root, rel }) => s.fs.files.get(&(root, rel)).cloned(),
+        Ok(Resolved::Virtual { name }) => s.proxy.virtual_file(&name).map(<[u8]>::to_vec),
+        Err(d) => panic!("{path}: {d}"),
+    }
+}
+
+fn effects_of(s: &Shell) -> Vec<Effect> {
+    s.effects.iter().map(|(_, e)| e.clone()).collect()
+}
+
+#[test]
+fn seed_examples_round_trip_for_virtual_and_host_files() {
+    for path in ["test.txt", "/rw/test.txt"] {
+        let mut s = shell();
+        let h = handle_of(&open(&mut s, A, path, "w"));
+        let resp = call(
+            &mut s,
+            A,
+            json!({"id": "4", "op": "write", "params": {"h": h, "data": "aGVsbG8=", "final": false}}),
+        );
+        assert_eq!(resp, json!({"id": "4", "ok": true, "result": {"written": 5}}));
+        let resp = call(&mut s, A, json!({"id": "5", "op": "close", "params": {"h": h}}));
+        assert_eq!(resp, json!({"id": "5", "ok": true}));
+        assert_eq!(contents(&s, path).as_deref(), Some(&b"hello"[..]));
+
+        let h = handle_of(&open(&mut s, A, path, "r"));
+        let resp = call(&mut s, A, json!({"id": "2", "op": "read", "params": {"h": h, "max": 4096}}));
+        assert_eq!(resp, json!({"id": "2", "ok": true, "result": {"data": "aGVsbG8=", "eof": false}}));
+        let resp = call(&mut s, A, json!({"id": "3", "op": "read", "params": {"h": h, "max": 4096}}));
+        assert_eq!(resp, json!({"id": "3", "ok": true, "result": {"data": "", "eof": true}}));
+        assert_eq!(close(&mut s, A, h)["ok"], json!(true));
+        assert_eq!(s.proxy.open_handles(), 0);
+        assert_eq!(s.fs.open_files(), 0);
+    }
+}
+
+#[test]
+fn open_response_carries_only_the_handle() {
+    let mut s = shell();
+    let resp = call(&mut s, A, json!({ "id":"1", "op":"open", "params": { "path":"test.txt", "mode":"w" } }));
+    assert_eq!(resp, json!({"id": "1", "ok": true, "result": {"handle": 3}}));
+}
+
+#[test]
+fn mode_semantics_match_the_seed_for_host_and_virtual_files() {
+    for path in ["m.txt", "sub/m.txt", "/rw/m.txt"] {
+        let mut s = shell();
+        assert_eq!(code(&open(&mut s, A, path, "r")), "E_NOENT", "{path}: r needs an existing file");
+
+        // w creates.
+        let w = handle_of(&open(&mut s, A, path, "w"));
+        assert_eq!(write(&mut s, A, w, b"abc")["result"]["written"], json!(3));
+        assert_eq!(code(&read(&mut s, A, w, 10)), "E_PERM", "{path}: w is write-only");
+        close(&mut s, A, w);
+
+        // rw neither truncates nor appends: it writes from the start.
+        let rw = handle_of(&open(&mut s, A, path, "rw"));
+        assert_eq!(contents(&s, path).as_deref(), Some(&b"abc"[..]), "{path}: rw truncated");
+        write(&mut s, A, rw, b"X");
+        assert_eq!(data_of(&read(&mut s, A, rw, 10)), (b"bc".to_vec(), false));
+        close(&mut s, A, rw);
+        assert_eq!(contents(&s, path).as_deref(), Some(&b"Xbc"[..]));
+
+        // a appends and cannot read.
+        let a = handle_of(&open(&mut s, A, path, "a"));
+        write(&mut s, A, a, b"de");
+        assert_eq!(code(&read(&mut s, A, a, 10)), "E_PERM", "{path}: a is write-only");
+        close(&mut s, A, a);
+        assert_eq!(contents(&s, path).as_deref(), Some(&b"Xbcde"[..]));
+
+        // r reads from the start and cannot write.
+        let r = handle_of(&open(&mut s, A, path, "r"));
+        assert_eq!(code(&write(&mut s, A, r, b"no")), "E_PERM", "{path}: r is read-only");
+        assert_eq!(data_of(&read(&mut s, A, r, 2)), (b"Xb".to_vec(), false));
+        assert_eq!(data_of(&read(&mut s, A, r, 4096)), (b"cde".to_vec(), false));
+        assert_eq!(data_of(&read(&mut s, A, r, 4096)), (Vec::new(), true));
+        close(&mut s, A, r);
+
+        // w on an existing file truncates.
+        let w = handle_of(&open(&mut s, A, path, "w"));
+        assert_eq!(contents(&s, path).as_deref(), Some(&b""[..]), "{path}: w did not truncate");
+        close(&mut s, A, w);
+
+        // a and rw create an absent file.
+        for (mode, p) in [("a", format!("{path}.a")), ("rw", format!("{path}.rw"))] {
+            let h = handle_of(&open(&mut s, A, &p, mode));
+            assert_eq!(contents(&s, &p).as_deref(), Some(&b""[..]), "{p}: {mode} did not create");
+            close(&mut s, A, h);
+        }
+        assert_eq!(s.proxy.open_handles(), 0);
+        assert_eq!(s.fs.open_files(), 0);
+    }
+}
+
+#[test]
+fn invalid_open_params_are_e_arg() {
+    let mut s = shell();
+    for params in [
+        json!({"mode": "r"}),
+        json!({"path": "x"}),
+        json!({"path": "x", "mode": "rwx"}),
+        json!({"path": 7, "mode": "r"}),
+        json!({"path": "x", "mode": 1}),
+        json!({"path": "", "mode": "w"}),
+    ] {
+        let resp = call(&mut s, A, json!({"id": "p", "op": "open", "params": params}));
+        assert_eq!(code(&resp), "E_ARG", "{params}");
+        assert_eq!(resp["id"], json!("p"));
+    }
+    let resp = call(&mut s, A, json!({"id": "p", "op": "open", "params": [1]}));
+    assert_eq!(code(&resp), "E_ARG");
+    assert!(s.effects.is_empty());
+}
+
+#[test]
+fn read_max_is_bounded() {
+    let mut s = shell();
+    let h = handle_of(&open(&mut s, A, "/ro/hello.txt", "r"));
+    assert_eq!(code(&read(&mut s, A, h, 0)), "E_ARG");
+    assert_eq!(code(&read(&mut s, A, h, 4097)), "E_RANGE");
+    let resp = call(&mut s, A, json!({"id": "r", "op": "read", "params": {"h": h}}));
+    assert_eq!(code(&resp), "E_ARG");
+    let resp = call(&mut s, A, json!({"id": "r", "op": "read", "params": {"h": h, "max": -1}}));
+    assert_eq!(code(&resp), "E_ARG");
+    assert_eq!(data_of(&read(&mut s, A, h, 4096)), (b"hello".to_vec(), false));
+}
+
+#[test]
+fn write_params_are_checked() {
+    let mut s = shell();
+    let h = handle_of(&open(&mut s, A, "v.txt", "w"));
+    for params in [
+        json!({"h": h}),
+        json!({"h": h, "data": "not base64!"}),
+        json!({"h": h, "data": 5}),
+        json!({"h": h, "data": "", "final": "yes"}),
+        json!({"data": ""}),
+        json!({"h": "3", "data": ""}),
+    ] {
+        let resp = call(&mut s, A, json!({"id": "w", "op": "write", "params": params}));
+        assert_eq!(code(&resp), "E_ARG", "{params}");
+    }
+    let resp =
+        call(&mut s, A, json!({"id": "w", "op": "write", "params": {"h": h, "data": "", "final": true}}));
+    assert_eq!(resp["result"]["written"], json!(0));
+}
+
+#[test]
+fn closed_unknown_and_foreign_handles() {
+    let mut s = shell();
+    let h = handle_of(&open(&mut s, A, "/ro/hello.txt", "r"));
+    // Another client cannot see it: no such handle, for every op.
+    assert_eq!(code(&read(&mut s, B, h, 1)), "E_NOENT");
+    assert_eq!(code(&close(&mut s, B, h)), "E_NOENT");
+    assert_eq!(close(&mut s, A, h), json!({"id": "c", "ok": true}));
+    assert_eq!(code(&close(&mut s, A, h)), "E_CLOSED");
+    assert_eq!(code(&read(&mut s, A, h, 1)), "E_CLOSED");
+    assert_eq!(code(&write(&mut s, A, h, b"x")), "E_CLOSED");
+    assert_eq!(code(&read(&mut s, A, 99, 1)), "E_NOENT");
+    assert_eq!(code(&close(&mut s, A, 99)), "E_NOENT");
+    assert_eq!(code(&write(&mut s, A, u64::MAX, b"x")), "E_NOENT");
+    assert_eq!(s.fs.open_files(), 0);
+}
+
+#[test]
+fn handles_start_at_three_and_are_never_reused() {
+    let mut s = shell();
+    let mut seen = Vec::new();
+    for i in 0..6 {
+        let client = if i % 2 == 0 { A } else { B };
+        let path = if i % 3 == 0 { "/ro/hello.txt" } else { "v.txt" };
+        let mode = if i % 3 == 0 { "r" } else { "a" };
+        let h = handle_of(&open(&mut s, client, path, mode));
+        seen.push(h);
+        if i % 2 == 1 {
+            close(&mut s, client, h);
+        }
+    }
+    assert_eq!(seen, vec![3, 4, 5, 6, 7, 8]);
+}
+
+#[test]
+fn malformed_frames_get_e_arg_and_the_session_continues() {
+    let mut s = shell();
+    let bad: [&[u8]; 9] = [
+        b"",
+        b"not json",
+        b"\xff\xfe\x00garbage",
+        b"[1,2,3]",
+        b"\"open\"",
+        b"null",
+        br#"{"op":"open","params":{"path":"x","mode":"r"}}"#,
+        br#"{"id":7,"op":"open","params":{"path":"x","mode":"r"}}"#,
+        br#"{"id":"1","op":"open""#,
+    ];
+    for payload in bad {
+        s.send(A, payload);
+        let resp = s.responses(A).pop().unwrap_or_else(|| panic!("no response"));
+        assert_eq!(resp["id"], Value::Null, "{}", String::from_utf8_lossy(payload));
+        assert_eq!(code(&resp), "E_ARG");
+    }
+    assert_eq!(s.responses(A).len(), bad.len());
+    // Readable id, bad envelope: the error carries the id.
+    for req in
+        [json!({"id": "x"}), json!({"id": "x", "op": 3}), json!({"id": "x", "op": "close", "params": 1})]
+    {
+        let resp = call(&mut s, A, req.clone());
+        assert_eq!(resp["id"], json!("x"), "{req}");
+        assert_eq!(code(&resp), "E_ARG");
+    }
+    assert_eq!(handle_of(&open(&mut s, A, "/ro/hello.txt", "r")), 3);
+    assert!(!s.events.iter().any(|e| matches!(e, Event::Closed(_))));
+}
+
+#[test]
+fn unknown_and_reserved_ops_are_unsupported() {
+    let mut s = shell();
+    for op in ["stat", "OPEN", "unlink", "QUOTA", "LLMCMD"] {
+        let resp = call(&mut s, A, json!({"id": op, "op": op, "params": {"prompt": "hi"}}));
+        assert_eq!(resp["id"], json!(op));
+        assert_eq!(code(&resp), "E_UNSUPPORTED", "{op}");
+    }
+    let resp = call(&mut s, A, json!({"id": "q", "op": "QUOTA"}));
+    assert_eq!(code(&resp), "E_UNSUPPORTED");
+}
+
+fn pipelined_requests() -> Vec<Value> {
+    let mut reqs = vec![
+        json!({"id": "1", "op": "open", "params": {"path": "/rw/p.txt", "mode": "w"}}),
+        json!({"id": "2", "op": "open", "params": {"path": "p.txt", "mode": "w"}}),
+        json!({"id": "3", "op": "bogus"}),
+    ];
+    for i in 0..10 {
+        reqs.push(json!({"id": format!("w{i}"), "op": "write", "params": {"h": 3 + i % 2, "data": "aGk="}}));
+    }
+    reqs.push(json!({"id": "4", "op": "read", "params": {"h": 3, "max": 0}}));
+    reqs.push(json!({"id": "5", "op": "close", "params": {"h": 3}}));
+    reqs.push(json!({"id": "6", "op": "close", "params": {"h": 4}}));
+    reqs.push(json!({"id": "7", "op": "open", "params": {"path": "/rw/p.txt", "mode": "r"}}));
+    reqs.push(json!({"id": "8", "op": "read", "params": {"h": 5, "max": 4096}}));
+    reqs
+}
+
+fn stream(reqs: &[Value]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in reqs {
+        frame::encode_into(r.to_string().as_bytes(), &mut out);
+    }
+    out
+}
+
+#[test]
+fn pipelined_requests_get_one_response_each_in_order() {
+    let reqs = pipelined_requests();
+    let mut s = shell();
+    s.input(Input::Bytes { client: A, data: stream(&reqs) });
+    let ids: Vec<Value> = s.responses(A).iter().map(|r| r["id"].clone()).collect();
+    let want: Vec<Value> = reqs.iter().map(|r| r["id"].clone()).collect();
+    assert_eq!(ids, want);
+    let last = s.responses(A).pop().unwrap_or_default();
+    assert_eq!(data_of(&last), (b"hihihihihi".to_vec(), false));
+    assert_eq!(s.proxy.virtual_file("p.txt"), Some(&b"hihihihihi"[..]));
+}
+
+#[test]
+fn pipelined_host_requests_wait_for_each_other() {
+    // With effects left pending, only the first request is being served;
+    // the rest, even those answerable at once, queue behind it.
+    let reqs = pipelined_requests();
+    let mut s = shell();
+    s.auto = false;
+    s.input(Input::Bytes { client: A, data: stream(&reqs) });
+    assert!(s.responses(A).is_empty());
+    assert_eq!(s.effects.len(), 1);
+    s.settle();
+    assert_eq!(s.responses(A).len(), reqs.len());
+}
+
+#[test]
+fn byte_at_a_time_gives_the_same_transcript() {
+    let reqs = pipelined_requests();
+    let bytes = stream(&reqs);
+    let mut whole = shell();
+    whole.input(Input::Bytes { client: A, data: bytes.clone() });
+    let mut split = shell();
+    for b in &bytes {
+        split.input(Input::Bytes { client: A, data: vec![*b] });
+    }
+    assert_eq!(whole.events, split.events);
+    assert_eq!(whole.responses(A).len(), reqs.len());
+}
+
+#[test]
+fn oversized_prefix_answers_once_then_closes_and_cleans_up() {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.max_frame = 1000;
+    let mut s = shell_with(config);
+    handle_of(&open(&mut s, A, "/rw/notes.txt", "rw"));
+    handle_of(&open(&mut s, A, "v.txt", "w"));
+    let other = handle_of(&open(&mut s, B, "/ro/hello.txt", "r"));
+    s.auto = false;
+    let before = s.events.len();
+    let mut bytes = 1001u32.to_be_bytes().to_vec();
+    bytes.extend_from_slice(b"{\"id\":\"never\"}");
+    s.input(Input::Bytes { client: A, data: bytes });
+    let new = s.events[before..].to_vec();
+    assert_eq!(new.len(), 2, "{new:?}");
+    let Event::Sent(c, payload) = &new[0] else { panic!("{new:?}") };
+    assert_eq!(*c, A);
+    let resp = parse_response_json(payload);
+    assert_eq!(resp["id"], Value::Null);
+    assert_eq!(code(&resp), "E_RANGE");
+    assert_eq!(new[1], Event::Closed(A));
+    assert!(matches!(effects_of(&s)[..], [Effect::Close { .. }]), "{:?}", s.effects);
+    s.settle();
+    assert_eq!(s.proxy.stats().frames_rejected, 1);
+    assert_eq!(s.proxy.stats().handles_cleaned_up, 2);
+    assert_eq!(s.proxy.handles_of(A), 0);
+    // The other client is untouched.
+    assert_eq!(s.fs.open_files(), 1);
+    s.auto = true;
+    assert_eq!(data_of(&read(&mut s, B, other, 5)).0, b"hello");
+    // Nothing more reaches the closed client.
+    s.send(A, json!({"id": "late", "op": "QUOTA"}).to_string().as_bytes());
+    assert_eq!(s.responses(A).len(), 3);
+}
+
+fn departure_cleans_everything(depart: Input) {
+    let mut s = shell();
+    for path in ["/rw/notes.txt", "/ro/hello.txt"] {
+        handle_of(&open(&mut s, A, path, "r"));
+    }
+    handle_of(&open(&mut s, A, "/rw/new.txt", "w"));
+    handle_of(&open(&mut s, A, "v.txt", "w"));
+    handle_of(&open(&mut s, B, "/ro/hello.txt", "r"));
+    assert_eq!(s.fs.open_files(), 4);
+    s.auto = false;
+    s.input(depart);
+    let closes = effects_of(&s).iter().filter(|e| matches!(e, Effect::Close { .. })).count();
+    assert_eq!(closes, 3, "{:?}", s.effects);
+    assert_eq!(s.effects.len(), 3);
+    assert_eq!(s.proxy.stats().handles_cleaned_up, 4);
+    assert_eq!(s.proxy.handles_of(A), 0);
+    assert_eq!(s.proxy.open_handles(), 1);
+    assert!(s.events.contains(&Event::Closed(A)));
+    s.settle();
+    assert_eq!(s.fs.open_files(), 1);
+    assert_eq!(s.proxy.tracked_clients(), 1);
+    s.input(Input::Eof { client: B });
+    s.settle();
+    assert_eq!(s.proxy.open_handles(), 0);
+    assert_eq!(s.proxy.tracked_clients(), 0);
+    assert_eq!(s.fs.open_files(), 0);
+    assert!(s.proxy.quiescent());
+    assert_eq!(s.proxy.stats().handles_cleaned_up, 5);
+    // The virtual file outlives its handle.
+    assert_eq!(s.proxy.virtual_file("v.txt"), Some(&b""[..]));
+}
+
+#[test]
+fn eof_with_open_handles_closes_every_host_file() {
+    departure_cleans_everything(Input::Eof { client: A });
+}
+
+#[test]
+fn death_with_open_handles_closes_every_host_file() {
+    departure_cleans_everything(Input::Died { client: A });
+}
+
+#[test]
+fn eof_then_death_cleans_up_once() {
+    let mut s = shell();
+    handle_of(&open(&mut s, A, "/ro/hello.txt", "r"));
+    s.input(Input::Eof { client: A });
+    s.input(Input::Died { client: A });
+    assert_eq!(s.events.iter().filter(|e| **e == Event::Closed(A)).count(), 1);
+    assert_eq!(s.proxy.stats().handles_cleaned_up, 1);
+    assert_eq!(s.fs.open_files(), 0);
+}
+
+#[test]
+fn eof_mid_frame_counts_a_truncated_frame() {
+    let mut s = shell();
+    s.input(Input::Bytes { client: A, data: vec![0, 0, 0, 9, b'{'] });
+    s.input(Input::Eof { client: A });
+    assert_eq!(s.proxy.stats().truncated_frames, 1);
+    assert!(s.responses(A).is_empty());
+    s.input(Input::Eof { client: B });
+    assert_eq!(s.proxy.stats().truncated_frames, 1);
+}
+
+#[test]
+fn death_while_an_effect_is_in_flight_waits_then_closes() {
+    let mut s = shell();
+    let h = handle_of(&open(&mut s, A, "/rw/notes.txt", "rw"));
+    s.auto = false;
+    s.send(A, json!({"id": "w", "op": "write", "params": {"h": h, "data": "TkVX"}}).to_string().as_bytes());
+    s.send(A, json!({"id": "q", "op": "read", "params": {"h": h, "max": 9}}).to_string().as_bytes());
+    assert!(matches!(effects_of(&s)[..], [Effect::Write { .. }]));
+    let responses = s.responses(A).len();
+    s.input(Input::Died { client: A });
+    // The close must not overtake the write.
+    assert!(matches!(effects_of(&s)[..], [Effect::Write { .. }]), "{:?}", s.effects);
+    assert_eq!(s.proxy.open_handles(), 1);
+    s.complete(0, false);
+    assert!(matches!(effects_of(&s)[..], [Effect::Close { .. }]), "{:?}", s.effects);
+    assert_eq!(s.proxy.open_handles(), 0);
+    s.settle();
+    assert_eq!(s.responses(A).len(), responses, "answered a dead client");
+    assert_eq!(s.fs.open_files(), 0);
+    assert_eq!(s.proxy.tracked_clients(), 1);
+    // The acknowledged-or-not write still landed before the close.
+    assert_eq!(s.fs.files[&(RootId(1), "notes.txt".into())], b"NEW notes");
+}
+
+#[test]
+fn open_completing_after_death_is_closed_at_once() {
+    for depart in [Input::Died { client: A }, Input::Eof { client: A }] {
+        let mut s = shell();
+        s.auto = false;
+        s.send(
+            A,
+            json!({"id": "o", "op": "open", "params": {"path": "/rw/new.txt", "mode": "w"}})
+                .to_string()
+                .as_bytes(),
+        );
+        assert!(matches!(effects_of(&s)[..], [Effect::Open { .. }]));
+        s.input(depart.clone());
+        assert_eq!(s.effects.len(), 1, "nothing to close yet");
+        s.complete(0, false);
+        assert!(matches!(effects_of(&s)[..], [Effect::Close { .. }]), "{:?}", s.effects);
+        s.settle();
+        assert!(s.responses(A).is_empty());
+        assert_eq!(s.proxy.open_handles(), 0);
+        assert_eq!(s.fs.open_files(), 0);
+        assert_eq!(s.proxy.tracked_clients(), 1);
+        assert_eq!(s.proxy.stats().handles_opened, 0);
+    }
+}
+
+#[test]
+fn failed_open_after_death_needs_no_close() {
+    let mut s = shell();
+    s.auto = false;
+    s.send(
+        A,
+        json!({"id": "o", "op": "open", "params": {"path": "/rw/new.txt", "mode": "w"}})
+            .to_string()
+            .as_bytes(),
+    );
+    s.input(Input::Died { client: A });
+    s.complete(0, true);
+    assert!(s.effects.is_empty());
+    assert_eq!(s.proxy.tracked_clients(), 1);
+    assert!(s.responses(A).is_empty());
+}
+
+#[test]
+fn effect_failures_map_to_error_codes() {
+    let mut s = shell();
+    s.auto = false;
+    let cases =
+        [(FsErrorKind::NotFound, "E_NOENT"), (FsErrorKind::Denied, "E_PERM"), (FsErrorKind::Other, "E_IO")];
+    for (kind, want) in cases {
+        s.send(
+            A,
+            json!({"id": want, "op": "open", "params": {"path": "/rw/x", "mode": "w"}})
+                .to_string()
+                .as_bytes(),
+        );
+        let (id, _) = s.effects.remove(0);
+        s.input(Input::EffectDone { id, result: EffectResult::Failed { kind, message: "no".into() } });
+        let resp = s.responses(A).pop().unwrap_or_default();
+        assert_eq!(resp["id"], json!(want));
+        assert_eq!(code(&resp), want);
+    }
+    assert_eq!(s.proxy.open_handles(), 0);
+    // A completion nobody waits for is ignored.
+    s.input(Input::EffectDone { id: EffectId(999), result: EffectResult::Closed });
+    assert_eq!(s.responses(A).len(), 3);
+}
+
+#[test]
+fn reject_role_refuses_stdio_handles() {
+    let mut s = shell_with(Config::new(test_policy(), StdioRole::Reject));
+    for h in 0..3 {
+        assert_eq!(code(&read(&mut s, A, h, 1)), "E_PERM");
+        assert_eq!(code(&write(&mut s, A, h, b"x")), "E_PERM");
+        assert_eq!(code(&close(&mut s, A, h)), "E_PERM");
+    }
+    assert!(s.effects.is_empty());
+    assert!(s.fs.stdout.is_empty());
+}
+
+#[test]
+fn local_role_serves_stdio_itself() {
+    for upstream in [false, true] {
+        let mut config = Config::new(test_policy(), StdioRole::Local);
+        config.upstream = upstream;
+        let mut s = shell_with(config);
+        assert_eq!(data_of(&read(&mut s, A, 0, 5)), (b"typed".to_vec(), false));
+        assert_eq!(write(&mut s, A, 1, b"out")["result"]["written"], json!(3));
+        assert_eq!(write(&mut s, A, 2, b"err")["result"]["written"], json!(3));
+        assert_eq!(code(&read(&mut s, A, 1, 5)), "E_PERM");
+        assert_eq!(code(&read(&mut s, A, 2, 5)), "E_PERM");
+        assert_eq!(code(&write(&mut s, A, 0, b"in")), "E_PERM");
+        for h in 0..3 {
+            assert_eq!(close(&mut s, A, h), json!({"id": "c", "ok": true}));
+            // Closing stdio is a no-op: it can be closed again.
+            assert_eq!(close(&mut s, A, h)["ok"], json!(true));
+        }
+        assert_eq!(data_of(&read(&mut s, A, 0, 4096)), (b" on stdin\n".to_vec(), false));
+        assert_eq!(s.fs.stdout, b"out");
+        assert_eq!(s.fs.stderr, b"err");
+        assert!(s.take_upstream().is_empty(), "stdio went upstream");
+        assert_eq!(s.proxy.open_handles(), 0);
+    }
+}
+
+#[test]
+fn stdio_read_pending_does_not_hold_up_cleanup() {
+    let mut s = shell();
+    handle_of(&open(&mut s, A, "/ro/hello.txt", "r"));
+    s.auto = false;
+    s.send(A, json!({"id": "in", "op": "read", "params": {"h": 0, "max": 10}}).to_string().as_bytes());
+    assert!(matches!(effects_of(&s)[..], [Effect::ReadStdin { max: 10 }]));
+    assert!(s.proxy.quiescent());
+    s.input(Input::Died { client: A });
+    assert!(effects_of(&s).iter().any(|e| matches!(e, Effect::Close { .. })));
+    s.settle();
+    assert_eq!(s.fs.open_files(), 0);
+    assert_eq!(s.proxy.tracked_clients(), 1);
+}
+
+#[test]
+fn policy_refusals_never_reach_the_filesystem() {
+    let mut s = shell();
+    s.auto = false;
+    for (path, mode) in [
+        ("../outside.txt", "r"),
+        ("a/../../b", "w"),
+        ("/etc/passwd", "r"),
+        ("/ro/../etc/passwd", "r"),
+        ("/rwx/file", "w"),
+        ("a\0b", "w"),
+        ("/ro/hello.txt", "w"),
+        ("/ro/hello.txt", "a"),
+        ("/ro/hello.txt", "rw"),
+        ("/ro/new.txt", "w"),
+    ] {
+        let resp = open(&mut s, A, path, mode);
+        assert_eq!(code(&resp), "E_PERM", "{path:?} {mode}");
+    }
+    assert!(s.effects.is_empty());
+    assert_eq!(s.proxy.stats().errors_by_code.get(&ErrorCode::Perm), Some(&10));
+    // Escapes stay refused when they only look inside.
+    assert_eq!(code(&open(&mut s, A, "/rw/../ro/hello.txt", "w")), "E_PERM");
+    s.auto = true;
+    assert_eq!(handle_of(&open(&mut s, A, "/rw/../ro/./hello.txt", "r")), 3);
+}
+
+#[test]
+fn handle_limit_counts_opens_under_way() {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.max_open_handles = 2;
+    let mut s = shell_with(config);
+    s.auto = false;
+    s.send(
+        A,
+        json!({"id": "1", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}})
+            .to_string()
+            .as_bytes(),
+    );
+    s.send(
+        B,
+        json!({"id": "2", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}})
+            .to_string()
+            .as_bytes(),
+    );
+    let c = ClientId(3);
+    s.connect(c);
+    assert_eq!(code(&open(&mut s, c, "v.txt", "w")), "E_RANGE");
+    s.settle();
+    s.auto = true;
+    assert_eq!(s.proxy.open_handles(), 2);
+    assert_eq!(code(&open(&mut s, c, "v.txt", "w")), "E_RANGE");
+    close(&mut s, A, 3);
+    assert_eq!(handle_of(&open(&mut s, c, "v.txt", "w")), 5);
+}
+
+#[test]
+fn queue_limit_refuses_excess_requests() {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.max_queued_requests = 2;
+    let mut s = shell_with(config);
+    s.auto = false;
+    let reqs: Vec<Value> = (0..5)
+        .map(|i| json!({"id": i.to_string(), "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}}))
+        .collect();
+    s.input(Input::Bytes { client: A, data: stream(&reqs) });
+    // One being served, two waiting behind it, two refused at once.
+    let refused: Vec<Value> = s.responses(A).iter().map(|r| r["id"].clone()).collect();
+    assert_eq!(refused, vec![json!("3"), json!("4")]);
+    assert!(s.responses(A).iter().all(|r| code(r) == "E_RANGE"));
+    s.settle();
+    assert_eq!(s.responses(A).len(), 5);
+}
+
+#[test]
+fn virtual_byte_limit_is_e_range() {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.max_virtual_bytes = 8;
+    let mut s = shell_with(config);
+    let h = handle_of(&open(&mut s, A, "v.txt", "w"));
+    assert_eq!(write(&mut s, A, h, b"12345678")["result"]["written"], json!(8));
+    assert_eq!(code(&write(&mut s, A, h, b"9")), "E_RANGE");
+    // Truncating frees the space again.
+    let h2 = handle_of(&open(&mut s, A, "v.txt", "w"));
+    assert_eq!(write(&mut s, A, h2, b"abc")["result"]["written"], json!(3));
+}
+
+// ---- the forwarding role -------------------------------------------------
+
+fn intermediate() -> Shell {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.upstream = true;
+    shell_with(config)
+}
+
+fn upstream_requests(s: &mut Shell) -> Vec<Value> {
+    s.take_upstream()
+        .iter()
+        .map(|f| {
+            assert_eq!(u32::from_be_bytes([f[0], f[1], f[2], f[3]]) as usize, f.len() - 4);
+            serde_json::from_slice(&f[4..]).unwrap_or_else(|e| panic!("{e}"))
+        })
+        .collect()
+}
+
+fn reply_upstream(s: &mut Shell, resp: Value) {
+    s.input(Input::UpstreamBytes { data: frame::encode(resp.to_string().as_bytes()) });
+}
+
+#[test]
+fn forwarding_maps_ids_and_handles() {
+    let mut s = intermediate();
+    s.send(
+        A,
+        json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "rw"}})
+            .to_string()
+            .as_bytes(),
+    );
+    s.send(
+        B,
+        json!({"id": "b1", "op": "open", "params": {"path": "scratch", "mode": "w"}}).to_string().as_bytes(),
+    );
+    let up = upstream_requests(&mut s);
+    assert_eq!(
+        up,
+        vec![
+            json!({"id": "u0", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "rw"}}),
+            json!({"id": "u1", "op": "open", "params": {"path": "scratch", "mode": "w"}}),
+        ]
+    );
+    assert!(s.effects.is_empty(), "a forwarding proxy touched files itself");
+    // Answers may come back in any order.
+    reply_upstream(&mut s, json!({"id": "u1", "ok": true, "result": {"handle": 41}}));
+    reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"handle": 40}}));
+    assert_eq!(s.responses(B), vec![json!({"id": "b1", "ok": true, "result": {"handle": 3}})]);
+    assert_eq!(s.responses(A), vec![json!({"id": "a1", "ok": true, "result": {"handle": 4}})]);
+
+    s.send(A, json!({"id": "a2", "op": "read", "params": {"h": 4, "max": 10}}).to_string().as_bytes());
+    s.send(A, json!({"id": "a3", "op": "write", "params": {"h": 4, "data": "aGk="}}).to_string().as_bytes());
+    // A's second request waits for its first.
+    let up = upstream_requests(&mut s);
+    assert_eq!(up, vec![json!({"id": "u2", "op": "read", "params": {"h": 40, "max": 10}})]);
+    reply_upstream(&mut s, json!({"id": "u2", "ok": true, "result": {"data": "aGVsbG8=", "eof": false}}));
+    let up = upstream_requests(&mut s);
+    assert_eq!(up, vec![json!({"id": "u3", "op": "write", "params": {"h": 40, "data": "aGk="}})]);
+    reply_upstream(&mut s, json!({"id": "u3", "ok": false, "error": {"code": "E_IO", "message": "disk"}}));
+    let got = s.responses(A);
+    assert_eq!(got[1], json!({"id": "a2", "ok": true, "result": {"data": "aGVsbG8=", "eof": false}}));
+    assert_eq!(got[2], json!({"id": "a3", "ok": false, "error": {"code": "E_IO", "message": "disk"}}));
+    // Handles of this level are checked here, not upstream.
+    assert_eq!(code(&read(&mut s, A, 3, 1)), "E_NOENT");
+    assert_eq!(code(&open(&mut s, A, "../x", "r")), "E_PERM");
+    assert!(upstream_requests(&mut s).is_empty());
+
+    // Death: a close goes upstream for each handle A held.
+    s.input(Input::Died { client: A });
+    let up = upstream_requests(&mut s);
+    assert_eq!(up, vec![json!({"id": "u4", "op": "close", "params": {"h": 40}})]);
+    assert_eq!(s.proxy.open_handles(), 1);
+    assert_eq!(s.proxy.tracked_clients(), 1);
+    reply_upstream(&mut s, json!({"id": "u4", "ok": true}));
+    // Garbage and unknown ids from upstream are counted, not fatal.
+    reply_upstream(&mut s, json!({"id": "u99", "ok": true}));
+    s.input(Input::UpstreamBytes { data: frame::encode(b"nope") });
+    assert_eq!(s.proxy.stats().upstream_errors, 2);
+    assert_eq!(code(&read(&mut s, B, 99, 1)), "E_NOENT");
+}
+
+#[test]
+fn bad_upstream_response_is_e_io() {
+    let mut s = intermediate();
+    s.send(A, json!({"id": "a", "op": "open", "params": {"path": "x", "mode": "w"}}).to_string().as_bytes());
+    reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"nohandle": 1}}));
+    let resp = s.responses(A).pop().unwrap_or_default();
+    assert_eq!(resp["id"], json!("a"));
+    assert_eq!(code(&resp), "E_IO");
+    assert_eq!(s.proxy.open_handles(), 0);
+}
+
+#[test]
+fn upstream_eof_answers_pending_requests_with_e_io() {
+    let mut s = intermediate();
+    s.send(
+        A,
+        json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "r"}})
+            .to_string()
+            .as_bytes(),
+    );
+    reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"handle": 9}}));
+    s.send(A, json!({"id": "a2", "op": "read", "params": {"h": 3, "max": 1}}).to_string().as_bytes());
+    s.send(A, json!({"id": "a3", "op": "read", "params": {"h": 3, "max": 1}}).to_string().as_bytes());
+    s.send(B, json!({"id": "b1", "op": "open", "params": {"path": "y", "mode": "w"}}).to_string().as_bytes());
+    assert_eq!(upstream_requests(&mut s).len(), 3);
+    s.input(Input::UpstreamEof);
+    let a: Vec<(Value, String)> = s.responses(A).iter().map(|r| (r["id"].clone(), code_or_ok(r))).collect();
+    assert_eq!(
+        a,
+        vec![(json!("a1"), "ok".into()), (json!("a2"), "E_IO".into()), (json!("a3"), "E_IO".into())]
+    );
+    let b = s.responses(B);
+    assert_eq!((b[0]["id"].clone(), code(&b[0])), (json!("b1"), "E_IO"));
+    // Later requests fail at once; close of a handle upstream already
+    // dropped succeeds; stdio still works.
+    assert_eq!(code(&open(&mut s, B, "z", "w")), "E_IO");
+    assert_eq!(close(&mut s, A, 3)["ok"], json!(true));
+    assert_eq!(write(&mut s, A, 1, b"x")["ok"], json!(true));
+    assert!(upstream_requests(&mut s).is_empty());
+    assert_eq!(s.proxy.open_handles(), 0);
+}
+
+fn code_or_ok(r: &Value) -> String {
+    if r["ok"] == json!(true) {
+        "ok".into()
+    } else {
+        code(r).to_owned()
+    }
+}
+
+/// An intermediate proxy wired to a top-level server.
+struct Chain {
+    mid: Shell,
+    top: Shell,
+}
+
+const UP: ClientId = ClientId(100);
+
+impl Chain {
+    fn new() -> Self {
+        let mut top = Shell::new(Config::new(test_policy(), StdioRole::Reject), test_fs());
+        top.connect(UP);
+        Chain { mid: intermediate(), top }
+    }
+
+    /// Carry frames both ways until neither side has anything to say.
+    fn pump(&mut self) {
+        loop {
+            let up = self.mid.take_upstream();
+            let down = self.top.take_sent(UP);
+            if up.is_empty() && down.is_empty() {
+                return;
+            }
+            for f in up {
+                self.top.input(Input::Bytes { client: UP, data: f });
+            }
+            for p in down {
+                self.mid.input(Input::UpstreamBytes { data: frame::encode(&p) });
+            }
+        }
+    }
+
+    fn call(&mut self, client: ClientId, req: Value) -> Value {
+        let before = self.mid.responses(client).len();
+        self.mid.send(client, req.to_string().as_bytes());
+        self.pump();
+        let mut got = self.mid.responses(client).split_off(before);
+        assert_eq!(got.len(), 1, "{req}: {got:?}");
+        got.remove(0)
+    }
+}
+
+#[test]
+fn chained_proxies_clean_up_on_both_levels() {
+    let mut c = Chain::new();
+    // Burn a top-level handle so the two levels number differently.
+    c.top.connect(ClientId(7));
+    handle_of(&open(&mut c.top, ClientId(7), "/ro/hello.txt", "r"));
+
+    let h1 = handle_of(
+        &c.call(A, json!({"id": "1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "rw"}})),
+    );
+    let h2 =
+        handle_of(&c.call(A, json!({"id": "2", "op": "open", "params": {"path": "virt.txt", "mode": "w"}})));
+    let h3 = handle_of(
+        &c.call(B, json!({"id": "3", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}})),
+    );
+    assert_eq!((h1, h2, h3), (3, 4, 5));
+    let resp = c.call(A, json!({"id": "4", "op": "write", "params": {"h": h2, "data": "aGk="}}));
+    assert_eq!(resp["result"]["written"], json!(2));
+    let resp = c.call(A, json!({"id": "5", "op": "read", "params": {"h": h1, "max": 3}}));
+    assert_eq!(data_of(&resp).0, b"old");
+    let resp = c.call(B, json!({"id": "6", "op": "read", "params": {"h": 1, "max": 3}}));
+    assert_eq!(code(&resp), "E_PERM", "stdio read of stdout");
+    let resp = c.call(B, json!({"id": "7", "op": "write", "params": {"h": 1, "data": "aGk="}}));
+    assert_eq!(resp["result"]["written"], json!(2));
+    assert_eq!(c.mid.fs.stdout, b"hi");
+    assert_eq!(c.top.proxy.virtual_file("virt.txt"), Some(&b"hi"[..]));
+    assert_eq!(c.top.proxy.handles_of(UP), 3);
+    assert_eq!(c.top.fs.open_files(), 3);
+
+    c.mid.input(Input::Died { client: A });
+    c.pump();
+    assert_eq!(c.mid.proxy.open_handles(), 1);
+    assert_eq!(c.top.proxy.handles_of(UP), 1);
+    assert_eq!(c.top.fs.open_files(), 2);
+
+    c.mid.input(Input::Eof { client: B });
+    c.pump();
+    assert_eq!(c.mid.proxy.open_handles(), 0);
+    assert_eq!(c.mid.proxy.tracked_clients(), 0);
+    assert_eq!(c.top.proxy.handles_of(UP), 0);
+    assert_eq!(c.top.fs.open_files(), 1);
+    // Closes sent on behalf of the dead are never answered downstream.
+    assert_eq!(c.mid.responses(A).len(), 4);
+
+    c.top.input(Input::Eof { client: ClientId(7) });
+    c.top.input(Input::Eof { client: UP });
+    assert_eq!(c.top.proxy.open_handles(), 0);
+    assert_eq!(c.top.proxy.tracked_clients(), 0);
+    assert_eq!(c.top.fs.open_files(), 0);
+}
+
+#[test]
+fn intermediate_death_closes_everything_on_the_top_level() {
+    let mut c = Chain::new();
+    for (i, client) in [A, B].into_iter().enumerate() {
+        let path = if i == 0 { "/rw/notes.txt" } else { "/ro/hello.txt" };
+        handle_of(&c.call(client, json!({"id": "o", "op": "open", "params": {"path": path, "mode": "r"}})));
+    }
+    assert_eq!(c.top.fs.open_files(), 2);
+    // The intermediate itself dies: its pipe to the top hits EOF.
+    c.top.input(Input::Died { client: UP });
+    assert_eq!(c.top.proxy.open_handles(), 0);
+    assert_eq!(c.top.fs.open_files(), 0);
+    c.mid.input(Input::UpstreamEof);
+    assert_eq!(code(&c.call(A, json!({"id": "r", "op": "read", "params": {"h": 3, "max": 1}}))), "E_IO");
+    c.mid.input(Input::Eof { client: A });
+    c.mid.input(Input::Eof { client: B });
+    assert_eq!(c.mid.proxy.open_handles(), 0);
+    assert_eq!(c.mid.proxy.tracked_clients(), 0);
+}
+
+#[test]
+fn upstream_open_answered_after_death_is_closed_upstream() {
+    let mut s = intermediate();
+    s.send(A, json!({"id": "a", "op": "open", "params": {"path": "x", "mode": "w"}}).to_string().as_bytes());
+    s.input(Input::Eof { client: A });
+    assert_eq!(upstream_requests(&mut s).len(), 1);
+    reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"handle": 12}}));
+    assert_eq!(upstream_requests(&mut s), vec![json!({"id": "u1", "op": "close", "params": {"h": 12}})]);
+    assert!(s.responses(A).is_empty());
+    assert_eq!(s.proxy.open_handles(), 0);
+}
+
+// ---- properties ------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Step {
+    Request { client: u8, kind: u8, arg: u8 },
+    Garbage { client: u8 },
+    Complete { idx: u8, fail: bool },
+    Depart { client: u8, died: bool },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0u8..3, any::<u8>(), any::<u8>()).prop_map(|(client, kind, arg)| Step::Request { client, kind, arg }),
+        1 => (0u8..3).prop_map(|client| Step::Garbage { client }),
+        4 => (any::<u8>(), prop::bool::weighted(0.1)).prop_map(|(idx, fail)| Step::Complete { idx, fail }),
+        1 => (0u8..3, any::<bool>()).prop_map(|(client, died)| Step::Depart { client, died }),
+    ]
+}
+
+const PATHS: [&str; 7] =
+    ["/ro/hello.txt", "/rw/notes.txt", "/rw/a.txt", "v1.txt", "d/v2.txt", "../out", "/etc/shadow"];
+const MODES: [&str; 4] = ["r", "w", "a", "rw"];
+
+fn request(id: &str, kind: u8, arg: u8, known: &[u64]) -> Value {
+    let h = if known.is_empty() || arg % 4 == 0 {
+        u64::from(arg % 12)
+    } else {
+        known[usize::from(arg) % known.len()]
+    };
+    match kind % 10 {
+        0..=2 => json!({"id": id, "op": "open", "params": {
+            "path": PATHS[usize::from(arg) % PATHS.len()], "mode": MODES[usize::from(kind / 10) % 4]}}),
+        3 | 4 => {
+            let max = [1, 3, 4096, 0, 4097][usize::from(kind / 10) % 5];
+            json!({"id": id, "op": "read", "params": {"h": h, "max": max}})
+        }
+        5 | 6 => json!({"id": id, "op": "write", "params": {"h": h, "data": "YWJj"}}),
+        7 | 8 => json!({"id": id, "op": "close", "params": {"h": h}}),
+        _ => {
+            let op = ["QUOTA", "LLMCMD", "nope"][usize::from(arg) % 3];
+            json!({"id": id, "op": op})
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn every_request_answered_once_and_nothing_leaks(
+        steps in proptest::collection::vec(step(), 0..120),
+        local in any::<bool>(),
+    ) {
+        let stdio = if local { StdioRole::Local } else { StdioRole::Reject };
+        let mut s = Shell::new(Config::new(test_policy(), stdio), test_fs());
+        s.auto = false;
+        let clients = [ClientId(0), ClientId(1), ClientId(2)];
+        for c in clients {
+            s.connect(c);
+        }
+        // Per client: the ids it sent while connected (None for garbage).
+        let mut sent: Vec<Vec<Option<String>>> = vec![Vec::new(); 3];
+        let mut gone = [false; 3];
+        let mut n = 0;
+        for st in steps {
+            match st {
+                Step::Request { client, kind, arg } => {
+                    let c = usize::from(client);
+                    n += 1;
+                    let id = format!("{c}-{n}");
+                    let known: Vec<u64> = s.responses(clients[c]).iter()
+                        .filter_map(|r| r.pointer("/result/handle").and_then(Value::as_u64)).collect();
+                    let req = request(&id, kind, arg, &known);
+                    s.send(clients[c], req.to_string().as_bytes());
+                    if !gone[c] {
+                        sent[c].push(Some(id));
+                    }
+                }
+                Step::Garbage { client } => {
+                    let c = usize::from(client);
+                    s.send(clients[c], b"{\"op\":");
+                    if !gone[c] {
+                        sent[c].push(None);
+                    }
+                }
+                Step::Complete { idx, fail } => {
+                    let len = s.effects.len().max(1);
+                    s.complete(usize::from(idx) % len, fail);
+                }
+                Step::Depart { client, died } => {
+                    let c = usize::from(client);
+                    let input = if died { Input::Died { client: clients[c] } } else { Input::Eof { client: clients[c] } };
+                    s.input(input);
+                    gone[c] = true;
+                }
+            }
+        }
+        s.settle();
+        let mut handles = BTreeSet::new();
+        for (i, c) in clients.iter().enumerate() {
+            let resps = s.responses(*c);
+            let ids: Vec<Option<String>> = resps.iter().map(|r| r["id"].as_str().map(str::to_owned)).collect();
+            if gone[i] {
+                // Answers stop at departure, but those given are in order.
+                prop_assert!(sent[i].starts_with(&ids), "client {}: {:?} not a prefix of {:?}", i, ids, sent[i]);
+            } else {
+                prop_assert_eq!(&ids, &sent[i], "client {}", i);
+            }
+            for r in &resps {
+                if let Some(h) = r.pointer("/result/handle").and_then(Value::as_u64) {
+                    prop_assert!(h >= 3, "stdio handle {} handed out", h);
+                    prop_assert!(handles.insert(h), "handle {} handed out twice", h);
+                }
+            }
+        }
+        for c in clients {
+            s.input(Input::Eof { client: c });
+        }
+        s.settle();
+        prop_assert_eq!(s.proxy.open_handles(), 0);
+        prop_assert_eq!(s.proxy.tracked_clients(), 0);
+        prop_assert_eq!(s.fs.open_files(), 0);
+        let stats = s.proxy.stats();
+        prop_assert_eq!(stats.handles_opened, stats.handles_closed);
+        prop_assert_eq!(stats.handles_opened as usize, handles.len());
+    }
+
+    #[test]
+    fn chunking_never_changes_the_transcript(
+        reqs in proptest::collection::vec((any::<u8>(), any::<u8>()), 1..30),
+        cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..20),
+    ) {
+        let reqs: Vec<Value> = reqs.iter().enumerate()
+            .map(|(i, (k, a))| request(&i.to_string(), *k, *a, &[3, 4, 5])).collect();
+        let bytes = stream(&reqs);
+        let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+        points.extend([0, bytes.len()]);
+        points.sort_unstable();
+        let mut whole = shell();
+        whole.input(Input::Bytes { client: A, data: bytes.clone() });
+        let mut split = shell();
+        for w in points.windows(2) {
+            split.input(Input::Bytes { client: A, data: bytes[w[0]..w[1]].to_vec() });
+        }
+        prop_assert_eq!(&whole.events, &split.events);
+        prop_assert_eq!(whole.responses(A).len(), reqs.len());
+    }
+}

@@ -42,7 +42,12 @@ impl VirtualFs {
         let Some(data) = self.files.get(name) else { return Vec::new() };
         let start = usize::try_from(*pos).unwrap_or(usize::MAX).min(data.len());
         let end = start.saturating_add(max as usize).min(data.len());
-        *pos = end as u64;
+        // A position past the end (the file was truncated through another
+        // handle) stays where it is, as a file offset does: clamping it
+        // would make this handle read later writes at the wrong offset.
+        if end > start {
+            *pos = end as u64;
+        }
         data[start..end].to_vec()
     }
 

@@ -1,0 +1,375 @@
+//! Traces: what a machine was given and what it gave back, one JSON object
+//! per line (JSONL), so a run recorded by the production shell or the
+//! simulator can be replayed against the core and checked output by output.
+//!
+//! ```text
+//! {"format":1,"machine":"fsproxy","config":{..},"levels":[{..}],"seed":7,"meta":{..}}
+//! {"now":12,"level":0,"input":{"input":"bytes","client":1,"data":"AAAA"}}
+//! {"level":0,"output":{"output":"send","client":1,"data":"AAAA"}}
+//! ```
+//!
+//! A trace may hold several machines ("levels") of one world, such as an
+//! intermediate proxy and the proxy it forwards to: `config` builds level 0,
+//! `levels[i]` builds level `i + 1`. Each input line names the level it was
+//! handed to; the outputs that input produced follow it, in the order
+//! `poll_output` yielded them, before that level's next input. Lines of
+//! different levels may interleave freely. See `traces/README.md`.
+
+use crate::fsproxy::{self, FsProxy, Input, Output};
+use crate::time::Instant;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::{self, BufRead, Write};
+
+/// The trace format this module writes and reads.
+pub const FORMAT: u32 = 1;
+
+/// The machine name of an FS proxy trace.
+pub const MACHINE_FSPROXY: &str = "fsproxy";
+
+/// The first line of a trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub format: u32,
+    pub machine: String,
+    /// Builds level 0.
+    pub config: fsproxy::Config,
+    /// Build levels 1, 2, … of a world with more than one machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub levels: Vec<fsproxy::Config>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Free-form notes (the simulator's swarm and failure); replay ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<serde_json::Value>,
+}
+
+impl Header {
+    /// A header for one FS proxy built from `config`.
+    pub fn fsproxy(config: fsproxy::Config) -> Self {
+        Header {
+            format: FORMAT,
+            machine: MACHINE_FSPROXY.to_owned(),
+            config,
+            levels: Vec::new(),
+            seed: None,
+            meta: None,
+        }
+    }
+
+    /// The config of every level, level 0 first.
+    pub fn configs(&self) -> impl Iterator<Item = &fsproxy::Config> {
+        std::iter::once(&self.config).chain(self.levels.iter())
+    }
+}
+
+#[derive(Serialize)]
+struct InputLineRef<'a> {
+    now: Instant,
+    level: usize,
+    input: &'a Input,
+}
+
+#[derive(Serialize)]
+struct OutputLineRef<'a> {
+    level: usize,
+    output: &'a Output,
+}
+
+/// Any line after the header. Exactly one of `input` and `output` is set.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    #[serde(default)]
+    now: Option<Instant>,
+    #[serde(default)]
+    level: usize,
+    #[serde(default)]
+    input: Option<Input>,
+    #[serde(default)]
+    output: Option<Output>,
+}
+
+/// Writes a trace line by line to any `io::Write`.
+pub struct TraceWriter<W: Write> {
+    out: W,
+    line: Vec<u8>,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Start a trace: writes the header line.
+    pub fn new(out: W, header: &Header) -> io::Result<Self> {
+        let mut w = TraceWriter { out, line: Vec::with_capacity(256) };
+        w.emit(header)?;
+        Ok(w)
+    }
+
+    /// Record `input`, as handed to `level` at `now`. Call before handing it
+    /// over, then record that call's outputs.
+    pub fn input(&mut self, level: usize, now: Instant, input: &Input) -> io::Result<()> {
+        self.emit(&InputLineRef { now, level, input })
+    }
+
+    /// Record an output `level` yielded from `poll_output`.
+    pub fn output(&mut self, level: usize, output: &Output) -> io::Result<()> {
+        self.emit(&OutputLineRef { level, output })
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
+    /// The underlying writer, flushed.
+    pub fn into_inner(mut self) -> io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
+
+    fn emit<T: Serialize>(&mut self, value: &T) -> io::Result<()> {
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, value).map_err(io::Error::other)?;
+        self.line.push(b'\n');
+        self.out.write_all(&self.line)
+    }
+}
+
+/// What a successful replay went through.
+#[derive(Debug)]
+pub struct ReplayReport {
+    pub header: Header,
+    pub inputs: u64,
+    pub outputs: u64,
+    /// The machines as the last input left them, level 0 first, for callers
+    /// that want to inspect the final state (open handles, clients).
+    pub machines: Vec<FsProxy>,
+}
+
+#[derive(Debug)]
+pub enum ReplayError {
+    Io {
+        line: usize,
+        error: io::Error,
+    },
+    /// The trace is empty.
+    NoHeader,
+    /// A line that is not a header, input or output line; or an unsupported
+    /// format or machine; or a level with no config.
+    Malformed {
+        line: usize,
+        message: String,
+    },
+    /// The machine yielded `actual` where the trace recorded `expected`.
+    Differs {
+        line: usize,
+        level: usize,
+        expected: Box<Output>,
+        actual: Box<Output>,
+    },
+    /// The trace records an output the machine did not yield.
+    Missing {
+        line: usize,
+        level: usize,
+        expected: Box<Output>,
+    },
+    /// The machine yielded an output the trace does not record before
+    /// `line` (the level's next input, or the end of the trace).
+    Extra {
+        line: usize,
+        level: usize,
+        actual: Box<Output>,
+    },
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let json = |o: &Output| serde_json::to_string(o).unwrap_or_else(|e| e.to_string());
+        match self {
+            ReplayError::Io { line, error } => write!(f, "line {line}: {error}"),
+            ReplayError::NoHeader => f.write_str("line 1: trace is empty (no header)"),
+            ReplayError::Malformed { line, message } => write!(f, "line {line}: {message}"),
+            ReplayError::Differs { line, level, expected, actual } => write!(
+                f,
+                "line {line}: level {level} output differs\n  trace:   {}\n  machine: {}",
+                json(expected),
+                json(actual)
+            ),
+            ReplayError::Missing { line, level, expected } => {
+                write!(f, "line {line}: level {level} yielded no output; trace has {}", json(expected))
+            }
+            ReplayError::Extra { line, level, actual } => {
+                write!(f, "line {line}: level {level} yielded an output the trace lacks: {}", json(actual))
+            }
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {}
+
+/// Replay a trace: rebuild every level from the header, feed the inputs in
+/// order, and check each recorded output against what the machine yields.
+/// Fails at the first difference, naming its line (1-based).
+pub fn replay<R: BufRead>(reader: R) -> Result<ReplayReport, ReplayError> {
+    let mut lines = reader.lines().enumerate().map(|(i, l)| (i + 1, l));
+    let header = loop {
+        match lines.next() {
+            None => return Err(ReplayError::NoHeader),
+            Some((line, Err(error))) => return Err(ReplayError::Io { line, error }),
+            Some((_, Ok(text))) if text.trim().is_empty() => continue,
+            Some((line, Ok(text))) => {
+                let h: Header = serde_json::from_str(&text)
+                    .map_err(|e| ReplayError::Malformed { line, message: format!("bad header: {e}") })?;
+                if h.format != FORMAT {
+                    let message = format!("trace format {} (this build reads {FORMAT})", h.format);
+                    return Err(ReplayError::Malformed { line, message });
+                }
+                if h.machine != MACHINE_FSPROXY {
+                    let message = format!("machine {:?} cannot be replayed here", h.machine);
+                    return Err(ReplayError::Malformed { line, message });
+                }
+                break h;
+            }
+        }
+    };
+    let mut machines: Vec<FsProxy> = header.configs().cloned().map(FsProxy::new).collect();
+    // Outputs each level yielded and the trace has not matched yet.
+    let mut unmatched: Vec<VecDeque<Output>> = machines.iter().map(|_| VecDeque::new()).collect();
+    let (mut inputs, mut outputs) = (0u64, 0u64);
+    let mut last_line = 1;
+    for (line, text) in lines {
+        last_line = line;
+        let text = text.map_err(|error| ReplayError::Io { line, error })?;
+        if text.trim().is_empty() {
+            continue;
+        }
+        let parsed: Line = serde_json::from_str(&text)
+            .map_err(|e| ReplayError::Malformed { line, message: e.to_string() })?;
+        let level = parsed.level;
+        let (Some(machine), Some(queue)) = (machines.get_mut(level), unmatched.get_mut(level)) else {
+            return Err(ReplayError::Malformed { line, message: format!("no config for level {level}") });
+        };
+        match (parsed.input, parsed.output) {
+            (Some(input), None) => {
+                if let Some(actual) = queue.pop_front() {
+                    return Err(ReplayError::Extra { line, level, actual: Box::new(actual) });
+                }
+                let now = parsed
+                    .now
+                    .ok_or_else(|| ReplayError::Malformed { line, message: "input line lacks now".into() })?;
+                machine.handle(now, input);
+                queue.extend(std::iter::from_fn(|| machine.poll_output()));
+                inputs += 1;
+            }
+            (None, Some(expected)) => {
+                match queue.pop_front() {
+                    None => return Err(ReplayError::Missing { line, level, expected: Box::new(expected) }),
+                    Some(actual) if actual != expected => {
+                        return Err(ReplayError::Differs {
+                            line,
+                            level,
+                            expected: Box::new(expected),
+                            actual: Box::new(actual),
+                        })
+                    }
+                    Some(_) => {}
+                }
+                outputs += 1;
+            }
+            _ => {
+                let message = "a line needs exactly one of input and output".to_owned();
+                return Err(ReplayError::Malformed { line, message });
+            }
+        }
+    }
+    for (level, queue) in unmatched.iter_mut().enumerate() {
+        if let Some(actual) = queue.pop_front() {
+            return Err(ReplayError::Extra { line: last_line + 1, level, actual: Box::new(actual) });
+        }
+    }
+    Ok(ReplayReport { header, inputs, outputs, machines })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::frame;
+    use crate::fsproxy::{Config, StdioRole};
+    use crate::handles::ClientId;
+    use crate::policy::Policy;
+
+    fn record(config: &Config, inputs: &[Input]) -> Vec<u8> {
+        let mut w = TraceWriter::new(Vec::new(), &Header::fsproxy(config.clone())).unwrap();
+        let mut m = FsProxy::new(config.clone());
+        for (i, input) in inputs.iter().enumerate() {
+            let now = Instant::from_micros(i as u64 * 10);
+            w.input(0, now, input).unwrap();
+            m.handle(now, input.clone());
+            while let Some(o) = m.poll_output() {
+                w.output(0, &o).unwrap();
+            }
+        }
+        w.into_inner().unwrap()
+    }
+
+    fn session() -> (Config, Vec<Input>) {
+        let config = Config::new(Policy::new("/w".into(), []), StdioRole::Reject);
+        let c = ClientId(1);
+        let req = |id: &str, body: &str| frame::encode(format!(r#"{{"id":"{id}",{body}}}"#).as_bytes());
+        let inputs = vec![
+            Input::Connected { client: c },
+            Input::Bytes { client: c, data: req("1", r#""op":"open","params":{"path":"v","mode":"w"}"#) },
+            Input::Bytes { client: c, data: req("2", r#""op":"close","params":{"h":3}"#) },
+            Input::Eof { client: c },
+        ];
+        (config, inputs)
+    }
+
+    #[test]
+    fn round_trips() {
+        let (config, inputs) = session();
+        let trace = record(&config, &inputs);
+        let report = replay(trace.as_slice()).unwrap();
+        assert_eq!(report.inputs, 4);
+        assert!(report.outputs >= 3);
+        assert_eq!(report.machines[0].tracked_clients(), 0);
+    }
+
+    #[test]
+    fn names_the_line_of_a_changed_output() {
+        let (config, inputs) = session();
+        let text = String::from_utf8(record(&config, &inputs)).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let idx = lines.iter().position(|l| l.contains("\"output\"")).unwrap();
+        lines[idx] = r#"{"level":0,"output":{"output":"close","client":9}}"#.to_owned();
+        let err = replay(lines.join("\n").as_bytes()).unwrap_err();
+        assert!(matches!(err, ReplayError::Differs { line, .. } if line == idx + 1), "{err}");
+    }
+
+    #[test]
+    fn missing_and_extra_outputs_are_named() {
+        let (config, inputs) = session();
+        let text = String::from_utf8(record(&config, &inputs)).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let idx = lines.iter().position(|l| l.contains("\"output\"")).unwrap();
+        let mut dropped = lines.clone();
+        dropped.remove(idx);
+        let err = replay(dropped.join("\n").as_bytes()).unwrap_err();
+        assert!(matches!(err, ReplayError::Extra { line, .. } if line == idx + 1), "{err}");
+        let mut doubled = lines.clone();
+        doubled.insert(idx, lines[idx]);
+        let err = replay(doubled.join("\n").as_bytes()).unwrap_err();
+        assert!(matches!(err, ReplayError::Missing { .. } | ReplayError::Differs { .. }), "{err}");
+    }
+
+    #[test]
+    fn rejects_unknown_levels_and_formats() {
+        let (config, _) = session();
+        let header = serde_json::to_string(&Header::fsproxy(config)).unwrap();
+        let text = format!("{header}\n{{\"now\":0,\"level\":3,\"input\":{{\"input\":\"upstream_eof\"}}}}\n");
+        let err = replay(text.as_bytes()).unwrap_err();
+        assert!(matches!(err, ReplayError::Malformed { line: 2, .. }), "{err}");
+        let bad = header.replace("\"format\":1", "\"format\":99");
+        assert!(matches!(replay(bad.as_bytes()), Err(ReplayError::Malformed { line: 1, .. })));
+        assert!(matches!(replay(&b""[..]), Err(ReplayError::NoHeader)));
+    }
+}

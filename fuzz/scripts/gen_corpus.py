@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Write the seed corpora under fuzz/corpus/. Deterministic: rerunning it
+rewrites the same files. The byte layouts follow the interpreters in
+core/src/fuzzing.rs (`frame_decoder`, `fsproxy_session`)."""
+
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "..", "corpus")
+
+
+def frame(payload):
+    if isinstance(payload, (dict, list)):
+        payload = json.dumps(payload).encode()
+    return struct.pack(">I", len(payload)) + payload
+
+
+def write(target, name, data):
+    d = os.path.join(CORPUS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- frame_decoder: [max/4] then ([size % 64] chunk)* ----------------------
+
+def chunked(max4, stream, size):
+    out = bytes([max4])
+    for i in range(0, len(stream), size):
+        c = stream[i:i + size]
+        out += bytes([len(c)]) + c
+    return out
+
+
+OPEN = {"id": "1", "op": "open", "params": {"path": "test.txt", "mode": "w"}}
+WRITE = {"id": "4", "op": "write", "params": {"h": 42, "data": "aGVsbG8=", "final": False}}
+fd = {
+    "empty_frame": chunked(1, frame(b""), 63),
+    "seed_open_whole": chunked(255, frame(OPEN), 63),
+    "two_frames_bytewise": chunked(255, frame(OPEN) + frame(WRITE), 1),
+    "split_in_header": chunked(255, frame(OPEN), 2),
+    "oversized_prefix": chunked(1, struct.pack(">I", 5) + b"hello", 63),
+    "exactly_max": chunked(2, frame(b"12345678"), 5),
+    "garbage": bytes([9]) + bytes(range(0, 256, 7)),
+    "non_utf8_payload": chunked(16, frame(b"\xff\xfe\xc3\x28{\"id\":\"\x80\"}"), 7),
+    "zero_max_empty_frames": chunked(0, frame(b"") * 5, 3),
+    "long_payload_many_chunks": chunked(255, frame(b"x" * 900), 61),
+    "partial_tail": chunked(255, frame(OPEN)[:-3], 10),
+    "frames_then_oversized": chunked(8, frame(b"a") + frame(b"bb") + struct.pack(">I", 1 << 31), 4),
+    "huge_prefix": chunked(255, b"\xff\xff\xff\xff", 4),
+}
+for name, data in fd.items():
+    write("frame_decoder", name, data)
+
+
+# ---- fsproxy_session: [cfg] then commands ----------------------------------
+# cmd byte: bit 7 = client slot, low nibble = kind; then an arg byte.
+# kinds: 0/1 raw bytes (arg = length), 2 framed payload (arg = length),
+# 3..7 templated request (arg, then a selector byte), 8/9 complete effect
+# arg % n, 10 fail effect, 11 settle, 12 EOF, 13 death, 14 reconnect slot,
+# 15 append arg bytes to stdin.
+
+def raw(data, slot=0):
+    out = b""
+    for i in range(0, len(data), 255):
+        c = data[i:i + 255]
+        out += bytes([slot << 7 | 0, len(c)]) + c
+    return out
+
+
+def framed(obj, slot=0):
+    p = json.dumps(obj).encode() if isinstance(obj, (dict, list)) else obj
+    assert len(p) < 256, p
+    return bytes([slot << 7 | 2, len(p)]) + p
+
+
+def tmpl(sel, arg, slot=0):
+    return bytes([slot << 7 | 3, arg, sel])
+
+
+def cmd(kind, arg=0, slot=0):
+    return bytes([slot << 7 | kind, arg])
+
+
+SETTLE = cmd(11)
+
+
+def req(i, op, **params):
+    return {"id": str(i), "op": op, "params": params}
+
+
+seed_session = b"".join([
+    framed(req(1, "open", path="test.txt", mode="w")),
+    framed(req(4, "write", h=3, data="aGVsbG8=", final=False)),
+    framed(req(5, "close", h=3)),
+    framed(req(6, "open", path="test.txt", mode="r")),
+    framed(req(2, "read", h=4, max=4096)),
+    framed(req(3, "read", h=4, max=4096)),
+    framed(req(7, "close", h=4)),
+])
+host_session = b"".join([
+    framed(req(1, "open", path="/rw/notes.txt", mode="rw")), SETTLE,
+    framed(req(2, "read", h=3, max=4)), SETTLE,
+    framed(req(3, "write", h=3, data="aGk=")), SETTLE,
+    framed(req(4, "close", h=3)), SETTLE,
+])
+pipelined = b"".join(frame(req(i, "open", path="/ro/hello.txt", mode="r")) for i in range(6))
+ss = {
+    "seed_examples_virtual": bytes([0]) + seed_session,
+    "host_file_session": bytes([0]) + host_session,
+    "seed_examples_bytewise": bytes([0]) + b"".join(
+        cmd(0, 1) + bytes([b]) for b in b"".join(frame(req(i, "open", path="a", mode="w")) for i in range(2))),
+    "oversized_prefix_small_limits": bytes([2]) + framed(req(1, "open", path="v", mode="w"))
+        + raw(struct.pack(">I", 201) + b"{}"),
+    "garbage_frames": bytes([0]) + framed(b"not json") + framed(b"[1]") + framed(b"{\"op\":\"open\"}")
+        + framed(b"{\"id\":5}") + framed(req(9, "stat")),
+    "non_utf8_frame": bytes([0]) + framed(b"{\"id\":\"\xff\xfe\",\"op\":\"open\"}") + raw(b"\x00\x00\x00\x02\xc3\x28"),
+    "death_with_pending_effects": bytes([0]) + b"".join([
+        framed(req(1, "open", path="/rw/notes.txt", mode="rw")), cmd(8, 0),
+        framed(req(2, "write", h=3, data="aGk=")),
+        framed(req(3, "open", path="/rw/new.txt", mode="w"), slot=1),
+        cmd(13, 0), cmd(8, 1), cmd(8, 0), cmd(13, 0, slot=1), SETTLE]),
+    "eof_mid_frame": bytes([0]) + framed(req(1, "open", path="v", mode="w")) + raw(frame(OPEN)[:9]) + cmd(12),
+    "stdio_local": bytes([0]) + cmd(15, 4) + b"abcd" + framed(req(1, "read", h=0, max=3)) + SETTLE
+        + framed(req(2, "write", h=1, data="aGk=")) + SETTLE + framed(req(3, "close", h=2)),
+    "stdio_reject": bytes([1]) + framed(req(1, "read", h=0, max=3)) + framed(req(2, "write", h=2, data="")),
+    "effect_failures": bytes([0]) + tmpl(0, 1) + cmd(10, 0) + tmpl(0, 1) + cmd(8, 0) + tmpl(3, 3) + cmd(10, 0)
+        + tmpl(4, 3) + cmd(10, 0),
+    "reconnect_two_clients": bytes([0]) + tmpl(0, 0) + tmpl(0, 11, slot=1) + SETTLE + cmd(12) + cmd(14)
+        + tmpl(0, 3) + cmd(14, 0, slot=1) + SETTLE,
+    "pipelined_one_chunk": bytes([2]) + raw(pipelined) + SETTLE,
+    "reserved_and_bad_reads": bytes([0]) + tmpl(5, 0) + tmpl(5, 1) + tmpl(5, 2) + tmpl(6, 0) + tmpl(6, 1),
+    "templates_mixed": bytes([0]) + b"".join(tmpl(s, a) for s, a in [(0, 0), (0, 9), (0, 26), (2, 3), (3, 4),
+        (4, 3), (0, 4), (0, 5), (7, 3)]) + SETTLE,
+}
+for name, data in ss.items():
+    write("fsproxy_session", name, data)

@@ -1,0 +1,171 @@
+//! Swarm testing: each seed switches every fault kind on or off and picks
+//! its rate, so rare combinations of faults get their turn.
+
+use crate::Scenario;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Rates are in parts per million of their opportunity (a delivery, a
+/// request, a step, an open): integers keep swarm descriptions exact.
+pub const PPM: u32 = 1_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// A delivery cuts the pending bytes at an arbitrary byte.
+    SplitDelivery,
+    /// A delivery hands over everything pending, several frames at once.
+    CoalescedDelivery,
+    /// A request frame is replaced by a mangled copy that is not JSON.
+    CorruptFrame,
+    /// A request frame carries bytes that are not UTF-8.
+    NonUtf8Frame,
+    /// A length prefix above the machine's maximum (ends the session).
+    OversizedFrame,
+    /// A client closes its pipe at a random step, possibly mid-frame.
+    Eof,
+    /// A client process dies at a random step.
+    ProcessDeath,
+    /// The intermediate proxy dies (nested worlds only).
+    MiddleDeath,
+    /// Simulated time jumps forward.
+    ClockJump,
+    /// File effects complete out of order across files.
+    EffectReorder,
+    /// Host opens that do not truncate fail with an I/O error.
+    FsError,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 11] = [
+        FaultKind::SplitDelivery,
+        FaultKind::CoalescedDelivery,
+        FaultKind::CorruptFrame,
+        FaultKind::NonUtf8Frame,
+        FaultKind::OversizedFrame,
+        FaultKind::Eof,
+        FaultKind::ProcessDeath,
+        FaultKind::MiddleDeath,
+        FaultKind::ClockJump,
+        FaultKind::EffectReorder,
+        FaultKind::FsError,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            FaultKind::SplitDelivery => "split_delivery",
+            FaultKind::CoalescedDelivery => "coalesced_delivery",
+            FaultKind::CorruptFrame => "corrupt_frame",
+            FaultKind::NonUtf8Frame => "non_utf8_frame",
+            FaultKind::OversizedFrame => "oversized_frame",
+            FaultKind::Eof => "eof",
+            FaultKind::ProcessDeath => "process_death",
+            FaultKind::MiddleDeath => "middle_death",
+            FaultKind::ClockJump => "clock_jump",
+            FaultKind::EffectReorder => "effect_reorder",
+            FaultKind::FsError => "fs_error",
+        }
+    }
+
+    /// The rates a seed may pick from, in ppm of the fault's opportunity.
+    fn rates(self) -> &'static [u32] {
+        match self {
+            FaultKind::SplitDelivery | FaultKind::CoalescedDelivery => &[50_000, 300_000, 800_000],
+            FaultKind::CorruptFrame | FaultKind::NonUtf8Frame => &[2_000, 10_000, 40_000],
+            FaultKind::OversizedFrame => &[300, 2_000],
+            FaultKind::Eof | FaultKind::ProcessDeath => &[50, 200, 800],
+            FaultKind::MiddleDeath => &[20, 100],
+            FaultKind::ClockJump => &[1_000, 20_000],
+            FaultKind::EffectReorder => &[300_000, 1_000_000],
+            FaultKind::FsError => &[10_000, 100_000],
+        }
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Everything a world is built from besides its seed. Every field is a
+/// knob the shrinker may turn down while keeping the seed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Swarm {
+    /// Clients of the level clients talk to (the intermediate when nested).
+    pub clients: usize,
+    /// Clients talking to the top level directly (nested only).
+    pub top_clients: usize,
+    /// Requests each client issues before it exits.
+    pub ops_per_client: usize,
+    /// Requests a client keeps outstanding at most.
+    pub pipeline: usize,
+    /// Invalid requests (bad handles, bad params, escapes), in ppm.
+    pub invalid_ppm: u32,
+    pub max_frame: usize,
+    pub max_queued_requests: usize,
+    pub max_open_handles: usize,
+    /// Steps before the world winds down (stops issuing and faulting).
+    pub max_steps: usize,
+    /// Faults switched on, with their rates in ppm.
+    pub faults: BTreeMap<FaultKind, u32>,
+}
+
+impl Swarm {
+    /// The swarm a seed picks for a scenario.
+    pub fn from_seed(seed: u64, scenario: Scenario) -> Self {
+        // Its own stream, so the swarm does not shift the world's draws.
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5157_4152_4d00_0000);
+        let nested = scenario == Scenario::Nested;
+        let mut faults = BTreeMap::new();
+        for kind in FaultKind::ALL {
+            if kind == FaultKind::MiddleDeath && !nested {
+                continue;
+            }
+            if rng.gen_bool(0.5) {
+                let rates = kind.rates();
+                faults.insert(kind, rates[rng.gen_range(0..rates.len())]);
+            }
+        }
+        let small =
+            |rng: &mut ChaCha8Rng, big: usize, small: usize| if rng.gen_bool(0.15) { small } else { big };
+        Swarm {
+            clients: rng.gen_range(if nested { 1..=4 } else { 2..=5 }),
+            top_clients: if nested { rng.gen_range(0..=2) } else { 0 },
+            ops_per_client: rng.gen_range(if nested { 60..=200 } else { 100..=300 }),
+            pipeline: [1, 2, 4, 8][rng.gen_range(0..4)],
+            invalid_ppm: [20_000, 100_000, 250_000][rng.gen_range(0..3)],
+            max_frame: small(&mut rng, airlock_core::codec::frame::DEFAULT_MAX_FRAME, 8192),
+            max_queued_requests: small(&mut rng, airlock_core::fsproxy::DEFAULT_MAX_QUEUED_REQUESTS, 3),
+            max_open_handles: small(&mut rng, airlock_core::fsproxy::DEFAULT_MAX_OPEN_HANDLES, 6),
+            max_steps: 200_000,
+            faults,
+        }
+    }
+
+    pub fn rate(&self, kind: FaultKind) -> u32 {
+        self.faults.get(&kind).copied().unwrap_or(0)
+    }
+
+    /// One line a human can read.
+    pub fn describe(&self) -> String {
+        let faults: Vec<String> = self.faults.iter().map(|(k, r)| format!("{k}={r}")).collect();
+        format!(
+            "clients={} top_clients={} ops={} pipeline={} invalid={}ppm max_frame={} max_queued={} \
+             max_open={} max_steps={} faults[{}]",
+            self.clients,
+            self.top_clients,
+            self.ops_per_client,
+            self.pipeline,
+            self.invalid_ppm,
+            self.max_frame,
+            self.max_queued_requests,
+            self.max_open_handles,
+            self.max_steps,
+            faults.join(" ")
+        )
+    }
+}

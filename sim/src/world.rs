@@ -1,0 +1,1769 @@
+//! One simulated world: FS proxy machines, the client processes that talk to
+//! them, the pipes between them, the host filesystem, and the checkers.
+//!
+//! Everything here is driven by seeded RNGs and iterates ordered maps only,
+//! so a (seed, swarm) pair always yields the same run, step for step.
+
+use crate::fs::HostFs;
+use crate::swarm::{FaultKind, Swarm, PPM};
+use crate::{Failure, Scenario};
+use airlock_core::fsproxy::wire::Mode;
+use airlock_core::fsproxy::{
+    Config, Effect, EffectId, EffectResult, FileId, FsErrorKind, FsProxy, Input, Output, PlantedBug,
+    StdioRole,
+};
+use airlock_core::handles::ClientId;
+use airlock_core::policy::{Access, Policy, Root};
+use airlock_core::time::Instant;
+use airlock_core::trace::{Header, TraceWriter};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::{Component, PathBuf};
+
+/// The intermediate's connection at the top level.
+const MIDDLE_CONN: ClientId = ClientId(1000);
+const CWD: &str = "/work/proj";
+/// Steps allowed after `max_steps` for the world to drain and shut down.
+const WIND_DOWN_STEPS: u64 = 100_000;
+
+/// What broke, before the step number is attached.
+#[derive(Debug)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub message: String,
+    pub level: Option<usize>,
+    pub client: Option<ClientId>,
+}
+
+fn violation(invariant: &'static str, message: String) -> Violation {
+    Violation { invariant, message, level: None, client: None }
+}
+
+fn at(mut v: Violation, level: usize, client: ClientId) -> Violation {
+    v.level = Some(level);
+    v.client = Some(client);
+    v
+}
+
+type Check = Result<(), Violation>;
+
+pub fn policy() -> Policy {
+    Policy::new(
+        CWD.into(),
+        [
+            Root { path: "/data/ro".into(), access: Access::ReadOnly },
+            Root { path: "/data/rw".into(), access: Access::ReadWrite },
+            Root { path: "/data/rw/sub".into(), access: Access::ReadOnly },
+            Root { path: "scratch".into(), access: Access::ReadWrite },
+        ],
+    )
+}
+
+/// Bytes on their way through a pipe, kept as the frames they were written
+/// as so that an undisturbed delivery hands over exactly one frame.
+#[derive(Debug, Default)]
+struct Pipe {
+    frames: VecDeque<Vec<u8>>,
+    /// Bytes of the front frame already delivered.
+    off: usize,
+    len: usize,
+}
+
+impl Pipe {
+    fn push(&mut self, bytes: Vec<u8>) {
+        if !bytes.is_empty() {
+            self.len += bytes.len();
+            self.frames.push_back(bytes);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn front_rest(&self) -> usize {
+        self.frames.front().map_or(0, |f| f.len() - self.off)
+    }
+
+    fn take(&mut self, mut n: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n);
+        while n > 0 {
+            let Some(front) = self.frames.front() else { break };
+            let k = n.min(front.len() - self.off);
+            out.extend_from_slice(&front[self.off..self.off + k]);
+            self.off += k;
+            n -= k;
+            self.len -= k;
+            if self.off == front.len() {
+                self.frames.pop_front();
+                self.off = 0;
+            }
+        }
+        out
+    }
+
+    fn clear(&mut self) {
+        *self = Pipe::default();
+    }
+}
+
+/// Splits a byte stream into frames, for checkers reading what a machine
+/// sends (independent of the core's decoder).
+#[derive(Debug, Default)]
+struct Frames {
+    buf: Vec<u8>,
+}
+
+impl Frames {
+    fn push(&mut self, data: &[u8]) -> Vec<Vec<u8>> {
+        self.buf.extend_from_slice(data);
+        let mut out = Vec::new();
+        let mut at = 0;
+        while self.buf.len() - at >= 4 {
+            let len = u32::from_be_bytes([self.buf[at], self.buf[at + 1], self.buf[at + 2], self.buf[at + 3]])
+                as usize;
+            if self.buf.len() - at - 4 < len {
+                break;
+            }
+            out.push(self.buf[at + 4..at + 4 + len].to_vec());
+            at += 4 + len;
+        }
+        self.buf.drain(..at);
+        out
+    }
+}
+
+fn frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 4);
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The id a conforming server must answer `payload` under: the `id` string
+/// of a JSON object, else none.
+fn oracle_id(payload: &[u8]) -> Option<String> {
+    match serde_json::from_slice::<Value>(payload) {
+        Ok(Value::Object(mut o)) => match o.remove("id") {
+            Some(Value::String(s)) => Some(s),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// One client's own file: content is modelled exactly.
+    Private,
+    /// Opened by everyone in `a` (or `r`) mode: every acknowledged chunk
+    /// must be in it, whole, and nothing else.
+    Log,
+    /// Anyone, any mode: only the other invariants apply.
+    Chaos,
+    /// Read-only content fixed at creation.
+    Fixture,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Loc {
+    Host(PathBuf),
+    Virtual(String),
+}
+
+#[derive(Debug)]
+struct FileModel {
+    class: Class,
+    loc: Loc,
+    exists: bool,
+    content: Vec<u8>,
+    /// Too uncertain to model (an effectful request failed in a way that
+    /// leaves open whether it took effect).
+    unknown: bool,
+    /// Another acceptable state: the owner left with one request possibly
+    /// applied, and this is the state it would leave.
+    alt: Option<(bool, Vec<u8>)>,
+    /// Log chunks ever sent, acknowledged, and refused.
+    sent: BTreeSet<Vec<u8>>,
+    acked: BTreeSet<Vec<u8>>,
+    refused: BTreeSet<Vec<u8>>,
+    dirty: bool,
+}
+
+impl FileModel {
+    fn new(class: Class, loc: Loc) -> Self {
+        FileModel {
+            class,
+            loc,
+            exists: false,
+            content: Vec::new(),
+            unknown: false,
+            alt: None,
+            sent: BTreeSet::new(),
+            acked: BTreeSet::new(),
+            refused: BTreeSet::new(),
+            dirty: true,
+        }
+    }
+}
+
+fn apply_write(content: &mut Vec<u8>, pos: &mut u64, append: bool, data: &[u8]) {
+    let start = if append { content.len() } else { *pos as usize };
+    let end = start + data.len();
+    if content.len() < end {
+        content.resize(end, 0);
+    }
+    content[start..end].copy_from_slice(data);
+    *pos = end as u64;
+}
+
+#[derive(Clone, Debug)]
+struct HModel {
+    key: Option<String>,
+    mode: Mode,
+    pos: u64,
+    host: bool,
+    /// A close is on its way: no further requests use the handle.
+    closing: bool,
+}
+
+#[derive(Clone, Debug)]
+enum Kind {
+    Open { key: Option<String>, mode: Mode, host: bool },
+    Read { h: u64, max: u32 },
+    Write { h: u64, data: Vec<u8> },
+    Close { h: u64 },
+    Stdio { write_len: Option<usize> },
+    Invalid,
+}
+
+#[derive(Debug)]
+struct Sent {
+    kind: Kind,
+    /// The invariant a success would break (a request that must fail).
+    must_fail: Option<&'static str>,
+}
+
+#[derive(Debug)]
+struct Client {
+    id: ClientId,
+    idx: usize,
+    level: usize,
+    rng: ChaCha8Rng,
+    gone: bool,
+    ops_left: usize,
+    /// Closes what it holds before exiting.
+    tidy: bool,
+    /// Sent a frame that ends its session (oversized).
+    stream_ended: bool,
+    next_req: u64,
+    out: Pipe,
+    frames: Frames,
+    outstanding: BTreeMap<String, Sent>,
+    order: VecDeque<String>,
+    null_expected: usize,
+    handles: BTreeMap<u64, HModel>,
+    closed: Vec<u64>,
+    pending_opens: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Queue {
+    File(FileId),
+    Stdio,
+}
+
+/// An effect awaiting completion: its arrival number, id and request.
+type PendingEffect = (u64, EffectId, Effect);
+
+#[derive(Debug)]
+struct Level {
+    m: FsProxy,
+    alive: bool,
+    upstream_frames: Frames,
+    /// Handles ever handed to a simulated client, to catch reuse.
+    issued: BTreeSet<u64>,
+    stdin: VecDeque<u8>,
+}
+
+#[derive(Debug, Default)]
+struct Link {
+    up: Pipe,
+    down: Pipe,
+    /// The top closed the connection: the middle sees EOF once `down` drains.
+    down_eof: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    Issue(usize),
+    Deliver(usize),
+    Exit(usize),
+    Effect,
+    Up,
+    Down,
+}
+
+pub struct Outcome {
+    pub steps: u64,
+    pub now: u64,
+    pub faults: BTreeMap<FaultKind, u64>,
+    pub failure: Option<Failure>,
+    pub trace: Option<Vec<u8>>,
+}
+
+pub struct World {
+    swarm: Swarm,
+    nested: bool,
+    rng: ChaCha8Rng,
+    now: u64,
+    step: u64,
+    levels: Vec<Level>,
+    /// The level holding host files and the virtual namespace.
+    store: usize,
+    clients: Vec<Client>,
+    link: Option<Link>,
+    fs: HostFs,
+    files: BTreeMap<String, FileModel>,
+    effects: BTreeMap<(usize, Queue), VecDeque<PendingEffect>>,
+    effect_seq: u64,
+    /// (level, client) pairs the machine may no longer talk to.
+    gone: BTreeSet<(usize, ClientId)>,
+    closed_by_machine: BTreeSet<(usize, ClientId)>,
+    departed_check: Vec<(usize, ClientId)>,
+    faults: BTreeMap<FaultKind, u64>,
+    trace: Option<TraceWriter<Vec<u8>>>,
+    first_violation: Option<Violation>,
+    actions: Vec<Action>,
+    fixture: Vec<u8>,
+    finished: bool,
+}
+
+impl World {
+    /// `record`: keep a trace, whose header notes `failure` when given.
+    pub fn new(
+        seed: u64,
+        scenario: Scenario,
+        swarm: Swarm,
+        bug: Option<PlantedBug>,
+        record: Option<Option<Value>>,
+    ) -> Self {
+        let nested = scenario == Scenario::Nested;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let config = |stdio: StdioRole, upstream: bool| {
+            let mut c = Config::new(policy(), stdio);
+            c.upstream = upstream;
+            c.max_frame = swarm.max_frame;
+            c.max_queued_requests = swarm.max_queued_requests;
+            c.max_open_handles = swarm.max_open_handles;
+            c.planted_bug = bug;
+            c
+        };
+        let configs = if nested {
+            vec![config(StdioRole::Reject, false), config(StdioRole::Local, true)]
+        } else {
+            vec![config(StdioRole::Reject, false)]
+        };
+        let trace = if let Some(failure) = record {
+            let mut header = Header::fsproxy(configs[0].clone());
+            header.levels = configs[1..].to_vec();
+            header.seed = Some(seed);
+            header.meta =
+                Some(json!({ "scenario": scenario.to_string(), "swarm": &swarm, "failure": failure }));
+            TraceWriter::new(Vec::new(), &header).ok()
+        } else {
+            None
+        };
+        let levels = configs
+            .into_iter()
+            .map(|c| Level {
+                m: FsProxy::new(c),
+                alive: true,
+                upstream_frames: Frames::default(),
+                issued: BTreeSet::new(),
+                stdin: (0..rng.gen_range(0..3000)).map(|_| rng.gen()).collect(),
+            })
+            .collect();
+        let mut fs = HostFs::default();
+        for r in policy().roots() {
+            fs.add_dir(r.path.clone());
+        }
+        let fixture: Vec<u8> = (0..rng.gen_range(0..6000)).map(|_| rng.gen()).collect();
+        fs.add_file("/data/ro/a.txt".into(), fixture.clone());
+        fs.add_file("/data/ro/empty".into(), Vec::new());
+        let mut files = BTreeMap::new();
+        for (key, content) in [("/data/ro/a.txt", fixture.clone()), ("/data/ro/empty", Vec::new())] {
+            let mut m = FileModel::new(Class::Fixture, Loc::Host(key.into()));
+            m.exists = true;
+            m.content = content;
+            files.insert(key.to_owned(), m);
+        }
+        files.insert(
+            "/data/rw/shared.log".into(),
+            FileModel::new(Class::Log, Loc::Host("/data/rw/shared.log".into())),
+        );
+        let chaos = "/work/proj/scratch/chaos.bin";
+        files.insert(chaos.into(), FileModel::new(Class::Chaos, Loc::Host(chaos.into())));
+        let mut clients = Vec::new();
+        let client_level = usize::from(nested);
+        let total = swarm.clients + if nested { swarm.top_clients } else { 0 };
+        for idx in 1..=total {
+            let level = if idx <= swarm.clients { client_level } else { 0 };
+            let mut crng = ChaCha8Rng::seed_from_u64(seed);
+            crng.set_stream(idx as u64);
+            for (key, loc) in [
+                (format!("/data/rw/c{idx}.dat"), None),
+                (format!("/work/proj/scratch/c{idx}.log"), None),
+                (format!("v/c{idx}.txt"), Some(format!("v/c{idx}.txt"))),
+            ] {
+                let loc = match loc {
+                    Some(name) => Loc::Virtual(name),
+                    None => Loc::Host(key.clone().into()),
+                };
+                files.insert(key, FileModel::new(Class::Private, loc));
+            }
+            clients.push(Client {
+                id: ClientId(idx as u64),
+                idx,
+                level,
+                tidy: crng.gen_bool(0.5),
+                rng: crng,
+                gone: false,
+                ops_left: swarm.ops_per_client,
+                stream_ended: false,
+                next_req: 0,
+                out: Pipe::default(),
+                frames: Frames::default(),
+                outstanding: BTreeMap::new(),
+                order: VecDeque::new(),
+                null_expected: 0,
+                handles: BTreeMap::new(),
+                closed: Vec::new(),
+                pending_opens: 0,
+            });
+        }
+        let mut w = World {
+            swarm,
+            nested,
+            rng,
+            now: 0,
+            step: 0,
+            levels,
+            store: 0,
+            clients,
+            link: if nested { Some(Link::default()) } else { None },
+            fs,
+            files,
+            effects: BTreeMap::new(),
+            effect_seq: 0,
+            gone: BTreeSet::new(),
+            closed_by_machine: BTreeSet::new(),
+            departed_check: Vec::new(),
+            faults: BTreeMap::new(),
+            trace,
+            first_violation: None,
+            actions: Vec::new(),
+            fixture,
+            finished: false,
+        };
+        if nested {
+            w.feed(0, Input::Connected { client: MIDDLE_CONN });
+        }
+        for i in 0..w.clients.len() {
+            let (level, client) = (w.clients[i].level, w.clients[i].id);
+            w.feed(level, Input::Connected { client });
+        }
+        w
+    }
+
+    fn count(&mut self, kind: FaultKind) {
+        *self.faults.entry(kind).or_default() += 1;
+    }
+
+    fn fires(&mut self, kind: FaultKind) -> bool {
+        let rate = self.swarm.rate(kind);
+        rate > 0 && self.rng.gen_range(0..PPM) < rate
+    }
+
+    pub fn run(mut self) -> Outcome {
+        while !self.finished && self.first_violation.is_none() {
+            self.step += 1;
+            if let Err(v) = self.step_once() {
+                self.first_violation.get_or_insert(v);
+            }
+            if self.first_violation.is_none() {
+                if let Err(v) = self.check() {
+                    self.first_violation = Some(v);
+                }
+            }
+        }
+        let failure = self.first_violation.take().map(|v| Failure {
+            invariant: v.invariant.to_owned(),
+            step: self.step,
+            message: v.message,
+            level: v.level,
+            client: v.client.map(|c| c.0),
+        });
+        let trace = self.trace.take().and_then(|t| t.into_inner().ok());
+        Outcome { steps: self.step, now: self.now, faults: self.faults, failure, trace }
+    }
+
+    fn winding_down(&self) -> bool {
+        self.step > self.swarm.max_steps as u64
+    }
+
+    fn step_once(&mut self) -> Check {
+        if self.step > self.swarm.max_steps as u64 + WIND_DOWN_STEPS {
+            return Err(violation(
+                "liveness",
+                format!("the world did not drain within {WIND_DOWN_STEPS} steps"),
+            ));
+        }
+        self.now += self.rng.gen_range(1..=200);
+        if !self.winding_down() {
+            self.faults_step();
+        }
+        self.actions.clear();
+        let wind = self.winding_down();
+        for (i, c) in self.clients.iter().enumerate() {
+            if c.gone {
+                continue;
+            }
+            if !c.out.is_empty() {
+                self.actions.push(Action::Deliver(i));
+            }
+            let usable = c.handles.values().any(|h| !h.closing);
+            let wants = !c.stream_ended && (c.ops_left > 0 && !wind || c.tidy && usable);
+            if wants && c.outstanding.len() + c.null_expected < self.swarm.pipeline {
+                self.actions.push(Action::Issue(i));
+            }
+            if !wants
+                && !c.stream_ended
+                && c.out.is_empty()
+                && c.outstanding.is_empty()
+                && c.null_expected == 0
+            {
+                self.actions.push(Action::Exit(i));
+            }
+        }
+        let queues = self.effects.len();
+        for _ in 0..queues.min(3) {
+            self.actions.push(Action::Effect);
+        }
+        if let Some(link) = &self.link {
+            if !link.up.is_empty() {
+                self.actions.push(Action::Up);
+            }
+            if !link.down.is_empty() || link.down_eof {
+                self.actions.push(Action::Down);
+            }
+        }
+        if self.actions.is_empty() {
+            return self.shutdown_step();
+        }
+        let action = self.actions[self.rng.gen_range(0..self.actions.len())];
+        match action {
+            Action::Issue(i) => self.issue(i),
+            Action::Deliver(i) => {
+                let n = self.chunk(|w| &w.clients[i].out);
+                let data = self.clients[i].out.take(n);
+                let (level, client) = (self.clients[i].level, self.clients[i].id);
+                self.feed(level, Input::Bytes { client, data });
+            }
+            Action::Exit(i) => {
+                let died = self.rng.gen_bool(0.3);
+                self.depart(
+                    i,
+                    Some(if died {
+                        Input::Died { client: self.clients[i].id }
+                    } else {
+                        Input::Eof { client: self.clients[i].id }
+                    }),
+                );
+                if !died && self.rng.gen_bool(0.5) {
+                    // The process exits after closing its pipe.
+                    let (level, client) = (self.clients[i].level, self.clients[i].id);
+                    self.feed(level, Input::Died { client });
+                }
+            }
+            Action::Effect => self.complete_effect()?,
+            Action::Up => {
+                let n = self.chunk(|w| &w.link.as_ref().expect("nested").up);
+                let data = self.link.as_mut().map(|l| l.up.take(n)).unwrap_or_default();
+                self.feed(0, Input::Bytes { client: MIDDLE_CONN, data });
+            }
+            Action::Down => {
+                let n = self.chunk(|w| &w.link.as_ref().expect("nested").down);
+                let link = self.link.as_mut().expect("nested");
+                if n == 0 && link.down_eof {
+                    link.down_eof = false;
+                    self.feed(1, Input::UpstreamEof);
+                } else {
+                    let data = link.down.take(n);
+                    self.feed(1, Input::UpstreamBytes { data });
+                }
+            }
+        }
+        self.first_violation.take().map_or(Ok(()), Err)
+    }
+
+    /// Nothing left to do but shut down: the middle exits once its clients
+    /// are gone; then the world is finished.
+    fn shutdown_step(&mut self) -> Check {
+        if self.clients.iter().any(|c| !c.gone) {
+            return Err(violation(
+                "liveness",
+                "clients still wait for responses but nothing is in flight".to_owned(),
+            ));
+        }
+        if self.nested && self.levels[1].alive {
+            let m = &self.levels[1].m;
+            if m.open_handles() != 0 || m.tracked_clients() != 0 {
+                return Err(at(
+                    violation(
+                        "no_leaked_handles",
+                        format!(
+                            "intermediate holds {} handles for {} clients after all left",
+                            m.open_handles(),
+                            m.tracked_clients()
+                        ),
+                    ),
+                    1,
+                    MIDDLE_CONN,
+                ));
+            }
+            self.kill_middle(false);
+            return self.first_violation.take().map_or(Ok(()), Err);
+        }
+        for (i, l) in self.levels.iter().enumerate() {
+            if l.alive && (l.m.open_handles() != 0 || l.m.tracked_clients() != 0) {
+                return Err(violation(
+                    "no_leaked_handles",
+                    format!(
+                        "level {i} ends the run with {} handles and {} clients",
+                        l.m.open_handles(),
+                        l.m.tracked_clients()
+                    ),
+                ));
+            }
+        }
+        if self.fs.open_count() != 0 {
+            return Err(violation(
+                "no_leaked_handles",
+                format!("{} host files still open at the end", self.fs.open_count()),
+            ));
+        }
+        if self.fs.get(&PathBuf::from("/data/ro/a.txt")) != Some(self.fixture.as_slice()) {
+            return Err(violation("policy", "a read-only file changed".to_owned()));
+        }
+        self.finished = true;
+        Ok(())
+    }
+
+    /// How many bytes the next delivery from a pipe hands over.
+    fn chunk(&mut self, pipe: impl Fn(&World) -> &Pipe) -> usize {
+        let (len, front) = {
+            let p = pipe(self);
+            (p.len, p.front_rest())
+        };
+        if len == 0 {
+            return 0;
+        }
+        if self.fires(FaultKind::SplitDelivery) {
+            self.count(FaultKind::SplitDelivery);
+            return self.rng.gen_range(1..=len);
+        }
+        if len > front && self.fires(FaultKind::CoalescedDelivery) {
+            self.count(FaultKind::CoalescedDelivery);
+            return len;
+        }
+        front
+    }
+
+    fn faults_step(&mut self) {
+        if self.fires(FaultKind::ClockJump) {
+            self.count(FaultKind::ClockJump);
+            self.now += self.rng.gen_range(1_000_000..3_600_000_000);
+        }
+        for kind in [FaultKind::Eof, FaultKind::ProcessDeath] {
+            if !self.fires(kind) {
+                continue;
+            }
+            let live: Vec<usize> = (0..self.clients.len()).filter(|&i| !self.clients[i].gone).collect();
+            if live.is_empty() {
+                continue;
+            }
+            self.count(kind);
+            let i = live[self.rng.gen_range(0..live.len())];
+            // Whatever the process wrote before it went may still be read,
+            // up to an arbitrary byte.
+            let n = self.rng.gen_range(0..=self.clients[i].out.len);
+            let (level, client) = (self.clients[i].level, self.clients[i].id);
+            if n > 0 {
+                let data = self.clients[i].out.take(n);
+                self.feed(level, Input::Bytes { client, data });
+            }
+            if self.clients[i].gone {
+                continue;
+            }
+            let input = if kind == FaultKind::Eof { Input::Eof { client } } else { Input::Died { client } };
+            self.depart(i, Some(input));
+        }
+        if self.nested && self.levels[1].alive && self.fires(FaultKind::MiddleDeath) {
+            self.count(FaultKind::MiddleDeath);
+            self.kill_middle(true);
+        }
+    }
+
+    /// The intermediate process goes away: its clients lose their pipes and
+    /// the top sees its connection end, possibly mid-frame.
+    fn kill_middle(&mut self, abrupt: bool) {
+        self.levels[1].alive = false;
+        self.effects.retain(|(level, _), _| *level != 1);
+        for i in 0..self.clients.len() {
+            if self.clients[i].level == 1 && !self.clients[i].gone {
+                self.depart(i, None);
+            }
+        }
+        let Some(link) = self.link.as_mut() else { return };
+        link.down.clear();
+        link.down_eof = false;
+        if self.gone.contains(&(0, MIDDLE_CONN)) {
+            return;
+        }
+        let n = if abrupt { self.rng.gen_range(0..=link.up.len) } else { link.up.len };
+        let data = link.up.take(n);
+        link.up.clear();
+        if !data.is_empty() {
+            self.feed(0, Input::Bytes { client: MIDDLE_CONN, data });
+        }
+        self.gone.insert((0, MIDDLE_CONN));
+        self.departed_check.push((0, MIDDLE_CONN));
+        let input = if abrupt && self.rng.gen_bool(0.5) {
+            Input::Died { client: MIDDLE_CONN }
+        } else {
+            Input::Eof { client: MIDDLE_CONN }
+        };
+        self.feed(0, input);
+    }
+
+    /// Client `i` is gone for its machine: it left (`input`), the machine
+    /// dropped it, or its intermediate died. Records the one request that
+    /// may still take effect.
+    fn depart(&mut self, i: usize, input: Option<Input>) {
+        let c = &mut self.clients[i];
+        if c.gone {
+            return;
+        }
+        c.gone = true;
+        c.out.clear();
+        let first = loop {
+            let Some(id) = c.order.front() else { break None };
+            match c.outstanding.get(id) {
+                Some(s) => break Some(s.kind.clone()),
+                None => {
+                    c.order.pop_front();
+                }
+            }
+        };
+        let handles = std::mem::take(&mut c.handles);
+        let (level, client) = (c.level, c.id);
+        match first {
+            Some(Kind::Write { h, data }) => {
+                if let Some(hm) = handles.get(&h) {
+                    if let Some(f) = hm.key.as_ref().and_then(|k| self.files.get_mut(k)) {
+                        match f.class {
+                            Class::Private => {
+                                let mut content = f.content.clone();
+                                let mut pos = hm.pos;
+                                apply_write(&mut content, &mut pos, hm.mode == Mode::Append, &data);
+                                f.alt = Some((true, content));
+                            }
+                            Class::Log => {
+                                f.sent.insert(data);
+                            }
+                            _ => {}
+                        }
+                        f.dirty = true;
+                    }
+                }
+            }
+            Some(Kind::Open { key: Some(key), mode, .. }) if mode != Mode::Read => {
+                if let Some(f) = self.files.get_mut(&key) {
+                    if f.class == Class::Private {
+                        let content = if mode == Mode::Write { Vec::new() } else { f.content.clone() };
+                        f.alt = Some((true, content));
+                        f.dirty = true;
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.gone.insert((level, client));
+        self.departed_check.push((level, client));
+        if let Some(input) = input {
+            self.feed(level, input);
+        }
+    }
+
+    /// Hand `input` to `level`, record it, and route what comes out.
+    fn feed(&mut self, level: usize, input: Input) {
+        let now = Instant::from_micros(self.now);
+        if let Some(t) = &mut self.trace {
+            let _ = t.input(level, now, &input);
+        }
+        self.levels[level].m.handle(now, input);
+        while let Some(out) = self.levels[level].m.poll_output() {
+            if let Some(t) = &mut self.trace {
+                let _ = t.output(level, &out);
+            }
+            if let Err(v) = self.route(level, out) {
+                self.first_violation.get_or_insert(v);
+            }
+        }
+    }
+
+    fn client_at(&self, level: usize, client: ClientId) -> Option<usize> {
+        self.clients.iter().position(|c| c.level == level && c.id == client)
+    }
+
+    fn route(&mut self, level: usize, out: Output) -> Check {
+        match out {
+            Output::Send { client, data } => {
+                if self.gone.contains(&(level, client)) {
+                    return Err(at(
+                        violation(
+                            "nothing_sent_to_departed",
+                            format!("level {level} sent {} bytes", data.len()),
+                        ),
+                        level,
+                        client,
+                    ));
+                }
+                if self.nested && level == 0 && client == MIDDLE_CONN {
+                    // A dead intermediate reads nothing more.
+                    if let Some(link) = self.link.as_mut().filter(|_| self.levels[1].alive) {
+                        link.down.push(data);
+                    }
+                    return Ok(());
+                }
+                let i = self.client_at(level, client).ok_or_else(|| {
+                    violation("nothing_sent_to_departed", format!("level {level} sent to unknown {client}"))
+                })?;
+                for payload in self.clients[i].frames.push(&data) {
+                    self.on_response(i, &payload).map_err(|v| at(v, level, client))?;
+                }
+                Ok(())
+            }
+            Output::Close { client } => {
+                if !self.closed_by_machine.insert((level, client)) {
+                    return Err(at(violation("close_once", "closed twice".into()), level, client));
+                }
+                if self.nested && level == 0 && client == MIDDLE_CONN {
+                    if !self.gone.contains(&(0, MIDDLE_CONN)) {
+                        self.gone.insert((0, MIDDLE_CONN));
+                        self.departed_check.push((0, MIDDLE_CONN));
+                        if let Some(link) = self.link.as_mut() {
+                            link.down_eof = true;
+                            link.up.clear();
+                        }
+                    }
+                    return Ok(());
+                }
+                if let Some(i) = self.client_at(level, client) {
+                    self.depart(i, None);
+                }
+                Ok(())
+            }
+            Output::Effect { id, effect } => {
+                let queue = match &effect {
+                    Effect::Open { file, .. }
+                    | Effect::Read { file, .. }
+                    | Effect::Write { file, .. }
+                    | Effect::Close { file } => {
+                        if level != self.store {
+                            return Err(violation(
+                                "policy",
+                                format!("level {level} forwards upstream yet asked for a file effect"),
+                            ));
+                        }
+                        Queue::File(*file)
+                    }
+                    Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
+                        if self.levels[level].m.config().stdio != StdioRole::Local {
+                            return Err(violation(
+                                "policy",
+                                format!("level {level} rejects stdio yet used it"),
+                            ));
+                        }
+                        Queue::Stdio
+                    }
+                };
+                if let Effect::Open { root, rel, mode, .. } = &effect {
+                    let policy = &self.levels[level].m.config().policy;
+                    let Some(r) = policy.root(*root) else {
+                        return Err(violation("policy", format!("open under unknown root {root:?}")));
+                    };
+                    if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+                        return Err(violation("policy", format!("open of {rel:?} leaves its root")));
+                    }
+                    if mode.writable() && r.access != Access::ReadWrite {
+                        return Err(violation(
+                            "policy",
+                            format!("{mode:?} open under read-only {:?}", r.path),
+                        ));
+                    }
+                }
+                self.effect_seq += 1;
+                self.effects.entry((level, queue)).or_default().push_back((self.effect_seq, id, effect));
+                Ok(())
+            }
+            Output::SendUpstream { data } => {
+                if !self.nested || level != 1 {
+                    return Err(violation("policy", format!("level {level} has no upstream yet sent to it")));
+                }
+                for payload in self.levels[1].upstream_frames.push(&data) {
+                    let v: Value = serde_json::from_slice(&payload).map_err(|e| {
+                        violation("upstream_frames", format!("upstream request is not JSON: {e}"))
+                    })?;
+                    let h = v.get("params").and_then(|p| p.get("h")).and_then(Value::as_u64);
+                    if let Some(h) = h.filter(|h| *h < 3) {
+                        return Err(violation("stdio_never_upstream", format!("handle {h} forwarded: {v}")));
+                    }
+                }
+                if !self.gone.contains(&(0, MIDDLE_CONN)) {
+                    if let Some(link) = self.link.as_mut() {
+                        link.up.push(data);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn complete_effect(&mut self) -> Check {
+        let key = if self.fires(FaultKind::EffectReorder) {
+            self.count(FaultKind::EffectReorder);
+            let n = self.rng.gen_range(0..self.effects.len());
+            self.effects.keys().nth(n).copied()
+        } else {
+            self.effects.iter().min_by_key(|(_, q)| q.front().map_or(u64::MAX, |e| e.0)).map(|(k, _)| *k)
+        };
+        let Some(key) = key else { return Ok(()) };
+        let Some(queue) = self.effects.get_mut(&key) else { return Ok(()) };
+        let Some((_, id, effect)) = queue.pop_front() else { return Ok(()) };
+        if queue.is_empty() {
+            self.effects.remove(&key);
+        }
+        let level = key.0;
+        let misuse = |e: String| violation("fs_misuse", e);
+        let result = match effect {
+            Effect::Open { file, root, rel, mode } => {
+                let Some(r) = self.levels[level].m.config().policy.root(root) else {
+                    return Err(violation("policy", format!("unknown root {root:?}")));
+                };
+                let path = r.path.join(rel);
+                if mode != Mode::Write && self.fires(FaultKind::FsError) {
+                    self.count(FaultKind::FsError);
+                    EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
+                } else {
+                    self.fs.open(level, file, path, mode).map_err(misuse)?
+                }
+            }
+            Effect::Read { file, max } => self.fs.read(level, file, max).map_err(misuse)?,
+            Effect::Write { file, data } => self.fs.write(level, file, &data).map_err(misuse)?,
+            Effect::Close { file } => self.fs.close(level, file).map_err(misuse)?,
+            Effect::ReadStdin { max } => {
+                let stdin = &mut self.levels[level].stdin;
+                let n = stdin.len().min(max as usize);
+                let data: Vec<u8> = stdin.drain(..n).collect();
+                let eof = data.is_empty();
+                EffectResult::Data { data, eof }
+            }
+            Effect::WriteStdio { data, .. } => EffectResult::Written { written: data.len() as u64 },
+        };
+        self.feed(level, Input::EffectDone { id, result });
+        Ok(())
+    }
+
+    fn quiescent(&self) -> bool {
+        self.effects.is_empty()
+            && self.clients.iter().all(|c| c.gone || c.out.is_empty())
+            && self.link.as_ref().map_or(true, |l| l.up.is_empty() && l.down.is_empty() && !l.down_eof)
+    }
+
+    /// The checks that need a settled world; the others run as outputs are
+    /// routed.
+    fn check(&mut self) -> Check {
+        if !self.quiescent() {
+            return Ok(());
+        }
+        for c in &self.clients {
+            if !c.gone && (!c.outstanding.is_empty() || c.null_expected > 0) {
+                let ids: Vec<&String> = c.outstanding.keys().take(5).collect();
+                return Err(at(
+                    violation(
+                        "liveness",
+                        format!(
+                            "world is quiet but {} requests are unanswered (ids {ids:?}, {} without id)",
+                            c.outstanding.len(),
+                            c.null_expected
+                        ),
+                    ),
+                    c.level,
+                    c.id,
+                ));
+            }
+        }
+        self.check_handles()?;
+        self.check_files()
+    }
+
+    fn check_handles(&mut self) -> Check {
+        for &(level, client) in &self.departed_check {
+            let l = &self.levels[level];
+            if l.alive && l.m.handles_of(client) != 0 {
+                return Err(at(
+                    violation(
+                        "no_leaked_handles",
+                        format!(
+                            "departed client still owns {} handles on level {level}",
+                            l.m.handles_of(client)
+                        ),
+                    ),
+                    level,
+                    client,
+                ));
+            }
+        }
+        self.departed_check.clear();
+        let middle_up = self.nested && self.levels[1].alive && !self.gone.contains(&(0, MIDDLE_CONN));
+        let mut middle_total = 0;
+        let mut host_open = 0;
+        let mut totals = vec![0usize; self.levels.len()];
+        for c in self.clients.iter().filter(|c| !c.gone) {
+            let l = &self.levels[c.level];
+            if !l.alive {
+                continue;
+            }
+            let n = c.handles.len();
+            if l.m.handles_of(c.id) != n {
+                return Err(at(
+                    violation(
+                        "no_leaked_handles",
+                        format!("machine says {} handles, client holds {n}", l.m.handles_of(c.id)),
+                    ),
+                    c.level,
+                    c.id,
+                ));
+            }
+            totals[c.level] += n;
+            let hosts = c.handles.values().filter(|h| h.host).count();
+            if c.level == 1 {
+                middle_total += n;
+                if middle_up {
+                    host_open += hosts;
+                }
+            } else {
+                host_open += hosts;
+            }
+        }
+        if middle_up {
+            totals[0] += middle_total;
+            let at_top = self.levels[0].m.handles_of(MIDDLE_CONN);
+            if at_top != middle_total {
+                return Err(at(
+                    violation(
+                        "no_leaked_handles",
+                        format!("top holds {at_top} handles for the intermediate, whose clients hold {middle_total}"),
+                    ),
+                    0,
+                    MIDDLE_CONN,
+                ));
+            }
+        }
+        for (i, l) in self.levels.iter().enumerate() {
+            if l.alive && l.m.open_handles() != totals[i] {
+                return Err(violation(
+                    "no_leaked_handles",
+                    format!("level {i} holds {} handles, live clients {}", l.m.open_handles(), totals[i]),
+                ));
+            }
+        }
+        if self.fs.open_count() != host_open {
+            return Err(violation(
+                "no_leaked_handles",
+                format!("{} host files open, live clients hold {host_open}", self.fs.open_count()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_files(&mut self) -> Check {
+        let dirty: Vec<PathBuf> = std::mem::take(&mut self.fs.dirty).into_iter().collect();
+        for p in dirty {
+            if let Some(f) = p.to_str().and_then(|k| self.files.get_mut(k)) {
+                f.dirty = true;
+            }
+        }
+        let store = &self.levels[self.store].m;
+        for (key, f) in self.files.iter_mut().filter(|(_, f)| f.dirty) {
+            f.dirty = false;
+            let actual = match &f.loc {
+                Loc::Host(p) => self.fs.get(p),
+                Loc::Virtual(name) => store.virtual_file(name),
+            };
+            match f.class {
+                Class::Private if !f.unknown => {
+                    let is = |exists: bool, content: &[u8]| {
+                        if exists {
+                            actual == Some(content)
+                        } else {
+                            actual.is_none()
+                        }
+                    };
+                    if !is(f.exists, &f.content) && !f.alt.as_ref().is_some_and(|(e, c)| is(*e, c)) {
+                        return Err(violation(
+                            "no_data_loss",
+                            format!(
+                                "{key}: holds {:?} bytes, acknowledged requests leave {} bytes{}",
+                                actual.map(<[u8]>::len),
+                                f.content.len(),
+                                f.alt.as_ref().map_or(String::new(), |(_, c)| format!(" (or {})", c.len()))
+                            ),
+                        ));
+                    }
+                }
+                Class::Log => {
+                    let data = actual.unwrap_or_default();
+                    let mut seen = BTreeSet::new();
+                    let mut rest = data;
+                    while !rest.is_empty() {
+                        let end = rest.iter().position(|&b| b == b']');
+                        let (Some(b'['), Some(end)) = (rest.first(), end) else {
+                            return Err(violation(
+                                "no_data_loss",
+                                format!("{key}: torn chunk at {}", data.len() - rest.len()),
+                            ));
+                        };
+                        let chunk = &rest[..=end];
+                        if !f.sent.contains(chunk) || f.refused.contains(chunk) || !seen.insert(chunk) {
+                            return Err(violation(
+                                "no_data_loss",
+                                format!(
+                                    "{key}: chunk {} was never sent, was refused, or repeats",
+                                    String::from_utf8_lossy(chunk)
+                                ),
+                            ));
+                        }
+                        rest = &rest[end + 1..];
+                    }
+                    if let Some(missing) = f.acked.iter().find(|c| !seen.contains(c.as_slice())) {
+                        return Err(violation(
+                            "no_data_loss",
+                            format!(
+                                "{key}: acknowledged chunk {} is missing",
+                                String::from_utf8_lossy(missing)
+                            ),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+// Requests: how a client picks and encodes them, and how it reads answers.
+impl World {
+    fn issue(&mut self, i: usize) {
+        let stdio_local = self.levels[self.clients[i].level].m.config().stdio == StdioRole::Local;
+        let invalid_ppm = self.swarm.invalid_ppm;
+        let max_frame = self.swarm.max_frame;
+        let c = &mut self.clients[i];
+        let usable: Vec<u64> = c.handles.iter().filter(|(_, h)| !h.closing).map(|(h, _)| *h).collect();
+        if c.ops_left == 0 || self.step > self.swarm.max_steps as u64 {
+            // Tidying up before exit.
+            if let Some(&h) = usable.first() {
+                c.handles.get_mut(&h).expect("usable").closing = true;
+                let id = next_id(c);
+                let payload = req(&id, "close", json!({ "h": h }));
+                send(c, id, payload, Kind::Close { h }, None);
+            }
+            return;
+        }
+        c.ops_left -= 1;
+        let kinds = [FaultKind::OversizedFrame, FaultKind::CorruptFrame, FaultKind::NonUtf8Frame];
+        let rates = kinds.map(|k| self.swarm.rate(k));
+        let c = &mut self.clients[i];
+        let roll = c.rng.gen_range(0..PPM);
+        if roll < rates[0] {
+            *self.faults.entry(FaultKind::OversizedFrame).or_default() += 1;
+            let len = (max_frame as u64 + 1 + c.rng.gen_range(0..1000)).min(u64::from(u32::MAX)) as u32;
+            let mut bytes = len.to_be_bytes().to_vec();
+            bytes.extend((0..c.rng.gen_range(0..64)).map(|_| b'x'));
+            c.out.push(bytes);
+            c.null_expected += 1;
+            c.stream_ended = true;
+            return;
+        }
+        if roll < rates[0] + rates[1] {
+            *self.faults.entry(FaultKind::CorruptFrame).or_default() += 1;
+            let id = next_id(c);
+            let data: Vec<u8> = (0..c.rng.gen_range(0..40)).map(|_| c.rng.gen()).collect();
+            let good = req(&id, "write", json!({ "h": 3, "data": STANDARD.encode(data) }));
+            let mut bad = good.clone();
+            for _ in 0..c.rng.gen_range(1..=4) {
+                let at = c.rng.gen_range(0..bad.len());
+                bad[at] = c.rng.gen();
+            }
+            if serde_json::from_slice::<Value>(&bad).is_ok() {
+                // Still JSON: it could still be a request. A proper prefix
+                // of an object never is.
+                bad = good[..c.rng.gen_range(1..good.len())].to_vec();
+            }
+            send_raw(c, bad);
+            return;
+        }
+        if roll < rates[0] + rates[1] + rates[2] {
+            *self.faults.entry(FaultKind::NonUtf8Frame).or_default() += 1;
+            let id = next_id(c);
+            let mut p = format!(r#"{{"id":"{id}","op":"open","params":{{"path":"v/"#).into_bytes();
+            p.extend([0xff, 0xfe, 0xc3]);
+            p.extend_from_slice(br#"","mode":"r"}}"#);
+            send_raw(c, p);
+            return;
+        }
+        if c.rng.gen_range(0..PPM) < invalid_ppm {
+            invalid(c, stdio_local);
+        } else {
+            valid(c, &usable);
+        }
+        // Log chunks are known from the moment they are sent: any of them
+        // may end up in the file, acknowledged or not.
+        let c = &self.clients[i];
+        if let Some(Sent { kind: Kind::Write { h, data }, .. }) =
+            c.order.back().and_then(|id| c.outstanding.get(id))
+        {
+            let key = c.handles.get(h).and_then(|hm| hm.key.as_ref());
+            if let Some(f) = key.and_then(|k| self.files.get_mut(k)).filter(|f| f.class == Class::Log) {
+                f.sent.insert(data.clone());
+            }
+        }
+    }
+
+    fn on_response(&mut self, i: usize, payload: &[u8]) -> Check {
+        let v: Value = serde_json::from_slice(payload)
+            .map_err(|e| violation("response_shape", format!("response is not JSON: {e}")))?;
+        let ok = v
+            .get("ok")
+            .and_then(Value::as_bool)
+            .ok_or_else(|| violation("response_shape", format!("{v}")))?;
+        let code = v.get("error").and_then(|e| e.get("code")).and_then(Value::as_str).unwrap_or("");
+        if !ok
+            && !["E_ARG", "E_NOENT", "E_PERM", "E_IO", "E_CLOSED", "E_UNSUPPORTED", "E_RANGE"].contains(&code)
+        {
+            return Err(violation("response_shape", format!("unknown error code in {v}")));
+        }
+        let level = self.clients[i].level;
+        let c = &mut self.clients[i];
+        let id = match v.get("id") {
+            Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) => {
+                if c.null_expected == 0 {
+                    return Err(violation("one_response_per_request", format!("unexpected response {v}")));
+                }
+                c.null_expected -= 1;
+                if ok {
+                    return Err(violation("must_fail", format!("a frame without an id succeeded: {v}")));
+                }
+                return Ok(());
+            }
+            Some(_) => return Err(violation("response_shape", format!("id is not a string: {v}"))),
+        };
+        let Some(sent) = c.outstanding.remove(&id) else {
+            return Err(violation(
+                "one_response_per_request",
+                format!("response to unknown or answered {id}: {v}"),
+            ));
+        };
+        if let Some(inv) = sent.must_fail {
+            if ok {
+                return Err(violation(inv, format!("request {id} ({:?}) must fail: {v}", sent.kind)));
+            }
+        }
+        let result = v.get("result");
+        let refused = |what: &str| violation("valid_request_refused", format!("{what} {id} failed: {v}"));
+        // A queue overflow rejects a request unserved; E_IO means an
+        // upstream lost mid-request. Anything else on a valid request on a
+        // handle the client holds is a confusion of handles.
+        let benign = matches!(code, "E_RANGE" | "E_IO");
+        match sent.kind {
+            Kind::Open { key, mode, host } => {
+                c.pending_opens -= 1;
+                let file = key.as_ref().and_then(|k| self.files.get_mut(k));
+                if ok {
+                    let h = result
+                        .and_then(|r| r.get("handle"))
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| violation("response_shape", format!("open without handle: {v}")))?;
+                    if h < 3 || !self.levels[level].issued.insert(h) {
+                        return Err(violation(
+                            "handle_unique",
+                            format!("handle {h} handed out again or stdio"),
+                        ));
+                    }
+                    c.handles.insert(h, HModel { key: key.clone(), mode, pos: 0, host, closing: false });
+                    if let Some(f) = file {
+                        f.dirty = true;
+                        if f.class == Class::Private && !f.unknown {
+                            if mode == Mode::Read && !f.exists {
+                                return Err(violation(
+                                    "fs_semantics",
+                                    format!("opened missing {key:?} for reading"),
+                                ));
+                            }
+                            if mode == Mode::Write {
+                                f.content.clear();
+                            }
+                            f.exists = true;
+                        }
+                    }
+                } else if let Some(f) = file {
+                    if f.class == Class::Private && !f.unknown {
+                        if code == "E_NOENT" && (mode != Mode::Read || f.exists) {
+                            return Err(violation("fs_semantics", format!("open {key:?} {mode:?}: {v}")));
+                        }
+                        if code == "E_IO" && mode != Mode::Read && self.nested {
+                            f.unknown = true;
+                        }
+                    }
+                }
+            }
+            Kind::Read { h, max } => {
+                let Some(hm) = c.handles.get_mut(&h) else {
+                    if ok {
+                        return Err(violation(
+                            "must_fail",
+                            format!("read on foreign handle {h} succeeded: {v}"),
+                        ));
+                    }
+                    return Ok(());
+                };
+                if !ok {
+                    return if benign || !hm.mode.readable() { Ok(()) } else { Err(refused("read")) };
+                }
+                let r = result.ok_or_else(|| violation("response_shape", format!("{v}")))?;
+                let data = r
+                    .get("data")
+                    .and_then(Value::as_str)
+                    .and_then(|d| STANDARD.decode(d).ok())
+                    .ok_or_else(|| violation("response_shape", format!("read without data: {v}")))?;
+                let eof = r.get("eof").and_then(Value::as_bool);
+                if data.len() > max as usize || eof != Some(data.is_empty()) {
+                    return Err(violation(
+                        "read_consistency",
+                        format!("read of {max} gave {} bytes, eof {eof:?}", data.len()),
+                    ));
+                }
+                if let Some(f) = hm.key.as_ref().and_then(|k| self.files.get(k)) {
+                    if matches!(f.class, Class::Private | Class::Fixture) && !f.unknown {
+                        let start = (hm.pos as usize).min(f.content.len());
+                        let end = start.saturating_add(max as usize).min(f.content.len());
+                        if data != f.content[start..end] {
+                            return Err(violation(
+                                "read_consistency",
+                                format!(
+                                    "{:?} at {start}: read {} bytes, model has {}",
+                                    hm.key,
+                                    data.len(),
+                                    end - start
+                                ),
+                            ));
+                        }
+                    }
+                }
+                hm.pos += data.len() as u64;
+            }
+            Kind::Write { h, data } => {
+                let Some(hm) = c.handles.get_mut(&h) else {
+                    if ok {
+                        return Err(violation(
+                            "must_fail",
+                            format!("write on foreign handle {h} succeeded: {v}"),
+                        ));
+                    }
+                    return Ok(());
+                };
+                let file = hm.key.as_ref().and_then(|k| self.files.get_mut(k));
+                if !ok {
+                    if let Some(f) = file {
+                        if f.class == Class::Log && code != "E_IO" {
+                            f.refused.insert(data);
+                        } else if f.class == Class::Private && code == "E_IO" {
+                            f.unknown = true;
+                        }
+                    }
+                    return if benign || !hm.mode.writable() { Ok(()) } else { Err(refused("write")) };
+                }
+                let written = result.and_then(|r| r.get("written")).and_then(Value::as_u64);
+                if written != Some(data.len() as u64) {
+                    return Err(violation(
+                        "no_data_loss",
+                        format!("wrote {} bytes, acknowledged {written:?}", data.len()),
+                    ));
+                }
+                match file {
+                    Some(f) if f.class == Class::Private => {
+                        if !f.unknown {
+                            apply_write(&mut f.content, &mut hm.pos, hm.mode == Mode::Append, &data);
+                        }
+                        f.dirty = true;
+                    }
+                    Some(f) if f.class == Class::Log => {
+                        f.acked.insert(data);
+                        f.dirty = true;
+                    }
+                    _ => hm.pos += data.len() as u64,
+                }
+            }
+            Kind::Close { h } => match c.handles.get_mut(&h) {
+                None if ok => {
+                    return Err(violation(
+                        "must_fail",
+                        format!("close of foreign handle {h} succeeded: {v}"),
+                    ));
+                }
+                None => {}
+                // A rejected close was never served: the handle stays.
+                Some(hm) if !ok && code == "E_RANGE" => hm.closing = false,
+                Some(_) => {
+                    c.handles.remove(&h);
+                    c.closed.push(h);
+                    if !ok && !benign {
+                        return Err(refused("close"));
+                    }
+                }
+            },
+            Kind::Stdio { write_len } => {
+                let written = result.and_then(|r| r.get("written")).and_then(Value::as_u64);
+                if let (true, Some(len)) = (ok, write_len) {
+                    if written != Some(len as u64) {
+                        return Err(violation(
+                            "write_ack",
+                            format!("stdio write of {len} acknowledged {written:?}"),
+                        ));
+                    }
+                }
+            }
+            Kind::Invalid => {}
+        }
+        Ok(())
+    }
+}
+
+fn next_id(c: &mut Client) -> String {
+    c.next_req += 1;
+    format!("c{}-{}", c.idx, c.next_req)
+}
+
+fn req(id: &str, op: &str, params: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({ "id": id, "op": op, "params": params })).unwrap_or_default()
+}
+
+fn send(c: &mut Client, id: String, payload: Vec<u8>, kind: Kind, must_fail: Option<&'static str>) {
+    c.out.push(frame(&payload));
+    if matches!(kind, Kind::Open { .. }) {
+        c.pending_opens += 1;
+    }
+    c.order.push_back(id.clone());
+    c.outstanding.insert(id, Sent { kind, must_fail });
+}
+
+/// A frame whose answer only the oracle can tell; it must fail.
+fn send_raw(c: &mut Client, payload: Vec<u8>) {
+    match oracle_id(&payload) {
+        Some(id) => {
+            c.out.push(frame(&payload));
+            c.outstanding.insert(id, Sent { kind: Kind::Invalid, must_fail: Some("must_fail") });
+        }
+        None => {
+            c.out.push(frame(&payload));
+            c.null_expected += 1;
+        }
+    }
+}
+
+fn pick<'a, T>(rng: &mut ChaCha8Rng, items: &'a [T]) -> &'a T {
+    &items[rng.gen_range(0..items.len())]
+}
+
+const MODES: [Mode; 4] = [Mode::Read, Mode::Write, Mode::Append, Mode::ReadWrite];
+
+fn valid(c: &mut Client, usable: &[u64]) {
+    let idx = c.idx;
+    let open = usable.is_empty() || usable.len() < 4 && c.rng.gen_bool(0.3);
+    if open {
+        let (key, path, mode, host) = match c.rng.gen_range(0..100) {
+            0..30 => {
+                let key = format!("/data/rw/c{idx}.dat");
+                let path = pick(
+                    &mut c.rng,
+                    &[
+                        key.clone(),
+                        format!("/data/rw/./c{idx}.dat"),
+                        format!("/data/ro/../rw/c{idx}.dat"),
+                        format!("/data/rw/sub/../c{idx}.dat"),
+                    ],
+                )
+                .clone();
+                (key, path, *pick(&mut c.rng, &MODES), true)
+            }
+            30..45 => {
+                let path = pick(
+                    &mut c.rng,
+                    &[
+                        format!("scratch/c{idx}.log"),
+                        format!("./scratch/c{idx}.log"),
+                        format!("/work/proj/scratch/c{idx}.log"),
+                    ],
+                )
+                .clone();
+                (format!("/work/proj/scratch/c{idx}.log"), path, *pick(&mut c.rng, &MODES), true)
+            }
+            45..60 => {
+                let path = pick(
+                    &mut c.rng,
+                    &[format!("v/c{idx}.txt"), format!("./v/c{idx}.txt"), format!("v/../v/c{idx}.txt")],
+                )
+                .clone();
+                (format!("v/c{idx}.txt"), path, *pick(&mut c.rng, &MODES), false)
+            }
+            60..75 => {
+                let mode = if c.rng.gen_bool(0.8) { Mode::Append } else { Mode::Read };
+                ("/data/rw/shared.log".to_owned(), "/data/rw/shared.log".to_owned(), mode, true)
+            }
+            75..82 => {
+                let key = "/work/proj/scratch/chaos.bin".to_owned();
+                (key, "scratch/chaos.bin".to_owned(), *pick(&mut c.rng, &MODES), true)
+            }
+            _ => {
+                let key =
+                    pick(&mut c.rng, &["/data/ro/a.txt", "/data/ro/a.txt", "/data/ro/empty"]).to_string();
+                (key.clone(), key, Mode::Read, true)
+            }
+        };
+        let id = next_id(c);
+        let payload = req(&id, "open", json!({ "path": path, "mode": mode.as_str() }));
+        send(c, id, payload, Kind::Open { key: Some(key), mode, host }, None);
+        return;
+    }
+    let h = *pick(&mut c.rng, usable);
+    let hm = c.handles[&h].clone();
+    let close = c.rng.gen_bool(if usable.len() > 3 { 0.3 } else { 0.1 });
+    let id = next_id(c);
+    if close {
+        if let Some(hm) = c.handles.get_mut(&h) {
+            hm.closing = true;
+        }
+        let payload = req(&id, "close", json!({ "h": h }));
+        send(c, id, payload, Kind::Close { h }, None);
+    } else if hm.mode.writable() && (!hm.mode.readable() || c.rng.gen_bool(0.5)) {
+        let data: Vec<u8> = if hm.key.as_deref() == Some("/data/rw/shared.log") {
+            let n = c.rng.gen_range(0..40);
+            let letters: String = (0..n).map(|_| char::from(c.rng.gen_range(b'a'..=b'z'))).collect();
+            format!("[{id}:{letters}]").into_bytes()
+        } else {
+            let n = match c.rng.gen_range(0..100) {
+                0..70 => c.rng.gen_range(0..64),
+                70..95 => c.rng.gen_range(64..512),
+                _ => c.rng.gen_range(512..=2048),
+            };
+            (0..n).map(|_| c.rng.gen()).collect()
+        };
+        let payload = req(
+            &id,
+            "write",
+            json!({ "h": h, "data": STANDARD.encode(&data), "final": c.rng.gen_bool(0.1) }),
+        );
+        send(c, id, payload, Kind::Write { h, data }, None);
+    } else {
+        let max = match c.rng.gen_range(0..100) {
+            0..70 => c.rng.gen_range(1..64),
+            70..90 => c.rng.gen_range(64..1024),
+            _ => c.rng.gen_range(1024..=4096),
+        };
+        let payload = req(&id, "read", json!({ "h": h, "max": max }));
+        send(c, id, payload, Kind::Read { h, max }, None);
+    }
+}
+
+fn invalid(c: &mut Client, stdio_local: bool) {
+    let idx = c.idx;
+    let id = next_id(c);
+    let own: Vec<u64> = c.handles.iter().filter(|(_, h)| !h.closing).map(|(h, _)| *h).collect();
+    match c.rng.gen_range(0..13) {
+        0 => {
+            let path = *pick(
+                &mut c.rng,
+                &[
+                    "../escape.txt",
+                    "/etc/passwd",
+                    "/data/ro/../../etc/shadow",
+                    "scratch/../../outside",
+                    "",
+                    "a\u{0}b",
+                    ".",
+                    "/",
+                    "/data",
+                    "/data/rw",
+                    "/work/proj/notes.txt",
+                    "v/../../x",
+                ],
+            );
+            let mode = *pick(&mut c.rng, &MODES);
+            let payload = req(&id, "open", json!({ "path": path, "mode": mode.as_str() }));
+            send(c, id, payload, Kind::Open { key: None, mode, host: true }, Some("policy"));
+        }
+        1 => {
+            let path = *pick(&mut c.rng, &["/data/ro/a.txt", "/data/rw/sub/x", "/data/ro/new"]);
+            let mode = *pick(&mut c.rng, &[Mode::Write, Mode::Append, Mode::ReadWrite]);
+            let payload = req(&id, "open", json!({ "path": path, "mode": mode.as_str() }));
+            send(c, id, payload, Kind::Open { key: None, mode, host: true }, Some("policy"));
+        }
+        2 => {
+            let path = if c.rng.gen_bool(0.5) {
+                format!("/data/rw/missing-{idx}-{}", c.next_req)
+            } else {
+                format!("v/missing-{idx}")
+            };
+            let payload = req(&id, "open", json!({ "path": path, "mode": "r" }));
+            send(
+                c,
+                id,
+                payload,
+                Kind::Open { key: None, mode: Mode::Read, host: true },
+                Some("fs_semantics"),
+            );
+        }
+        3 => {
+            let h = match c.rng.gen_range(0..3) {
+                0 if !c.closed.is_empty() => c.closed[c.rng.gen_range(0..c.closed.len())],
+                1 if c.pending_opens == 0 => {
+                    let h = c.rng.gen_range(3..64);
+                    if c.handles.contains_key(&h) {
+                        1_000_000
+                    } else {
+                        h
+                    }
+                }
+                _ => 1_000_000 + c.rng.gen_range(0..1000),
+            };
+            let (payload, kind) = match c.rng.gen_range(0..3) {
+                0 => (req(&id, "read", json!({ "h": h, "max": 16 })), Kind::Read { h, max: 16 }),
+                1 => (
+                    req(&id, "write", json!({ "h": h, "data": "aGk=" })),
+                    Kind::Write { h, data: b"hi".to_vec() },
+                ),
+                _ => (req(&id, "close", json!({ "h": h })), Kind::Close { h }),
+            };
+            send(c, id, payload, kind, Some("must_fail"));
+        }
+        4 => {
+            let h = c.rng.gen_range(0..3u64);
+            let (payload, kind, ok) = match c.rng.gen_range(0..3) {
+                0 => {
+                    (req(&id, "read", json!({ "h": h, "max": 100 })), Kind::Stdio { write_len: None }, h == 0)
+                }
+                1 => {
+                    let data: Vec<u8> = (0..c.rng.gen_range(0..100)).map(|_| c.rng.gen()).collect();
+                    let len = data.len();
+                    (
+                        req(&id, "write", json!({ "h": h, "data": STANDARD.encode(data) })),
+                        Kind::Stdio { write_len: Some(len) },
+                        h != 0,
+                    )
+                }
+                _ => (req(&id, "close", json!({ "h": h })), Kind::Stdio { write_len: None }, true),
+            };
+            let must_fail = if stdio_local && ok { None } else { Some("must_fail") };
+            send(c, id, payload, kind, must_fail);
+        }
+        5 => {
+            let h = own.first().copied().unwrap_or(3);
+            let max = pick(
+                &mut c.rng,
+                &[json!(0), json!(4097), json!(1 << 20), json!("12"), json!(-1), json!(1.5), Value::Null],
+            )
+            .clone();
+            let payload = req(&id, "read", json!({ "h": h, "max": max }));
+            send(c, id, payload, Kind::Invalid, Some("must_fail"));
+        }
+        6 if !own.is_empty() => {
+            let h = own[c.rng.gen_range(0..own.len())];
+            let mode = c.handles[&h].mode;
+            let (payload, kind) = if !mode.readable() {
+                (req(&id, "read", json!({ "h": h, "max": 8 })), Kind::Read { h, max: 8 })
+            } else if !mode.writable() {
+                (
+                    req(&id, "write", json!({ "h": h, "data": "aGk=" })),
+                    Kind::Write { h, data: b"hi".to_vec() },
+                )
+            } else {
+                (req(&id, "read", json!({ "h": h, "max": 0 })), Kind::Invalid)
+            };
+            send(c, id, payload, kind, Some("must_fail"));
+        }
+        7 => {
+            let op = *pick(&mut c.rng, &["stat", "QUOTA", "LLMCMD", "OPEN", ""]);
+            let payload = req(&id, op, json!({}));
+            send(c, id, payload, Kind::Invalid, Some("must_fail"));
+        }
+        8 => {
+            let payload = pick(
+                &mut c.rng,
+                &[
+                    json!({ "id": id, "op": "open", "params": [1, 2] }),
+                    json!({ "id": id, "op": "open", "params": { "path": "v/x" } }),
+                    json!({ "id": id, "op": "open", "params": { "mode": "r" } }),
+                    json!({ "id": id, "op": "open", "params": { "path": "v/x", "mode": "x" } }),
+                    json!({ "id": id, "op": "open", "params": { "path": 5, "mode": "r" } }),
+                    json!({ "id": id, "op": 7 }),
+                    json!({ "id": id }),
+                    json!({ "id": id, "op": "close", "params": { "h": "three" } }),
+                    json!({ "id": id, "op": "close" }),
+                ],
+            )
+            .clone();
+            let payload = serde_json::to_vec(&payload).unwrap_or_default();
+            send(c, id, payload, Kind::Invalid, Some("must_fail"));
+        }
+        9 => {
+            let h = own.first().copied().unwrap_or(3);
+            let params = if c.rng.gen_bool(0.5) {
+                json!({ "h": h, "data": "!!not base64!!" })
+            } else {
+                json!({ "h": h, "data": "aGk=", "final": "yes" })
+            };
+            send(c, id.clone(), req(&id, "write", params), Kind::Invalid, Some("must_fail"));
+        }
+        _ => {
+            let garbage: [&[u8]; 7] = [
+                &b"not json"[..],
+                b"[1,2,3]",
+                br#"{"id":5,"op":"read"}"#,
+                br#"{"op":"read","params":{"h":3,"max":1}}"#,
+                b"",
+                br#"{"id":"x""#,
+                b"\"just a string\"",
+            ];
+            let text = *pick(&mut c.rng, &garbage);
+            send_raw(c, text.to_vec());
+        }
+    }
+}

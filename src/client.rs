@@ -1,0 +1,275 @@
+//! The FS proxy client: what a child uses to reach files through airlock.
+//!
+//! Blocking and dependency-free on purpose: it runs inside children, often
+//! small shell helpers, and talks over the descriptor named by `AIRLOCK_FD`.
+
+use airlock_core::codec::frame::{self, FrameDecoder, DEFAULT_MAX_FRAME};
+use airlock_core::fsproxy::wire::{self, ErrorCode, Failure, Mode, Op, OpKind, Request, Success};
+use airlock_core::handles::Handle;
+use std::collections::VecDeque;
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// The environment variable naming the proxy descriptor in a child.
+pub const FD_ENV: &str = "AIRLOCK_FD";
+/// The descriptor a child gets when `AIRLOCK_FD` is unset.
+pub const DEFAULT_FD: RawFd = 3;
+/// Bytes per read or write request (the seed's read maximum).
+pub const CHUNK: usize = 4096;
+/// Requests a streaming transfer keeps in flight before waiting.
+pub const WINDOW: usize = 8;
+
+#[derive(Debug)]
+pub enum ClientError {
+    /// The proxy answered with an error.
+    Proxy(Failure),
+    Io(io::Error),
+    /// The proxy's answer could not be understood.
+    BadResponse(String),
+}
+
+impl ClientError {
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Proxy(f) => Some(f.code),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Proxy(e) => write!(f, "{}: {}", e.code, e.message),
+            ClientError::Io(e) => write!(f, "proxy connection: {e}"),
+            ClientError::BadResponse(e) => write!(f, "bad response from proxy: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+impl From<io::Error> for ClientError {
+    fn from(e: io::Error) -> Self {
+        ClientError::Io(e)
+    }
+}
+
+pub struct Client {
+    conn: File,
+    decoder: FrameDecoder,
+    next_id: u64,
+    /// Requests sent and not yet answered, oldest first.
+    inflight: VecDeque<(String, OpKind)>,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// Connect over `AIRLOCK_FD` (default 3).
+    pub fn from_env() -> Result<Self, ClientError> {
+        let fd = match std::env::var(FD_ENV) {
+            Ok(v) => v.trim().parse::<RawFd>().map_err(|_| {
+                ClientError::Io(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{FD_ENV}={v:?} is not a descriptor"),
+                ))
+            })?,
+            Err(_) => DEFAULT_FD,
+        };
+        // SAFETY: the borrow lives only for this fcntl, which answers EBADF
+        // harmlessly when fd is not open.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        if rustix::io::fcntl_getfd(borrowed).is_err() {
+            return Err(ClientError::Io(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("descriptor {fd} is not open: is this process running under `airlock run`?"),
+            )));
+        }
+        // SAFETY: fd is open (checked above) and this process hands it to the
+        // client alone; nothing else in the process uses AIRLOCK_FD.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self::new(File::from(owned)))
+    }
+
+    /// A client over an already-connected stream.
+    pub fn new(conn: File) -> Self {
+        Client {
+            conn,
+            decoder: FrameDecoder::new(DEFAULT_MAX_FRAME),
+            next_id: 1,
+            inflight: VecDeque::new(),
+            buf: vec![0; 64 * 1024],
+        }
+    }
+
+    /// Send a request without waiting for its answer.
+    pub fn send(&mut self, op: Op) -> Result<(), ClientError> {
+        let id = self.next_id.to_string();
+        self.next_id += 1;
+        let kind = OpKind::from(&op);
+        let payload = wire::encode_request(&Request { id: id.clone(), op });
+        self.conn.write_all(&frame::encode(&payload))?;
+        self.inflight.push_back((id, kind));
+        Ok(())
+    }
+
+    /// The answer to the oldest request in flight.
+    pub fn recv(&mut self) -> Result<Success, ClientError> {
+        let Some((id, kind)) = self.inflight.pop_front() else {
+            return Err(ClientError::BadResponse("no request in flight".into()));
+        };
+        let payload = loop {
+            match self.decoder.next_frame() {
+                Ok(Some(p)) => break p,
+                Ok(None) => {}
+                Err(e) => return Err(ClientError::BadResponse(e.to_string())),
+            }
+            let n = self.conn.read(&mut self.buf)?;
+            if n == 0 {
+                return Err(ClientError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "proxy closed the connection",
+                )));
+            }
+            self.decoder.push(&self.buf[..n]);
+        };
+        let resp = wire::parse_response(&payload, kind).map_err(ClientError::BadResponse)?;
+        if resp.id.as_deref() != Some(id.as_str()) {
+            return Err(ClientError::BadResponse(format!("expected the answer to {id}, got {:?}", resp.id)));
+        }
+        resp.outcome.map_err(ClientError::Proxy)
+    }
+
+    fn call(&mut self, op: Op) -> Result<Success, ClientError> {
+        self.send(op)?;
+        self.recv()
+    }
+
+    pub fn open(&mut self, path: &str, mode: Mode) -> Result<Handle, ClientError> {
+        match self.call(Op::Open { path: path.to_owned(), mode })? {
+            Success::Opened { handle } => Ok(handle),
+            other => Err(ClientError::BadResponse(format!("open answered {other:?}"))),
+        }
+    }
+
+    /// Up to `max` bytes; empty at end of file.
+    pub fn read(&mut self, h: Handle, max: u32) -> Result<Vec<u8>, ClientError> {
+        match self.call(Op::Read { h, max })? {
+            Success::Data { data, .. } => Ok(data),
+            other => Err(ClientError::BadResponse(format!("read answered {other:?}"))),
+        }
+    }
+
+    pub fn write(&mut self, h: Handle, data: &[u8]) -> Result<u64, ClientError> {
+        match self.call(Op::Write { h, data: data.to_vec() })? {
+            Success::Written { written } => Ok(written),
+            other => Err(ClientError::BadResponse(format!("write answered {other:?}"))),
+        }
+    }
+
+    pub fn close(&mut self, h: Handle) -> Result<(), ClientError> {
+        self.call(Op::Close { h }).map(|_| ())
+    }
+
+    /// Copy the whole of `path` to `out`, keeping [`WINDOW`] reads in flight.
+    pub fn cat(&mut self, path: &str, out: &mut impl Write) -> Result<u64, ClientError> {
+        let h = self.open(path, Mode::Read)?;
+        let result = self.copy_out(h, out);
+        let closed = self.close(h);
+        let n = result?;
+        closed?;
+        Ok(n)
+    }
+
+    fn copy_out(&mut self, h: Handle, out: &mut impl Write) -> Result<u64, ClientError> {
+        let mut total = 0u64;
+        let mut eof = false;
+        for _ in 0..WINDOW {
+            self.send(Op::Read { h, max: CHUNK as u32 })?;
+        }
+        let mut first_err = None;
+        while !self.inflight.is_empty() {
+            match self.recv() {
+                Ok(Success::Data { data, eof: at_end }) => {
+                    if first_err.is_none() && !eof {
+                        if let Err(e) = out.write_all(&data) {
+                            first_err = Some(ClientError::Io(e));
+                        }
+                        total += data.len() as u64;
+                    }
+                    eof |= at_end;
+                    if !eof && first_err.is_none() {
+                        self.send(Op::Read { h, max: CHUNK as u32 })?;
+                    }
+                }
+                Ok(other) => {
+                    first_err.get_or_insert(ClientError::BadResponse(format!("read answered {other:?}")));
+                }
+                Err(e @ (ClientError::Io(_) | ClientError::BadResponse(_))) => return Err(e),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
+    }
+
+    /// Write all of `input` to `path` (opened in `mode`: `w` or `a`), keeping
+    /// [`WINDOW`] writes in flight. Returns the bytes the proxy acknowledged.
+    pub fn copy_in(&mut self, path: &str, mode: Mode, input: &mut impl Read) -> Result<u64, ClientError> {
+        let h = self.open(path, mode)?;
+        let result = self.copy_in_handle(h, input);
+        let closed = self.close(h);
+        let n = result?;
+        closed?;
+        Ok(n)
+    }
+
+    fn copy_in_handle(&mut self, h: Handle, input: &mut impl Read) -> Result<u64, ClientError> {
+        let mut buf = vec![0; CHUNK];
+        let mut acked = 0u64;
+        let mut sent_lens = VecDeque::new();
+        let mut first_err = None;
+        let mut input_done = false;
+        loop {
+            while !input_done && first_err.is_none() && sent_lens.len() < WINDOW {
+                let n = match input.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        first_err = Some(ClientError::Io(e));
+                        break;
+                    }
+                };
+                if n == 0 {
+                    input_done = true;
+                    break;
+                }
+                self.send(Op::Write { h, data: buf[..n].to_vec() })?;
+                sent_lens.push_back(n as u64);
+            }
+            let Some(len) = sent_lens.pop_front() else { break };
+            match self.recv() {
+                Ok(Success::Written { written }) if written == len => acked += written,
+                Ok(other) => {
+                    first_err.get_or_insert(ClientError::BadResponse(format!(
+                        "write of {len} bytes answered {other:?}"
+                    )));
+                }
+                Err(e @ (ClientError::Io(_) | ClientError::BadResponse(_))) => return Err(e),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(acked),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The subcommands: `run`, `serve` and `fs`.
+
+use crate::child::{self, exit_code};
+use crate::client::Client;
+use crate::hostfs::HostFs;
+use crate::report::{ChildExit, Report};
+use crate::session::{Event, Observer, Session};
+use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
+use airlock_core::fsproxy::wire::{Mode, DEFAULT_MAX_READ};
+use airlock_core::fsproxy::{
+    Config, FsProxy, StdioRole, DEFAULT_MAX_OPEN_HANDLES, DEFAULT_MAX_QUEUED_REQUESTS,
+    DEFAULT_MAX_VIRTUAL_BYTES,
+};
+use airlock_core::handles::ClientId;
+use airlock_core::policy::{Access, Policy, Root};
+use anyhow::Context;
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// What every serving command shares: the policy, the limits, the report.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Let the child read PATH (a directory covers everything beneath it).
+    #[arg(long = "allow", value_name = "PATH")]
+    pub allow: Vec<PathBuf>,
+    /// Let the child read and write PATH.
+    #[arg(long = "allow-rw", value_name = "PATH")]
+    pub allow_rw: Vec<PathBuf>,
+    /// Write a JSON report of the session to FILE when airlock exits.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Largest frame accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_FRAME)]
+    pub max_frame: usize,
+    /// Largest `max` a read may ask for, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ)]
+    pub max_read: u32,
+    /// Handles that may be open at once.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_OPEN_HANDLES)]
+    pub max_open_handles: usize,
+    /// Requests a client may have waiting behind the one being served.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_QUEUED_REQUESTS)]
+    pub max_queued_requests: usize,
+    /// Bytes the session's virtual files may hold in all.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_VIRTUAL_BYTES)]
+    pub max_virtual_bytes: u64,
+}
+
+impl ServeArgs {
+    fn policy(&self) -> anyhow::Result<Policy> {
+        let cwd = std::env::current_dir().context("reading the working directory")?;
+        let roots = self
+            .allow
+            .iter()
+            .map(|p| Root { path: p.clone(), access: Access::ReadOnly })
+            .chain(self.allow_rw.iter().map(|p| Root { path: p.clone(), access: Access::ReadWrite }));
+        Ok(Policy::new(cwd, roots))
+    }
+
+    fn config(&self, stdio: StdioRole, upstream: bool) -> anyhow::Result<Config> {
+        let mut config = Config::new(self.policy()?, stdio);
+        config.upstream = upstream;
+        config.max_frame = self.max_frame;
+        config.limits.max_read = self.max_read;
+        config.max_open_handles = self.max_open_handles;
+        config.max_queued_requests = self.max_queued_requests;
+        config.max_virtual_bytes = self.max_virtual_bytes;
+        Ok(config)
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    // One thread: the machine is single-threaded by design and file
+    // effects are short; stdin reads use tokio's blocking pool.
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+const CHILD: ClientId = ClientId(1);
+
+/// `airlock run`: the child's exit status, to exit with.
+pub fn run(args: &ServeArgs, argv: &[OsString], observer: Option<Box<dyn Observer>>) -> anyhow::Result<i32> {
+    runtime()?.block_on(async {
+        let upstream = child::inherited_upstream()?;
+        let config = args.config(StdioRole::Local, upstream.is_some())?;
+        let host = HostFs::new(&config.policy)?;
+        let mut session = Session::new(FsProxy::new(config), host, observer);
+        if let Some(up) = upstream {
+            session.set_upstream(up);
+        }
+        let spawned = child::spawn(argv)?;
+        let mut proc = spawned.child;
+        let pid = proc.id();
+        session.add_client(CHILD, spawned.conn);
+
+        let status: Arc<Mutex<Option<std::process::ExitStatus>>> = Arc::default();
+        let events = session.events();
+        let st = status.clone();
+        tokio::spawn(async move {
+            // tokio reaps through SIGCHLD/pidfd: death is observed, not polled.
+            let res = proc.wait().await;
+            if let Ok(s) = res {
+                if let Ok(mut slot) = st.lock() {
+                    *slot = Some(s);
+                }
+            }
+            let _ = events.send(Event::Died(CHILD)).await;
+        });
+        forward_signals(pid);
+
+        session.run_until(|s| s.finished(CHILD) && status.lock().map(|g| g.is_some()).unwrap_or(true)).await;
+        let (proxy, host, _observer) = session.shutdown().await;
+        let status = status.lock().ok().and_then(|g| *g);
+        let code = status.map(exit_code).unwrap_or(1);
+        if let Some(path) = &args.report {
+            use std::os::unix::process::ExitStatusExt;
+            let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
+            Report::new(&proxy, host.open_files(), exit).write(path)?;
+        }
+        Ok(code)
+    })
+}
+
+/// Pass termination requests on to the child, so airlock outlives it long
+/// enough to clean up. SIGINT is not forwarded: a terminal already sends it
+/// to the whole foreground group, child included, and a second copy would
+/// defeat a child's own graceful first-interrupt handling.
+fn forward_signals(pid: Option<u32>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) else { return };
+    for (kind, sig) in [
+        (SignalKind::terminate(), rustix::process::Signal::TERM),
+        (SignalKind::hangup(), rustix::process::Signal::HUP),
+        (SignalKind::interrupt(), rustix::process::Signal::INT),
+    ] {
+        let Ok(mut stream) = signal(kind) else { continue };
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if sig != rustix::process::Signal::INT {
+                    let _ = rustix::process::kill_process(pid, sig);
+                }
+            }
+        });
+    }
+}
+
+/// `airlock serve --fd N`: the upstream role; returns when the client is gone.
+pub fn serve(args: &ServeArgs, fd: RawFd, observer: Option<Box<dyn Observer>>) -> anyhow::Result<i32> {
+    runtime()?.block_on(async {
+        let config = args.config(StdioRole::Reject, false)?;
+        let host = HostFs::new(&config.policy)?;
+        let stream = child::adopt_socket(fd)?;
+        let mut session = Session::new(FsProxy::new(config), host, observer);
+        session.add_client(CHILD, stream);
+        session.run_until(|s| s.finished(CHILD)).await;
+        let (proxy, host, _observer) = session.shutdown().await;
+        if let Some(path) = &args.report {
+            Report::new(&proxy, host.open_files(), None).write(path)?;
+        }
+        Ok(0)
+    })
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum FsCommand {
+    /// Copy a file to stdout.
+    Cat { path: String },
+    /// Replace (or create) a file with stdin.
+    Write { path: String },
+    /// Append stdin to a file (creating it).
+    Append { path: String },
+}
+
+/// `airlock fs ...`: the client side, for scripts running under airlock.
+pub fn fs(cmd: &FsCommand) -> anyhow::Result<i32> {
+    let mut client = Client::from_env().context("connecting to the airlock proxy")?;
+    let result = match cmd {
+        FsCommand::Cat { path } => {
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let r = client.cat(path, &mut out);
+            let flushed = out.flush();
+            match (r, flushed) {
+                (Ok(_), Err(e)) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+                (r, _) => r.map(|_| ()).map_err(anyhow::Error::from),
+            }
+        }
+        FsCommand::Write { path } => {
+            client.copy_in(path, Mode::Write, &mut std::io::stdin().lock()).map(|_| ()).map_err(Into::into)
+        }
+        FsCommand::Append { path } => {
+            client.copy_in(path, Mode::Append, &mut std::io::stdin().lock()).map(|_| ()).map_err(Into::into)
+        }
+    };
+    match result {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            let path = match cmd {
+                FsCommand::Cat { path } | FsCommand::Write { path } | FsCommand::Append { path } => path,
+            };
+            eprintln!("airlock fs: {path}: {e}");
+            Ok(1)
+        }
+    }
+}

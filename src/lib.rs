@@ -1,0 +1,12 @@
+//! The airlock production shell: real pipes, processes, files and sockets
+//! around the sans-I/O machines of `airlock-core`.
+//!
+//! The library half exists so that the simulator can run the shell's own
+//! async loop over turmoil, and so that programs can embed the FS client.
+
+pub mod child;
+pub mod client;
+pub mod commands;
+pub mod hostfs;
+pub mod report;
+pub mod session;

@@ -1,0 +1,108 @@
+//! Shared by the integration tests: run the real `airlock` binary with real
+//! children and read what it reports.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn airlock() -> &'static str {
+    env!("CARGO_BIN_EXE_airlock")
+}
+
+pub fn support(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support").join(file)
+}
+
+/// A python3 child running `script` with the test client importable.
+pub fn python(script: &str) -> Vec<String> {
+    let prelude = format!(
+        "import sys; sys.path.insert(0, {:?})\nfrom fsclient import *\n",
+        support("").display().to_string()
+    );
+    vec!["python3".into(), "-c".into(), format!("{prelude}{script}")]
+}
+
+pub struct Run {
+    pub output: Output,
+    pub report: serde_json::Value,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    pub fn code(&self) -> Option<i32> {
+        self.output.status.code()
+    }
+
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    /// The child's JSON lines on stdout.
+    pub fn lines(&self) -> Vec<serde_json::Value> {
+        self.stdout()
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}\n{}", self.stderr()))
+            })
+            .collect()
+    }
+
+    pub fn report_u64(&self, key: &str) -> u64 {
+        self.report[key].as_u64().unwrap_or_else(|| panic!("report has no {key}: {}", self.report))
+    }
+
+    /// The invariant every session must end with.
+    pub fn assert_no_leaks(&self) {
+        assert_eq!(self.report_u64("handles_leaked"), 0, "report: {}", self.report);
+        assert_eq!(self.report_u64("files_leaked"), 0, "report: {}", self.report);
+        assert_eq!(
+            self.report_u64("handles_opened"),
+            self.report_u64("handles_closed"),
+            "report: {}",
+            self.report
+        );
+    }
+}
+
+/// `airlock run ARGS -- CMD` in `dir`, with a report, stdin from /dev/null.
+pub fn run_in(dir: &Path, args: &[&str], cmd: &[String]) -> Run {
+    run_with_stdin(dir, args, cmd, Stdio::null())
+}
+
+pub fn run_with_stdin(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio) -> Run {
+    let report = dir.join(format!("report-{}.json", unique()));
+    let start = Instant::now();
+    let output = Command::new(airlock())
+        .current_dir(dir)
+        .arg("run")
+        .args(args)
+        .arg("--report")
+        .arg(&report)
+        .arg("--")
+        .args(cmd)
+        .env_remove("AIRLOCK_FD")
+        .env("SUPPORT", support(""))
+        .stdin(stdin)
+        .output()
+        .expect("airlock runs");
+    let elapsed = start.elapsed();
+    let text = std::fs::read_to_string(&report)
+        .unwrap_or_else(|e| panic!("no report ({e}); stderr: {}", String::from_utf8_lossy(&output.stderr)));
+    let report = serde_json::from_str(&text).expect("report is JSON");
+    Run { output, report, elapsed }
+}
+
+pub fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}

@@ -1,0 +1,60 @@
+"""A minimal, independent FS proxy client for airlock's integration tests.
+
+Written from the protocol text (seed 000), not from airlock's code, so the
+tests check the wire and not merely agreement with ourselves.
+"""
+import base64
+import json
+import os
+import struct
+import sys
+
+FD = int(os.environ.get("AIRLOCK_FD", "3"))
+
+
+def send_raw(payload: bytes, fd: int = FD) -> None:
+    os.write(fd, struct.pack(">I", len(payload)) + payload)
+
+
+def send(req: dict, fd: int = FD) -> None:
+    send_raw(json.dumps(req).encode(), fd)
+
+
+def _read_exact(n: int, fd: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError("proxy closed the connection")
+        buf += chunk
+    return buf
+
+
+def recv(fd: int = FD) -> dict:
+    (n,) = struct.unpack(">I", _read_exact(4, fd))
+    return json.loads(_read_exact(n, fd))
+
+
+def call(op: str, fd: int = FD, id: str = "x", **params) -> dict:
+    send({"id": id, "op": op, "params": params}, fd)
+    resp = recv(fd)
+    assert resp["id"] == id, (resp, id)
+    return resp
+
+
+def code(resp: dict):
+    return None if resp["ok"] else resp["error"]["code"]
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def out(*values) -> None:
+    """One JSON line per observation, for the Rust test to assert on."""
+    print(json.dumps(values[0] if len(values) == 1 else list(values)), flush=True)
+
+
+def fail(msg: str) -> None:
+    print(msg, file=sys.stderr)
+    sys.exit(99)
