@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 
 /// The environment variable naming the proxy descriptor in a child.
 pub const FD_ENV: &str = "AIRLOCK_FD";
@@ -57,6 +57,31 @@ impl From<io::Error> for ClientError {
     }
 }
 
+/// Take the descriptor named by `AIRLOCK_FD` (default 3).
+fn shared_fd() -> Result<OwnedFd, ClientError> {
+    let fd = match std::env::var(FD_ENV) {
+        Ok(v) => v.trim().parse::<RawFd>().map_err(|_| {
+            ClientError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{FD_ENV}={v:?} is not a descriptor"),
+            ))
+        })?,
+        Err(_) => DEFAULT_FD,
+    };
+    // SAFETY: the borrow lives only for this fcntl, which answers EBADF
+    // harmlessly when fd is not open.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    if rustix::io::fcntl_getfd(borrowed).is_err() {
+        return Err(ClientError::Io(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("descriptor {fd} is not open: is this process running under `airlock run`?"),
+        )));
+    }
+    // SAFETY: fd is open (checked above) and the client is its only user in
+    // this process: AIRLOCK_FD is inherited for exactly this purpose.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 pub struct Client {
     conn: File,
     decoder: FrameDecoder,
@@ -67,30 +92,46 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connect over `AIRLOCK_FD` (default 3).
-    pub fn from_env() -> Result<Self, ClientError> {
-        let fd = match std::env::var(FD_ENV) {
-            Ok(v) => v.trim().parse::<RawFd>().map_err(|_| {
-                ClientError::Io(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("{FD_ENV}={v:?} is not a descriptor"),
-                ))
-            })?,
-            Err(_) => DEFAULT_FD,
-        };
-        // SAFETY: the borrow lives only for this fcntl, which answers EBADF
-        // harmlessly when fd is not open.
-        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        if rustix::io::fcntl_getfd(borrowed).is_err() {
+    /// Connect with a connection of this process's own: pass a fresh
+    /// socket over the shared descriptor (`attach`) and talk over it, so
+    /// other processes using the same descriptor at the same time (the two
+    /// ends of a shell pipeline, say) never see each other's answers.
+    pub fn connect() -> Result<Self, ClientError> {
+        let shared = shared_fd()?;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let id = "attach".to_owned();
+        let request = frame::encode(&wire::encode_request(&Request { id: id.clone(), op: Op::Attach }));
+        let fds = [theirs.as_fd()];
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut ancillary = rustix::net::SendAncillaryBuffer::new(&mut space);
+        ancillary.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+        // One small message: the kernel queues it whole, so it cannot
+        // interleave with another process's request on the shared socket.
+        let sent = rustix::net::sendmsg(
+            &shared,
+            &[io::IoSlice::new(&request)],
+            &mut ancillary,
+            rustix::net::SendFlags::NOSIGNAL,
+        )
+        .map_err(io::Error::from)?;
+        if sent != request.len() {
             return Err(ClientError::Io(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("descriptor {fd} is not open: is this process running under `airlock run`?"),
+                io::ErrorKind::WriteZero,
+                "attach request was cut short",
             )));
         }
-        // SAFETY: fd is open (checked above) and this process hands it to the
-        // client alone; nothing else in the process uses AIRLOCK_FD.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Self::new(File::from(owned)))
+        drop(theirs);
+        drop(shared);
+        let mut client = Self::new(File::from(OwnedFd::from(ours)));
+        client.inflight.push_back((id, OpKind::Attach));
+        client.recv()?;
+        Ok(client)
+    }
+
+    /// Use the descriptor named by `AIRLOCK_FD` (default 3) directly. Only
+    /// safe while no other process uses it at the same time.
+    pub fn shared() -> Result<Self, ClientError> {
+        Ok(Self::new(File::from(shared_fd()?)))
     }
 
     /// A client over an already-connected stream.

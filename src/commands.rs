@@ -93,7 +93,7 @@ pub fn run(args: &ServeArgs, argv: &[OsString], observer: Option<Box<dyn Observe
         let spawned = child::spawn(argv)?;
         let mut proc = spawned.child;
         let pid = proc.id();
-        session.add_client(CHILD, spawned.conn);
+        session.add_unix_client(CHILD, spawned.conn);
 
         let status: Arc<Mutex<Option<std::process::ExitStatus>>> = Arc::default();
         let events = session.events();
@@ -110,7 +110,11 @@ pub fn run(args: &ServeArgs, argv: &[OsString], observer: Option<Box<dyn Observe
         });
         forward_signals(pid);
 
-        session.run_until(|s| s.finished(CHILD) && status.lock().map(|g| g.is_some()).unwrap_or(true)).await;
+        session.run_until(|_| status.lock().map(|g| g.is_some()).unwrap_or(true)).await;
+        // The child is gone: so is every session of its tree, including
+        // processes that attached connections of their own and outlive it.
+        session.depart_all();
+        session.run_until(Session::all_finished).await;
         let (proxy, host, _observer) = session.shutdown().await;
         let status = status.lock().ok().and_then(|g| *g);
         let code = status.map(exit_code).unwrap_or(1);
@@ -153,8 +157,8 @@ pub fn serve(args: &ServeArgs, fd: RawFd, observer: Option<Box<dyn Observer>>) -
         let host = HostFs::new(&config.policy)?;
         let stream = child::adopt_socket(fd)?;
         let mut session = Session::new(FsProxy::new(config), host, observer);
-        session.add_client(CHILD, stream);
-        session.run_until(|s| s.finished(CHILD)).await;
+        session.add_unix_client(CHILD, stream);
+        session.run_until(Session::all_finished).await;
         let (proxy, host, _observer) = session.shutdown().await;
         if let Some(path) = &args.report {
             Report::new(&proxy, host.open_files(), None).write(path)?;
@@ -175,7 +179,7 @@ pub enum FsCommand {
 
 /// `airlock fs ...`: the client side, for scripts running under airlock.
 pub fn fs(cmd: &FsCommand) -> anyhow::Result<i32> {
-    let mut client = Client::from_env().context("connecting to the airlock proxy")?;
+    let mut client = Client::connect().context("connecting to the airlock proxy")?;
     let result = match cmd {
         FsCommand::Cat { path } => {
             let stdout = std::io::stdout();

@@ -11,9 +11,11 @@ use airlock_core::fsproxy::{Effect, EffectId, EffectResult, FsErrorKind, FsProxy
 use airlock_core::handles::ClientId;
 use airlock_core::time::Instant;
 use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
@@ -31,6 +33,20 @@ pub trait Observer: Send {
     fn output(&mut self, output: &Output);
 }
 
+/// A passed descriptor as a stream, if it is a socket.
+fn attach_stream(fd: OwnedFd) -> std::io::Result<UnixStream> {
+    let stat = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Socket {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "passed descriptor is not a socket",
+        ));
+    }
+    let std = std::os::unix::net::UnixStream::from(fd);
+    std.set_nonblocking(true)?;
+    UnixStream::from_std(std)
+}
+
 async fn write_flush(mut w: impl AsyncWrite + Unpin, data: &[u8]) -> std::io::Result<()> {
     w.write_all(data).await?;
     w.flush().await
@@ -44,6 +60,8 @@ pub enum Event {
     UpstreamBytes(Vec<u8>),
     UpstreamEof,
     EffectDone(EffectId, EffectResult),
+    /// A descriptor passed over a client's socket.
+    Passed(ClientId, OwnedFd),
     /// The process behind a client is gone.
     Died(ClientId),
 }
@@ -69,11 +87,47 @@ pub struct Session {
     events_tx: mpsc::Sender<Event>,
     events: mpsc::Receiver<Event>,
     conns: BTreeMap<ClientId, Conn>,
-    departed: BTreeMap<ClientId, ()>,
+    /// Descriptors passed by each client, oldest first, for `attach`.
+    passed: BTreeMap<ClientId, VecDeque<OwnedFd>>,
     upstream: Option<Conn>,
     observer: Option<Box<dyn Observer>>,
 }
 
+/// Descriptors a client may pass ahead of the `attach` requests that claim
+/// them; more are closed on arrival.
+pub const MAX_PASSED_DESCRIPTORS: usize = 16;
+
+fn spawn_writer<W>(mut wr: W, backlog: Arc<Backlog>) -> (mpsc::UnboundedSender<Vec<u8>>, JoinHandle<()>)
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let writer = tokio::spawn(async move {
+        while let Some(data) = rx.recv().await {
+            let ok = wr.write_all(&data).await.is_ok() && wr.flush().await.is_ok();
+            backlog.bytes.fetch_sub(data.len(), Ordering::AcqRel);
+            backlog.drained.notify_waiters();
+            if !ok {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    (tx, writer)
+}
+
+/// Wait while the client has more unsent responses than it may.
+async fn throttle(backlog: &Backlog) {
+    while backlog.bytes.load(Ordering::Acquire) > MAX_UNSENT_BYTES {
+        let drained = backlog.drained.notified();
+        if backlog.bytes.load(Ordering::Acquire) <= MAX_UNSENT_BYTES {
+            break;
+        }
+        drained.await;
+    }
+}
+
+/// A connection over any byte stream (turmoil's, in the simulator).
 fn spawn_conn<T>(
     stream: T,
     on_bytes: impl Fn(Vec<u8>) -> Event + Send + 'static,
@@ -83,32 +137,14 @@ fn spawn_conn<T>(
 where
     T: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (mut rd, wr) = tokio::io::split(stream);
     let backlog = Arc::new(Backlog::default());
-    let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
-    let bl = backlog.clone();
-    let writer = tokio::spawn(async move {
-        while let Some(data) = rx.recv().await {
-            let ok = wr.write_all(&data).await.is_ok() && wr.flush().await.is_ok();
-            bl.bytes.fetch_sub(data.len(), Ordering::AcqRel);
-            bl.drained.notify_waiters();
-            if !ok {
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
+    let (tx, writer) = spawn_writer(wr, backlog.clone());
     let bl = backlog.clone();
     let reader = tokio::spawn(async move {
         let mut buf = vec![0; READ_CHUNK];
         loop {
-            while bl.bytes.load(Ordering::Acquire) > MAX_UNSENT_BYTES {
-                let drained = bl.drained.notified();
-                if bl.bytes.load(Ordering::Acquire) <= MAX_UNSENT_BYTES {
-                    break;
-                }
-                drained.await;
-            }
+            throttle(&bl).await;
             match rd.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
@@ -119,6 +155,60 @@ where
             }
         }
         let _ = events.send(on_eof).await;
+    });
+    Conn { tx, backlog, reader, writer }
+}
+
+/// Read what is there, with any descriptors passed alongside it.
+fn recv_with_fds(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    // CMSG_CLOEXEC: a passed descriptor must never leak into a child.
+    let msg =
+        rustix::net::recvmsg(fd, &mut iov, &mut ancillary, RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT)?;
+    let mut fds = Vec::new();
+    for m in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(passed) = m {
+            fds.extend(passed);
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
+/// A connection over a Unix socket, which may carry descriptors (`attach`).
+fn spawn_unix_conn(stream: UnixStream, client: ClientId, events: mpsc::Sender<Event>) -> Conn {
+    let (rd, wr) = stream.into_split();
+    let backlog = Arc::new(Backlog::default());
+    let (tx, writer) = spawn_writer(wr, backlog.clone());
+    let bl = backlog.clone();
+    let reader = tokio::spawn(async move {
+        let mut buf = vec![0; READ_CHUNK];
+        let sock: &UnixStream = rd.as_ref();
+        loop {
+            throttle(&bl).await;
+            if sock.readable().await.is_err() {
+                break;
+            }
+            let got = sock.try_io(Interest::READABLE, || recv_with_fds(sock.as_fd(), &mut buf));
+            match got {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Ok((0, _)) | Err(_) => break,
+                Ok((n, fds)) => {
+                    // Descriptors first: they came with the first of these bytes.
+                    for fd in fds {
+                        if events.send(Event::Passed(client, fd)).await.is_err() {
+                            return;
+                        }
+                    }
+                    if events.send(Event::Bytes(client, buf[..n].to_vec())).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = events.send(Event::Eof(client)).await;
     });
     Conn { tx, backlog, reader, writer }
 }
@@ -140,7 +230,7 @@ impl Session {
             events_tx,
             events,
             conns: BTreeMap::new(),
-            departed: BTreeMap::new(),
+            passed: BTreeMap::new(),
             upstream: None,
             observer,
         }
@@ -175,6 +265,31 @@ impl Session {
         self.feed(Input::Connected { client });
     }
 
+    /// Serve a client over a Unix socket, which may pass further sockets
+    /// to attach.
+    pub fn add_unix_client(&mut self, client: ClientId, stream: UnixStream) {
+        self.conns.insert(client, spawn_unix_conn(stream, client, self.events_tx.clone()));
+        self.feed(Input::Connected { client });
+    }
+
+    /// Clients being served.
+    pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
+        self.conns.keys().copied()
+    }
+
+    /// End every session still open (the process tree is going away).
+    pub fn depart_all(&mut self) {
+        let live: Vec<ClientId> = self.conns.keys().copied().collect();
+        for client in live {
+            self.feed(Input::Died { client });
+        }
+    }
+
+    /// Whether every client has left and every file is released.
+    pub fn all_finished(&self) -> bool {
+        self.conns.is_empty() && self.proxy.quiescent()
+    }
+
     /// Forward to an upstream proxy over `stream`.
     pub fn set_upstream<T>(&mut self, stream: T)
     where
@@ -184,16 +299,19 @@ impl Session {
             Some(spawn_conn(stream, Event::UpstreamBytes, Event::UpstreamEof, self.events_tx.clone()));
     }
 
-    /// Whether `client` has left and everything it held is released.
-    pub fn finished(&self, client: ClientId) -> bool {
-        self.departed.contains_key(&client) && self.proxy.quiescent()
-    }
-
     /// Handle events until `done` holds.
     pub async fn run_until(&mut self, mut done: impl FnMut(&Session) -> bool) {
         while !done(self) {
             let Some(ev) = self.events.recv().await else { break };
             let input = match ev {
+                Event::Passed(client, fd) => {
+                    let queue = self.passed.entry(client).or_default();
+                    if !self.conns.contains_key(&client) || queue.len() >= MAX_PASSED_DESCRIPTORS {
+                        continue;
+                    }
+                    queue.push_back(fd);
+                    Input::Descriptor { client }
+                }
                 Event::Bytes(client, data) => Input::Bytes { client, data },
                 Event::Eof(client) => Input::Eof { client },
                 Event::Died(client) => Input::Died { client },
@@ -236,14 +354,14 @@ impl Session {
                 if let Some(obs) = &mut self.observer {
                     obs.output(&out);
                 }
-                if let Some((id, result)) = self.carry_out(out) {
-                    work.push_back(Input::EffectDone { id, result });
+                if let Some(next) = self.carry_out(out) {
+                    work.push_back(next);
                 }
             }
         }
     }
 
-    fn carry_out(&mut self, out: Output) -> Option<(EffectId, EffectResult)> {
+    fn carry_out(&mut self, out: Output) -> Option<Input> {
         match out {
             Output::Send { client, data } => {
                 if let Some(conn) = self.conns.get(&client) {
@@ -258,8 +376,19 @@ impl Session {
                     // (the error response that ended a session, say).
                     drop(conn.tx);
                 }
-                self.departed.insert(client, ());
+                self.passed.remove(&client);
                 None
+            }
+            Output::Attach { from, client } => {
+                let fd = self.passed.get_mut(&from).and_then(VecDeque::pop_front);
+                match fd.map(attach_stream) {
+                    Some(Ok(stream)) => {
+                        self.conns.insert(client, spawn_unix_conn(stream, client, self.events_tx.clone()));
+                        None
+                    }
+                    // Not a usable socket: the new client is gone at once.
+                    Some(Err(_)) | None => Some(Input::Eof { client }),
+                }
             }
             Output::SendUpstream { data } => {
                 if let Some(up) = &self.upstream {
@@ -303,7 +432,7 @@ impl Session {
                     });
                     None
                 }
-                file_effect => Some((id, self.host.execute(file_effect))),
+                file_effect => Some(Input::EffectDone { id, result: self.host.execute(file_effect) }),
             },
         }
     }

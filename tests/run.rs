@@ -357,3 +357,73 @@ fn fs_client_outside_airlock_says_so() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn attached_process_has_its_own_connection_and_cleanup() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_in(
+        dir.path(),
+        &["--allow-rw", "."],
+        &python(
+            r#"
+import signal
+mine = call("open", path="parent.txt", mode="w")["result"]["handle"]
+pid = os.fork()
+if pid == 0:
+    fd, resp = attach()
+    out(["attach", resp])
+    # The parent's handle is not this connection's.
+    out(["foreign", code(call("write", fd=fd, h=mine, data=b64(b"x")))])
+    h = call("open", fd=fd, path="child.txt", mode="w")["result"]["handle"]
+    call("write", fd=fd, h=h, data=b64(b"from the attached child\n"))
+    os.kill(os.getpid(), signal.SIGKILL)
+os.waitpid(pid, 0)
+# The shared connection is untouched and still works.
+out(["parent", call("write", h=mine, data=b64(b"parent\n"))["result"]])
+out(["no descriptor", code(call("attach"))])
+"#,
+        ),
+    );
+    assert_eq!(run.code(), Some(0), "stderr: {}", run.stderr());
+    let lines = run.lines();
+    assert_eq!(lines[0], serde_json::json!(["attach", {"id": "a", "ok": true}]));
+    assert_eq!(lines[1], serde_json::json!(["foreign", "E_NOENT"]));
+    assert_eq!(lines[2], serde_json::json!(["parent", {"written": 7}]));
+    assert_eq!(lines[3], serde_json::json!(["no descriptor", "E_ARG"]));
+    assert_eq!(std::fs::read_to_string(dir.path().join("child.txt")).unwrap(), "from the attached child\n");
+    // The killed process's handle was cleaned up when it died; the parent's
+    // when the parent exited without closing it.
+    run.assert_no_leaks();
+    assert_eq!(run.report_u64("handles_cleaned_up"), 2);
+    assert_eq!(run.report_u64("clients"), 2);
+}
+
+#[test]
+fn attached_processes_outliving_the_child_are_ended_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_in(
+        dir.path(),
+        &["--allow-rw", "."],
+        &sh(r#"python3 -c "
+import os, sys, time
+sys.path.insert(0, os.environ['SUPPORT'])
+from fsclient import *
+fd, _ = attach()
+h = call('open', fd=fd, path='late.txt', mode='w')['result']['handle']
+call('write', fd=fd, h=h, data=b64(b'written before the child left'))
+open('ready', 'w').close()
+time.sleep(60)" </dev/null >/dev/null 2>&1 &
+while [ ! -e ready ]; do sleep 0.05; done
+echo $! > straggler.pid"#),
+    );
+    let pid = std::fs::read_to_string(dir.path().join("straggler.pid")).unwrap_or_default();
+    let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    assert_eq!(run.code(), Some(0), "stderr: {}", run.stderr());
+    assert!(run.elapsed < Duration::from_secs(20), "airlock waited {:?} for the straggler", run.elapsed);
+    run.assert_no_leaks();
+    assert_eq!(run.report_u64("handles_cleaned_up"), 1);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("late.txt")).unwrap(),
+        "written before the child left"
+    );
+}

@@ -155,6 +155,8 @@ pub enum Event {
     /// A response frame's payload.
     Sent(ClientId, Vec<u8>),
     Closed(ClientId),
+    /// `from` passed a socket, now served as the second client.
+    Attached(ClientId, ClientId),
     /// A whole frame for the upstream proxy.
     Upstream(Vec<u8>),
 }
@@ -232,6 +234,10 @@ impl Shell {
                 Output::Close { client } => {
                     self.departed.insert(client);
                     self.events.push(Event::Closed(client));
+                }
+                Output::Attach { from, client } => {
+                    assert!(!self.departed.contains(&from), "attach from {from}, which has left");
+                    self.events.push(Event::Attached(from, client));
                 }
                 Output::Effect { id, effect } => self.effects.push((id, effect)),
                 Output::SendUpstream { data } => self.events.push(Event::Upstream(data)),

@@ -41,6 +41,7 @@ fn transcript(config: Config, steps: &[Step]) -> String {
             match e {
                 Event::Sent(_, payload) => out += &format!("<- {}\n", String::from_utf8_lossy(payload)),
                 Event::Closed(_) => out += "<- (connection closed)\n",
+                Event::Attached(from, new) => out += &format!("<- (attached {new} from {from})\n"),
                 Event::Upstream(data) => out += &format!("^^ {}\n", String::from_utf8_lossy(&data[4..])),
             }
         }

@@ -859,6 +859,13 @@ impl World {
                 }
                 Ok(())
             }
+            Output::Attach { from, client } => Err(at(
+                // Simulated clients pass no descriptors, so nothing may be
+                // attached on their behalf.
+                violation("no_attach_without_descriptor", format!("attach of {client} without a descriptor")),
+                level,
+                from,
+            )),
             Output::Close { client } => {
                 if !self.closed_by_machine.insert((level, client)) {
                     return Err(at(violation("close_once", "closed twice".into()), level, client));

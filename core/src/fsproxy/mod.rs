@@ -34,6 +34,9 @@ use wire::{ErrorCode, Failure, Limits, Mode, Op, OpKind, Rejection, Request, Res
 pub const DEFAULT_MAX_OPEN_HANDLES: usize = 1024;
 /// Requests one client may have waiting behind the one being served.
 pub const DEFAULT_MAX_QUEUED_REQUESTS: usize = 256;
+/// Clients attached through `attach` get ids from here up; ids given with
+/// `Input::Connected` must stay below it.
+pub const ATTACHED_CLIENT_BASE: u64 = 1 << 32;
 
 /// How handles 0, 1 and 2 are treated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +120,11 @@ pub enum Input {
         #[serde(with = "b64")]
         data: Vec<u8>,
     },
+    /// A descriptor arrived on the client's connection (SCM_RIGHTS) and
+    /// the shell holds it, oldest first, for an `attach` to claim.
+    Descriptor {
+        client: ClientId,
+    },
     /// The client's end is closed (every copy of it).
     Eof {
         client: ClientId,
@@ -145,8 +153,15 @@ pub enum Output {
         #[serde(with = "b64")]
         data: Vec<u8>,
     },
-    /// Stop serving the client and drop the machine's end of its pipe.
+    /// Stop serving the client and drop the machine's end of its pipe
+    /// (and any descriptor it passed that no `attach` claimed).
     Close {
+        client: ClientId,
+    },
+    /// Serve the oldest descriptor `from` passed as the new client
+    /// `client`; what is sent to `client` next goes over it.
+    Attach {
+        from: ClientId,
         client: ClientId,
     },
     Effect {
@@ -290,6 +305,8 @@ struct Client {
     /// a close never overtakes an operation on the same file.
     busy_on_file: bool,
     alive: bool,
+    /// Descriptors passed and not yet claimed by an `attach`.
+    descriptors: u32,
 }
 
 #[derive(Debug)]
@@ -307,6 +324,7 @@ pub struct FsProxy {
     upstream_pending: BTreeMap<String, Pending>,
     upstream_alive: bool,
     next_upstream_id: u64,
+    next_attached: u64,
     outputs: VecDeque<Output>,
     stats: Stats,
 }
@@ -350,6 +368,7 @@ impl FsProxy {
             upstream_pending: BTreeMap::new(),
             upstream_alive: config.upstream,
             next_upstream_id: 0,
+            next_attached: ATTACHED_CLIENT_BASE,
             outputs: VecDeque::new(),
             stats: Stats::default(),
             config,
@@ -404,21 +423,11 @@ impl FsProxy {
 
     pub fn handle(&mut self, _now: Instant, input: Input) {
         match input {
-            Input::Connected { client } => {
-                if self.clients.contains_key(&client) {
-                    return;
+            Input::Connected { client } => self.connect(client),
+            Input::Descriptor { client } => {
+                if let Some(c) = self.clients.get_mut(&client) {
+                    c.descriptors = c.descriptors.saturating_add(1);
                 }
-                self.stats.clients += 1;
-                self.clients.insert(
-                    client,
-                    Client {
-                        decoder: FrameDecoder::new(self.config.max_frame),
-                        queue: VecDeque::new(),
-                        busy: false,
-                        busy_on_file: false,
-                        alive: true,
-                    },
-                );
             }
             Input::Bytes { client, data } => self.on_bytes(client, &data),
             Input::Eof { client } => {
@@ -434,6 +443,24 @@ impl FsProxy {
             Input::UpstreamBytes { data } => self.on_upstream_bytes(&data),
             Input::UpstreamEof => self.upstream_lost("upstream closed"),
         }
+    }
+
+    fn connect(&mut self, client: ClientId) {
+        if self.clients.contains_key(&client) {
+            return;
+        }
+        self.stats.clients += 1;
+        self.clients.insert(
+            client,
+            Client {
+                decoder: FrameDecoder::new(self.config.max_frame),
+                queue: VecDeque::new(),
+                busy: false,
+                busy_on_file: false,
+                alive: true,
+                descriptors: 0,
+            },
+        );
     }
 
     fn on_bytes(&mut self, client: ClientId, data: &[u8]) {
@@ -558,6 +585,10 @@ impl FsProxy {
                 ErrorCode::Unsupported,
                 format!("{} is reserved and no broker is configured", op.name()),
             )),
+            Op::Attach => {
+                self.attach(client, id);
+                return;
+            }
             Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if h.is_stdio() => {
                 self.serve_stdio(client, id, op);
                 return;
@@ -584,6 +615,25 @@ impl FsProxy {
             },
         };
         self.respond(client, Some(id), immediate);
+    }
+
+    /// A process sharing its parent's connection asks for one of its own:
+    /// its requests and answers can then never interleave with another
+    /// process's, and its handles are cleaned up when it, not the whole
+    /// tree, goes away.
+    fn attach(&mut self, client: ClientId, id: String) {
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        if c.descriptors == 0 {
+            let msg = "attach needs a socket passed with the request (SCM_RIGHTS)";
+            self.respond(client, Some(id), Err(Failure::new(ErrorCode::Arg, msg)));
+            return;
+        }
+        c.descriptors -= 1;
+        let new = ClientId(self.next_attached);
+        self.next_attached += 1;
+        self.outputs.push_back(Output::Attach { from: client, client: new });
+        self.connect(new);
+        self.respond(new, Some(id), Ok(Success::Attached));
     }
 
     fn serve_stdio(&mut self, client: ClientId, id: String, op: Op) {

@@ -695,6 +695,47 @@ fn virtual_byte_limit_is_e_range() {
 
 // ---- the forwarding role -------------------------------------------------
 
+#[test]
+fn attach_without_a_descriptor_is_e_arg() {
+    let mut s = shell();
+    let r = call(&mut s, A, json!({"id": "a", "op": "attach"}));
+    assert_eq!(code(&r), "E_ARG");
+    assert!(!s.events.iter().any(|e| matches!(e, Event::Attached(..))));
+}
+
+#[test]
+fn attach_serves_the_passed_descriptor_as_a_client_of_its_own() {
+    let mut s = shell();
+    s.input(Input::Descriptor { client: A });
+    let before = s.responses(A).len();
+    s.send(A, json!({"id": "a", "op": "attach"}).to_string().as_bytes());
+    // Answered on the new connection, never on the shared one.
+    assert_eq!(s.responses(A).len(), before);
+    let new = match s.events.iter().rev().find(|e| matches!(e, Event::Attached(..))) {
+        Some(Event::Attached(from, new)) => {
+            assert_eq!(*from, A);
+            *new
+        }
+        _ => panic!("no attach in {:?}", s.events),
+    };
+    assert!(new.0 >= ATTACHED_CLIENT_BASE);
+    assert_eq!(s.responses(new), vec![json!({"id": "a", "ok": true})]);
+    // Its handles are its own: the sharer cannot use them, and they are
+    // cleaned up when it leaves while the sharer carries on.
+    let h = handle_of(&open(&mut s, new, "/rw/att.txt", "w"));
+    assert_eq!(code(&write(&mut s, A, h, b"x")), "E_NOENT");
+    assert_eq!(write(&mut s, new, h, b"mine")["ok"], true);
+    s.input(Input::Died { client: new });
+    assert_eq!(s.proxy.handles_of(new), 0);
+    assert_eq!(contents(&s, "/rw/att.txt").as_deref(), Some(&b"mine"[..]));
+    assert_eq!(s.proxy.stats().handles_cleaned_up, 1);
+    let h2 = handle_of(&open(&mut s, A, "v", "w"));
+    assert!(h2 > h, "handles are never reused across clients");
+    // One descriptor, one attach.
+    let r = call(&mut s, A, json!({"id": "b", "op": "attach"}));
+    assert_eq!(code(&r), "E_ARG");
+}
+
 fn intermediate() -> Shell {
     let mut config = Config::new(test_policy(), StdioRole::Local);
     config.upstream = true;

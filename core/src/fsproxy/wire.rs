@@ -134,6 +134,9 @@ pub enum Op {
     Close {
         h: Handle,
     },
+    /// airlock's extension: serve the socket passed alongside this request
+    /// (SCM_RIGHTS) as a connection of its own, answering there.
+    Attach,
     /// Reserved (seed 000); the params are kept for the broker.
     Quota {
         params: Map<String, Value>,
@@ -151,6 +154,7 @@ impl Op {
             Op::Read { .. } => "read",
             Op::Write { .. } => "write",
             Op::Close { .. } => "close",
+            Op::Attach => "attach",
             Op::Quota { .. } => "QUOTA",
             Op::LlmCmd { .. } => "LLMCMD",
         }
@@ -266,6 +270,7 @@ pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejectio
             Op::Write { h, data }
         }
         "close" => Op::Close { h: handle_param(&id, &params)? },
+        "attach" => Op::Attach,
         "QUOTA" => Op::Quota { params },
         "LLMCMD" => Op::LlmCmd { params },
         other => {
@@ -294,6 +299,7 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         Op::Close { h } => {
             params.insert("h".into(), h.get().into());
         }
+        Op::Attach => {}
         Op::Quota { params: p } | Op::LlmCmd { params: p } => params = p.clone(),
     }
     let mut obj = Map::new();
@@ -318,6 +324,7 @@ pub enum Success {
         written: u64,
     },
     Closed,
+    Attached,
     /// A reserved op's result, as the broker built it.
     Value(Map<String, Value>),
 }
@@ -366,7 +373,7 @@ pub fn encode_response(resp: &Response) -> Vec<u8> {
                     Some(serde_json::json!({ "data": STANDARD.encode(data), "eof": eof }))
                 }
                 Success::Written { written } => Some(serde_json::json!({ "written": written })),
-                Success::Closed => None,
+                Success::Closed | Success::Attached => None,
                 Success::Value(m) => Some(Value::Object(m.clone())),
             };
             (true, result, None)
@@ -424,6 +431,7 @@ pub fn parse_response(payload: &[u8], op: OpKind) -> Result<Response, String> {
             written: result.get("written").and_then(Value::as_u64).ok_or("write result lacks written")?,
         },
         OpKind::Close => Success::Closed,
+        OpKind::Attach => Success::Attached,
         OpKind::Other => Success::Value(result.clone()),
     };
     Ok(Response { id, outcome: Ok(success) })
@@ -437,6 +445,7 @@ pub enum OpKind {
     Read,
     Write,
     Close,
+    Attach,
     Other,
 }
 
@@ -447,6 +456,7 @@ impl From<&Op> for OpKind {
             Op::Read { .. } => OpKind::Read,
             Op::Write { .. } => OpKind::Write,
             Op::Close { .. } => OpKind::Close,
+            Op::Attach => OpKind::Attach,
             Op::Quota { .. } | Op::LlmCmd { .. } => OpKind::Other,
         }
     }

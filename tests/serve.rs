@@ -1,0 +1,70 @@
+//! `airlock serve --fd N`: the upstream role, on a socket a parent hands it.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn serve_answers_on_the_given_descriptor_refuses_stdio_and_exits_on_eof() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let script = format!(
+        r#"
+import os, socket, subprocess, sys, time
+sys.path.insert(0, {support:?})
+from fsclient import *
+ours, theirs = socket.socketpair()
+p = subprocess.Popen([{airlock:?}, "serve", "--fd", str(theirs.fileno()), "--allow-rw", ".", "--report", {report:?}],
+                     pass_fds=[theirs.fileno()])
+theirs.close()
+fd = ours.fileno()
+h = call("open", fd=fd, path="served.txt", mode="w")["result"]["handle"]
+out(h)
+out(call("write", fd=fd, h=h, data=b64(b"served\n"))["result"])
+out([code(call("read", fd=fd, h=0, max=10)), code(call("write", fd=fd, h=1, data=b64(b"x"))), code(call("close", fd=fd, h=2))])
+out(code(call("QUOTA", fd=fd)))
+ours.close()
+start = time.time()
+out(p.wait(timeout=20))
+"#,
+        support = support("").display().to_string(),
+        airlock = airlock(),
+        report = report.display().to_string(),
+    );
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir.path())
+        .env_remove("AIRLOCK_FD")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(
+        lines,
+        vec![
+            serde_json::json!(3),
+            serde_json::json!({"written": 7}),
+            serde_json::json!(["E_PERM", "E_PERM", "E_PERM"]),
+            serde_json::json!("E_UNSUPPORTED"),
+            serde_json::json!(0),
+        ]
+    );
+    assert_eq!(std::fs::read_to_string(dir.path().join("served.txt")).unwrap(), "served\n");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    assert_eq!(report["handles_leaked"], 0);
+    assert_eq!(report["handles_cleaned_up"], 1);
+    assert_eq!(report["errors_by_code"]["E_PERM"], 3);
+}
+
+#[test]
+fn serve_refuses_a_descriptor_that_is_not_a_socket() {
+    let out = std::process::Command::new(airlock()).args(["serve", "--fd", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a socket"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
