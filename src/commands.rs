@@ -3,6 +3,7 @@
 use crate::child::{self, exit_code};
 use crate::client::Client;
 use crate::hostfs::HostFs;
+use crate::record::Recorder;
 use crate::report::{ChildExit, Report};
 use crate::session::{Event, Observer, Session};
 use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
@@ -32,6 +33,9 @@ pub struct ServeArgs {
     /// Write a JSON report of the session to FILE when airlock exits.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
+    /// Record the session as a trace (JSONL) that `airlock replay` checks.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
     /// Largest frame accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: usize,
@@ -72,6 +76,20 @@ impl ServeArgs {
     }
 }
 
+impl ServeArgs {
+    fn recorder(&self, config: &Config, command: &str) -> anyhow::Result<Option<Box<dyn Observer>>> {
+        let Some(path) = &self.record else { return Ok(None) };
+        Ok(Some(Box::new(Recorder::create(path, config, command)?)))
+    }
+}
+
+fn finish(observer: Option<Box<dyn Observer>>, args: &ServeArgs) -> anyhow::Result<()> {
+    if let (Some(mut o), Some(path)) = (observer, &args.record) {
+        o.finish().with_context(|| format!("writing trace {}", path.display()))?;
+    }
+    Ok(())
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     // One thread: the machine is single-threaded by design and file
     // effects are short; stdin reads use tokio's blocking pool.
@@ -81,11 +99,12 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 const CHILD: ClientId = ClientId(1);
 
 /// `airlock run`: the child's exit status, to exit with.
-pub fn run(args: &ServeArgs, argv: &[OsString], observer: Option<Box<dyn Observer>>) -> anyhow::Result<i32> {
+pub fn run(args: &ServeArgs, argv: &[OsString]) -> anyhow::Result<i32> {
     runtime()?.block_on(async {
         let upstream = child::inherited_upstream()?;
         let config = args.config(StdioRole::Local, upstream.is_some())?;
         let host = HostFs::new(&config.policy)?;
+        let observer = args.recorder(&config, "run")?;
         let mut session = Session::new(FsProxy::new(config), host, observer);
         if let Some(up) = upstream {
             session.set_upstream(up);
@@ -115,7 +134,8 @@ pub fn run(args: &ServeArgs, argv: &[OsString], observer: Option<Box<dyn Observe
         // processes that attached connections of their own and outlive it.
         session.depart_all();
         session.run_until(Session::all_finished).await;
-        let (proxy, host, _observer) = session.shutdown().await;
+        let (proxy, host, observer) = session.shutdown().await;
+        finish(observer, args)?;
         let status = status.lock().ok().and_then(|g| *g);
         let code = status.map(exit_code).unwrap_or(1);
         if let Some(path) = &args.report {
@@ -151,15 +171,17 @@ fn forward_signals(pid: Option<u32>) {
 }
 
 /// `airlock serve --fd N`: the upstream role; returns when the client is gone.
-pub fn serve(args: &ServeArgs, fd: RawFd, observer: Option<Box<dyn Observer>>) -> anyhow::Result<i32> {
+pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
     runtime()?.block_on(async {
         let config = args.config(StdioRole::Reject, false)?;
         let host = HostFs::new(&config.policy)?;
         let stream = child::adopt_socket(fd)?;
+        let observer = args.recorder(&config, "serve")?;
         let mut session = Session::new(FsProxy::new(config), host, observer);
         session.add_unix_client(CHILD, stream);
         session.run_until(Session::all_finished).await;
-        let (proxy, host, _observer) = session.shutdown().await;
+        let (proxy, host, observer) = session.shutdown().await;
+        finish(observer, args)?;
         if let Some(path) = &args.report {
             Report::new(&proxy, host.open_files(), None).write(path)?;
         }

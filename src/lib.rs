@@ -8,5 +8,7 @@ pub mod child;
 pub mod client;
 pub mod commands;
 pub mod hostfs;
+pub mod record;
 pub mod report;
 pub mod session;
+pub mod simulate;

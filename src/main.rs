@@ -1,7 +1,9 @@
 use airlock::commands::{self, FsCommand, ServeArgs};
+use airlock::simulate::{self, SimArgs};
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::os::fd::RawFd;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// airlock stands between LLM-driven child processes and the host.
@@ -33,6 +35,13 @@ enum Command {
     /// Reach files through the proxy from inside a child.
     #[command(subcommand)]
     Fs(FsCommand),
+    /// Run the deterministic simulator over many seeds.
+    Sim(SimArgs),
+    /// Replay traces against the core; fail on the first output that differs.
+    Replay {
+        #[arg(required = true, value_name = "TRACE")]
+        traces: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,9 +54,11 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Run { serve, argv } => commands::run(serve, argv, None),
-        Command::Serve { fd, serve } => commands::serve(serve, *fd, None),
+        Command::Run { serve, argv } => commands::run(serve, argv),
+        Command::Serve { fd, serve } => commands::serve(serve, *fd),
         Command::Fs(cmd) => commands::fs(cmd),
+        Command::Sim(args) => simulate::sim(args),
+        Command::Replay { traces } => simulate::replay(traces),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

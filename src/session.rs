@@ -31,6 +31,10 @@ pub const MAX_UNSENT_BYTES: usize = 1 << 20;
 pub trait Observer: Send {
     fn input(&mut self, now: Instant, input: &Input);
     fn output(&mut self, output: &Output);
+    /// The session is over: make what was observed durable.
+    fn finish(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A passed descriptor as a stream, if it is a socket.
@@ -300,6 +304,11 @@ impl Session {
     }
 
     /// Handle events until `done` holds.
+    ///
+    /// Cancel-safe: it awaits nothing but the next event, and handles each
+    /// event to the end before awaiting again, so it may be one branch of a
+    /// `select!` whose other branch needs the session too (accepting
+    /// connections, say) and be called again afterwards without losing any.
     pub async fn run_until(&mut self, mut done: impl FnMut(&Session) -> bool) {
         while !done(self) {
             let Some(ev) = self.events.recv().await else { break };

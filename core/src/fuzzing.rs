@@ -528,3 +528,15 @@ pub fn fsproxy_session(data: &[u8]) {
     let stats = shell.proxy.stats();
     assert_eq!(stats.handles_opened, stats.handles_closed, "opened and closed counts differ");
 }
+
+/// Fuzz the LLM broker over arbitrary event sequences: the first byte
+/// picks the setup ([`crate::broker::check::Setup::from_byte`]), the rest
+/// is a script of submits, cancels, owner deaths, provider results, late
+/// and stray results and clock moves ([`crate::broker::check::decode_steps`]).
+/// The broker's invariants are checked after every step by
+/// [`crate::broker::check::Checker`].
+pub fn broker_events(data: &[u8]) {
+    use crate::broker::check;
+    let Some((&setup, script)) = data.split_first() else { return };
+    check::run(check::Setup::from_byte(setup), &check::decode_steps(script));
+}

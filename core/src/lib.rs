@@ -6,6 +6,7 @@
 //! (`poll_output()`), so the production shell and the simulator drive the
 //! very same code.
 
+pub mod broker;
 pub mod codec;
 pub mod fsproxy;
 pub mod fuzzing;

@@ -37,3 +37,8 @@ fn frame_decoder_corpus() {
 fn fsproxy_session_corpus() {
     replay("fsproxy_session", airlock_core::fuzzing::fsproxy_session);
 }
+
+#[test]
+fn broker_events_corpus() {
+    replay("broker_events", airlock_core::fuzzing::broker_events);
+}

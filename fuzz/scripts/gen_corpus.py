@@ -137,3 +137,79 @@ ss = {
 }
 for name, data in ss.items():
     write("fsproxy_session", name, data)
+
+
+# ---- broker_events: [setup] then steps -------------------------------------
+# setup byte: bit 0 short timers (1 ms wait, 2.5 ms timeout), bit 1 inject
+# remaining context, bits 2.. budget index (0, 1e-6, 1e-3, 0.01, 2 USD).
+# step: cmd byte, low nibble = kind, then args (see broker::check::decode_steps):
+# 0..3 submit [a: slot a%3, model a/3%5] [token: bit 7 = none, else t&3]
+#   [max_tokens u16, 0 = none]; 4 cancel [a: slot a%3, token a/3%4];
+# 5 owner gone [slot]; 6/7 provider ok [usage]; 8 provider error [usage];
+# 9 late result [pick u16] [usage]; 10/11 advance [u16 micros] (bit 4: ×1000,
+# bit 5: jump without ticks); 12 clock to next deadline; 13 tick;
+# 14/15 advance [u16 seconds].
+# usage: [0 = none] or [1] [prompt/4 u16] [cached/64] [completion u16].
+
+def b_submit(slot=0, model=0, token=None, max_tokens=0):
+    return bytes([0, model * 3 + slot, 0x80 if token is None else token]) + struct.pack(">H", max_tokens)
+
+
+def b_usage(prompt=0, cached=0, completion=0):
+    return bytes([1]) + struct.pack(">H", prompt // 4) + bytes([cached // 64]) + struct.pack(">H", completion)
+
+
+def b_ok(u=None):
+    return bytes([6]) + (b_usage(*u) if u else b"\x00")
+
+
+def b_err(u=None):
+    return bytes([8]) + (b_usage(*u) if u else b"\x00")
+
+
+def b_advance(micros, ticks=True, milli=False):
+    return bytes([10 | (0x10 if milli else 0) | (0 if ticks else 0x20)]) + struct.pack(">H", micros)
+
+
+B_DEADLINE = bytes([12])
+B_TICK = bytes([13])
+
+
+def b_cancel(slot=0, token=0):
+    return bytes([4, token * 3 + slot])
+
+
+def b_gone(slot=0):
+    return bytes([5, slot])
+
+
+def b_late(pick=0, u=None):
+    return bytes([9]) + struct.pack(">H", pick) + (b_usage(*u) if u else b"\x00")
+
+
+be = {
+    "fifo_three_waiters": bytes([0b1001]) + b_submit(0) + b_submit(1) + b_submit(2) + b_ok((1000, 128, 50))
+        + b_ok((400, 0, 10)) + b_ok(),
+    "queue_timeout_short": bytes([0b1001]) + b_submit(0) + b_submit(1) + b_advance(1000) + b_ok((40, 0, 4)),
+    "handoff_at_deadline": bytes([0b1001]) + b_submit(0) + b_submit(1) + b_submit(2) + B_DEADLINE
+        + b_ok((100, 0, 100)),
+    "provider_timeout_then_late_usage": bytes([0b1001]) + b_submit(0) + b_submit(1) + b_advance(900)
+        + b_submit(2) + b_advance(2000) + b_late(0, (4000, 64, 300)) + b_ok(),
+    "cancel_before_and_after_start": bytes([0b1000]) + b_submit(0, token=0) + b_submit(0, token=1)
+        + b_submit(1, token=0) + b_cancel(0, 1) + b_cancel(0, 0) + b_cancel(1, 3) + b_ok(),
+    "busy_token_and_unknown_model": bytes([0b1000]) + b_submit(0, token=2) + b_submit(0, token=2)
+        + b_submit(1, model=4) + b_ok((8, 0, 8)),
+    "owner_dies_queued_and_mid_call": bytes([0b1001]) + b_submit(0) + b_submit(0) + b_submit(1) + b_gone(0)
+        + b_ok((2000, 0, 20)) + b_ok(),
+    "trim_and_exhaustion": bytes([0b0100]) + b_submit(0, max_tokens=2000) + b_ok((0, 0, 1500))
+        + b_submit(1, max_tokens=500) + b_ok((60000, 0, 500)) + b_submit(2) + b_ok(),
+    "zero_budget_floor": bytes([0b0000]) + b_submit(0, model=2, max_tokens=9000) + b_err((30, 0, 0)),
+    "errors_with_partial_usage": bytes([0b1100]) + b_submit(0) + b_err((50000, 3200, 0)) + b_submit(1)
+        + b_err() + b_submit(2, model=3) + b_ok((100, 0, 100)),
+    "clock_jump_over_timers": bytes([0b1011]) + b_submit(0) + b_submit(1) + b_submit(2)
+        + b_advance(60000, ticks=False) + b_gone(1) + B_TICK + b_submit(1),
+    "stray_results": bytes([0b1000]) + b_late(5, (10, 0, 10)) + b_ok((10, 0, 10)) + b_submit(0) + b_late(0)
+        + b_late(0, (10, 0, 10)),
+}
+for name, data in be.items():
+    write("broker_events", name, data)

@@ -189,6 +189,34 @@ pub fn record_trace(seed: u64, opts: &SimOptions) -> (SeedResult, Vec<u8>) {
     (result(seed, opts.scenario, swarm, out), trace)
 }
 
+/// Where a failing seed's trace goes in the trace directory.
+pub fn trace_file_name(seed: u64, scenario: Scenario) -> String {
+    match scenario {
+        Scenario::Default => format!("seed-{seed}.jsonl"),
+        other => format!("seed-{seed}-{other}.jsonl"),
+    }
+}
+
+/// Re-run the world a simulator trace came from — its seed, scenario and
+/// swarm, read from the header — with every checker on, against the code
+/// as it is now. The trace of a bug since fixed passes; a regression fails
+/// again. (An exact replay of such a trace would diverge once the fix
+/// changes an output, which is why regressions are checked this way.)
+pub fn rerun(header: &airlock_core::trace::Header) -> Result<SeedResult, String> {
+    let seed = header.seed.ok_or("trace has no seed: not written by the simulator")?;
+    let meta = header.meta.as_ref().ok_or("trace header has no meta")?;
+    let scenario: Scenario = meta
+        .get("scenario")
+        .and_then(serde_json::Value::as_str)
+        .ok_or("trace header names no scenario")?
+        .parse()?;
+    let swarm: Swarm = serde_json::from_value(meta.get("swarm").cloned().ok_or("trace header has no swarm")?)
+        .map_err(|e| format!("trace header's swarm: {e}"))?;
+    let bug = header.config.planted_bug;
+    let out = world::World::new(seed, scenario, swarm.clone(), bug, None).run();
+    Ok(result(seed, scenario, swarm, out))
+}
+
 /// The swarm `seed` picks under `opts`.
 pub fn swarm_for(seed: u64, opts: &SimOptions) -> Swarm {
     let mut swarm = Swarm::from_seed(seed, opts.scenario);
@@ -224,7 +252,7 @@ fn run_seed_inner(seed: u64, opts: &SimOptions, bug: Option<PlantedBug>) -> Seed
         let note = serde_json::to_value(&small_failure).ok();
         let out = world::World::new(seed, opts.scenario, small.clone(), bug, Some(note)).run();
         if let Some(trace) = out.trace {
-            let path = dir.join(format!("fail-{}-{seed}.jsonl", opts.scenario));
+            let path = dir.join(trace_file_name(seed, opts.scenario));
             if std::fs::create_dir_all(dir).is_ok() && std::fs::write(&path, &trace).is_ok() {
                 res.trace = Some(path);
             }

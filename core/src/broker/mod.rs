@@ -1,0 +1,909 @@
+//! The LLM broker (seed 002): one per parent session, it serializes the
+//! session's provider calls, keeps its quota and soft-trims `max_tokens`,
+//! sans-I/O.
+//!
+//! Calls come in (`BrokerInput::Submit`) and wait in a FIFO queue for the
+//! session's single lock; the broker hands the lock to the head of the
+//! queue and asks the shell to start the provider call
+//! (`BrokerOutput::StartProvider`). The shell reports the outcome
+//! (`ProviderDone`), the broker charges the provider-reported usage,
+//! answers the caller (`Reply`), writes a `Telemetry` record and wakes the
+//! next waiter.
+//!
+//! # Timing rules
+//!
+//! - Deadlines are inclusive: a waiter whose deadline is `now` has timed
+//!   out, and so has a provider call whose deadline is `now`.
+//! - In every `handle`, due timers fire first, then the input is applied,
+//!   then the lock is handed on. The one exception is `OwnerGone`, applied
+//!   before the timers, so that a timer due while the shell was busy does
+//!   not answer a client that is already gone. Handing on the lock happens in one place,
+//!   `Broker::dispatch`, which drops expired waiters before picking the
+//!   head, so the lock is never handed to a waiter that has timed out or
+//!   been cancelled, and is never left free while anyone waits.
+//! - Time never runs backward: a `now` earlier than one already seen is
+//!   taken as the later one.
+//!
+//! Because every waiter waits the same `queue_max_wait` and time never runs
+//! backward, deadline order is admission order: the queue's head always
+//! holds the earliest queue deadline, so expiry needs no second index.
+//!
+//! # Giving up on a running call
+//!
+//! A provider timeout, or a `CANCEL` of a running call, abandons it at
+//! once: `CancelProvider` (the shell drops the HTTP request), the caller's
+//! answer (`provider_timeout` or `cancelled_after_start`), and the lock
+//! goes to the next waiter. The shell still reports `ProviderDone` for it
+//! (with whatever usage it had, if any); that usage is charged, and nothing
+//! else happens. In general: the usage of the first `ProviderDone` of every
+//! started call is charged, whenever it arrives.
+
+pub mod check;
+mod pricing;
+pub mod quota;
+pub mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use pricing::{CatalogError, Price, PricingCatalog, Weights, SAMPLE_CATALOG_JSON};
+pub use quota::{Money, Trim, Usage, UsageError};
+pub use wire::{CancelOutcome, LlmCmdParams, LlmRequest, LlmResult, ParamError, QuotaSnapshot};
+
+use crate::handles::ClientId;
+use crate::time::Instant;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::time::Duration;
+
+/// `queue.max_wait_seconds` (seed 002).
+pub const DEFAULT_QUEUE_MAX_WAIT: Duration = Duration::from_secs(30);
+/// `request.timeout_seconds` (seed 002).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// `safety_factor` (seed 002).
+pub const DEFAULT_SAFETY_FACTOR: f64 = 0.9;
+/// The trim never cuts below this many tokens: enough for a short answer
+/// or an error message, small enough not to matter for the budget.
+pub const DEFAULT_MIN_OUTPUT_TOKENS: u32 = 16;
+/// `max_tokens` for a request that names none: a common output cap across
+/// current models, and a bound the trim can compare against.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// `default_model` (seed 002).
+pub const DEFAULT_MODEL: &str = "gpt-4o-mini";
+/// The quota covers the whole session; there is no rolling window.
+pub const QUOTA_WINDOW: &str = "session";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BrokerConfig {
+    pub queue_max_wait: Duration,
+    pub request_timeout: Duration,
+    /// In (0, 1]; applied with six decimal places.
+    pub safety_factor: f64,
+    pub min_output_tokens: u32,
+    pub default_max_tokens: u32,
+    pub default_model: String,
+    /// Prepend a system message stating the remaining budget.
+    pub inject_remaining_context: bool,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            queue_max_wait: DEFAULT_QUEUE_MAX_WAIT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            safety_factor: DEFAULT_SAFETY_FACTOR,
+            min_output_tokens: DEFAULT_MIN_OUTPUT_TOKENS,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            default_model: DEFAULT_MODEL.into(),
+            inject_remaining_context: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ConfigError {
+    /// A zero wait would time out every waiter at the instant it queued.
+    ZeroQueueWait,
+    ZeroRequestTimeout,
+    SafetyFactor(f64),
+    ZeroDefaultMaxTokens,
+    DefaultModelNotPriced(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::ZeroQueueWait => f.write_str("queue.max_wait_seconds must be positive"),
+            ConfigError::ZeroRequestTimeout => f.write_str("request.timeout_seconds must be positive"),
+            ConfigError::SafetyFactor(x) => write!(f, "safety_factor {x} is not in (0, 1]"),
+            ConfigError::ZeroDefaultMaxTokens => f.write_str("default max_tokens must be positive"),
+            ConfigError::DefaultModelNotPriced(m) => {
+                write!(f, "default_model {m:?} is not in the pricing catalog")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Names one LLM call (or one `CANCEL` request); given by the caller, who
+/// keeps them unique.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CallId(pub u64);
+
+impl fmt::Display for CallId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "call-{}", self.0)
+    }
+}
+
+/// The seed's canonical codes, plus `E_ARG` for calls refused before
+/// queueing (unknown model, call id or cancel token already in use), which
+/// are argument errors like any other on the FS proxy wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BrokerErrorCode {
+    QueueTimeout,
+    CancelledBeforeStart,
+    CancelledAfterStart,
+    ProviderTimeout,
+    ProviderError,
+    #[serde(rename = "E_ARG")]
+    InvalidRequest,
+}
+
+impl BrokerErrorCode {
+    pub const ALL: [BrokerErrorCode; 6] = [
+        BrokerErrorCode::QueueTimeout,
+        BrokerErrorCode::CancelledBeforeStart,
+        BrokerErrorCode::CancelledAfterStart,
+        BrokerErrorCode::ProviderTimeout,
+        BrokerErrorCode::ProviderError,
+        BrokerErrorCode::InvalidRequest,
+    ];
+
+    /// The wire's `error.code`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BrokerErrorCode::QueueTimeout => "queue_timeout",
+            BrokerErrorCode::CancelledBeforeStart => "cancelled_before_start",
+            BrokerErrorCode::CancelledAfterStart => "cancelled_after_start",
+            BrokerErrorCode::ProviderTimeout => "provider_timeout",
+            BrokerErrorCode::ProviderError => "provider_error",
+            BrokerErrorCode::InvalidRequest => "E_ARG",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl fmt::Display for BrokerErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerError {
+    pub code: BrokerErrorCode,
+    pub message: String,
+}
+
+impl BrokerError {
+    fn new(code: BrokerErrorCode, message: impl Into<String>) -> Self {
+        BrokerError { code, message: message.into() }
+    }
+}
+
+/// What the provider did with a call, as the shell reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "result")]
+pub enum ProviderResult {
+    Ok {
+        messages: Vec<Value>,
+        /// `None` when the response carried no usage: nothing is charged.
+        usage: Option<Usage>,
+        model: String,
+    },
+    /// A transport or API error, or the dropped request after
+    /// `CancelProvider`. Usage the provider reported anyway is charged.
+    Err { usage: Option<Usage>, message: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "input")]
+pub enum BrokerInput {
+    /// `LLMCMD`: a call to queue.
+    Submit {
+        call: CallId,
+        owner: ClientId,
+        request: LlmRequest,
+        cancel_token: Option<String>,
+    },
+    /// `CANCEL`, itself a request (`request`) answered by a `CancelResult`.
+    /// Tokens are scoped to their owner: a client cancels only its own calls.
+    Cancel {
+        request: CallId,
+        owner: ClientId,
+        token: String,
+    },
+    /// The client died or hung up: its waiting calls leave the queue
+    /// unanswered; its running call runs to its end (so its usage is
+    /// charged) and is not answered.
+    OwnerGone {
+        owner: ClientId,
+    },
+    ProviderDone {
+        call: CallId,
+        result: ProviderResult,
+    },
+    /// A timer is due (see [`Broker::poll_timeout`]).
+    Tick,
+}
+
+/// A provider call for the shell to make.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProviderRequest {
+    pub model: String,
+    pub messages: Vec<Value>,
+    /// After the soft trim.
+    pub max_tokens: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+/// The seed's per-request telemetry fields, one record per call (and one
+/// more, `late_usage`, when usage arrives for a call already abandoned).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TelemetryRecord {
+    pub call: CallId,
+    pub owner: ClientId,
+    pub model: String,
+    /// Calls already waiting (not counting the running one) when this one
+    /// was queued.
+    pub queue_length_at_enqueue: u64,
+    pub wait_duration_ms: u64,
+    /// `None` for a call that never started.
+    pub effective_max_tokens: Option<u32>,
+    pub provider_latency_ms: Option<u64>,
+    pub usage: Option<Usage>,
+    pub trim_applied: bool,
+    /// `None` on success.
+    pub error_code: Option<BrokerErrorCode>,
+    pub charged: Money,
+    pub remaining: Money,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub late_usage: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "output")]
+pub enum BrokerOutput {
+    /// Start the provider call; the broker will give up on it at `deadline`.
+    StartProvider {
+        call: CallId,
+        request: ProviderRequest,
+        deadline: Instant,
+    },
+    /// Drop the provider request for `call`, then report `ProviderDone`.
+    CancelProvider {
+        call: CallId,
+    },
+    /// The answer to an `LLMCMD`.
+    Reply {
+        call: CallId,
+        owner: ClientId,
+        outcome: Result<LlmResult, BrokerError>,
+    },
+    /// The answer to a `CANCEL`.
+    CancelResult {
+        request: CallId,
+        owner: ClientId,
+        outcome: CancelOutcome,
+    },
+    Telemetry(TelemetryRecord),
+}
+
+/// Counters for `--report` and the simulator's checkers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerStats {
+    pub submitted: u64,
+    pub started: u64,
+    pub succeeded: u64,
+    pub errors_by_code: BTreeMap<BrokerErrorCode, u64>,
+    pub trims: u64,
+    /// Waiting calls dropped because their owner went away.
+    pub dropped_owner_gone: u64,
+    /// Results for abandoned calls (usage charged, nothing else).
+    pub late_results: u64,
+    /// Results for calls the broker never started or already finished:
+    /// ignored.
+    pub stray_results: u64,
+    /// Sum of all charges, before clamping at zero.
+    pub charged: Money,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    call: CallId,
+    owner: ClientId,
+    request: LlmRequest,
+    model: String,
+    weights: Weights,
+    cancel_token: Option<String>,
+    enqueued: Instant,
+    deadline: Instant,
+    queue_len: u64,
+}
+
+#[derive(Debug)]
+struct Running {
+    call: CallId,
+    owner: ClientId,
+    owner_gone: bool,
+    model: String,
+    weights: Weights,
+    cancel_token: Option<String>,
+    enqueued: Instant,
+    started: Instant,
+    deadline: Instant,
+    queue_len: u64,
+    trim: Trim,
+}
+
+/// A call given up on, whose `ProviderDone` may still bring usage.
+#[derive(Debug)]
+struct Abandoned {
+    owner: ClientId,
+    model: String,
+    weights: Weights,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Place {
+    /// Waiting, under this admission number.
+    Queued(u64),
+    Running,
+}
+
+/// The broker machine of one session.
+#[derive(Debug)]
+pub struct Broker {
+    config: BrokerConfig,
+    catalog: PricingCatalog,
+    safety_ppm: u64,
+    session_id: String,
+    initial: Money,
+    remaining: Money,
+    now: Instant,
+    next_seq: u64,
+    /// Waiters by admission number: FIFO order, and deadline order.
+    queue: BTreeMap<u64, Waiter>,
+    /// Every live call (queued or running).
+    calls: BTreeMap<CallId, Place>,
+    /// Live cancel tokens, per owner.
+    tokens: BTreeMap<(ClientId, String), CallId>,
+    /// Waiters per owner, for `OwnerGone`.
+    by_owner: BTreeSet<(ClientId, u64)>,
+    running: Option<Running>,
+    abandoned: BTreeMap<CallId, Abandoned>,
+    outputs: VecDeque<BrokerOutput>,
+    stats: BrokerStats,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Broker {
+    pub fn new(
+        config: BrokerConfig,
+        catalog: PricingCatalog,
+        initial: Money,
+        session_id: impl Into<String>,
+    ) -> Result<Self, ConfigError> {
+        if config.queue_max_wait.is_zero() {
+            return Err(ConfigError::ZeroQueueWait);
+        }
+        if config.request_timeout.is_zero() {
+            return Err(ConfigError::ZeroRequestTimeout);
+        }
+        let f = config.safety_factor;
+        // Checked on the rounded value too, so the trim never divides by a
+        // factor that rounds to zero.
+        if !(f > 0.0 && f <= 1.0) || quota::factor_ppm(f) == 0 {
+            return Err(ConfigError::SafetyFactor(f));
+        }
+        if config.default_max_tokens == 0 {
+            return Err(ConfigError::ZeroDefaultMaxTokens);
+        }
+        if catalog.get(&config.default_model).is_none() {
+            return Err(ConfigError::DefaultModelNotPriced(config.default_model.clone()));
+        }
+        Ok(Broker {
+            safety_ppm: quota::factor_ppm(f),
+            config,
+            catalog,
+            session_id: session_id.into(),
+            initial,
+            remaining: initial,
+            now: Instant::ZERO,
+            next_seq: 0,
+            queue: BTreeMap::new(),
+            calls: BTreeMap::new(),
+            tokens: BTreeMap::new(),
+            by_owner: BTreeSet::new(),
+            running: None,
+            abandoned: BTreeMap::new(),
+            outputs: VecDeque::new(),
+            stats: BrokerStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    pub fn catalog(&self) -> &PricingCatalog {
+        &self.catalog
+    }
+
+    pub fn initial(&self) -> Money {
+        self.initial
+    }
+
+    pub fn remaining(&self) -> Money {
+        self.remaining
+    }
+
+    pub fn stats(&self) -> &BrokerStats {
+        &self.stats
+    }
+
+    /// The call holding the lock.
+    pub fn running(&self) -> Option<CallId> {
+        self.running.as_ref().map(|r| r.call)
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Nothing running, nothing waiting.
+    pub fn is_idle(&self) -> bool {
+        self.running.is_none() && self.queue.is_empty()
+    }
+
+    /// `QUOTA` for the default model.
+    pub fn quota(&self) -> QuotaSnapshot {
+        let model = self.config.default_model.clone();
+        let weights = self.catalog.get(&model).copied().unwrap_or_default();
+        self.snapshot(model, weights)
+    }
+
+    /// `QUOTA` with the weights of `model` (the default model when `None`).
+    pub fn quota_for(&self, model: Option<&str>) -> Result<QuotaSnapshot, BrokerError> {
+        let model = model.unwrap_or(&self.config.default_model);
+        let weights = self.weights_of(model)?;
+        Ok(self.snapshot(model.to_owned(), weights))
+    }
+
+    fn snapshot(&self, model: String, weights: Weights) -> QuotaSnapshot {
+        QuotaSnapshot {
+            remaining: self.remaining,
+            model,
+            weights,
+            window: QUOTA_WINDOW.into(),
+            session_id: self.session_id.clone(),
+        }
+    }
+
+    fn weights_of(&self, model: &str) -> Result<Weights, BrokerError> {
+        self.catalog.get(model).copied().ok_or_else(|| {
+            BrokerError::new(
+                BrokerErrorCode::InvalidRequest,
+                format!("unknown model {model:?}: not in the pricing catalog"),
+            )
+        })
+    }
+
+    pub fn poll_output(&mut self) -> Option<BrokerOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// The earliest queue or provider deadline.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let queue = self.queue.first_key_value().map(|(_, w)| w.deadline);
+        let running = self.running.as_ref().map(|r| r.deadline);
+        match (queue, running) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn handle(&mut self, now: Instant, input: BrokerInput) {
+        let now = now.max(self.now);
+        self.now = now;
+        // A departure is applied before the timers, so a timer that was
+        // due while the shell was busy answers nobody who is already gone.
+        if let BrokerInput::OwnerGone { owner } = &input {
+            self.owner_gone(now, *owner);
+        }
+        self.fire_timers(now);
+        match input {
+            BrokerInput::Submit { call, owner, request, cancel_token } => {
+                self.submit(now, call, owner, request, cancel_token)
+            }
+            BrokerInput::Cancel { request, owner, token } => self.cancel(now, request, owner, token),
+            BrokerInput::OwnerGone { .. } => {}
+            BrokerInput::ProviderDone { call, result } => self.provider_done(now, call, result),
+            BrokerInput::Tick => {}
+        }
+        self.dispatch(now);
+    }
+
+    fn fire_timers(&mut self, now: Instant) {
+        if self.running.as_ref().is_some_and(|r| r.deadline <= now) {
+            self.abandon(
+                now,
+                BrokerErrorCode::ProviderTimeout,
+                "provider call exceeded request.timeout_seconds",
+            );
+        }
+        self.expire_waiters(now);
+    }
+
+    fn expire_waiters(&mut self, now: Instant) {
+        while let Some(seq) = self.queue.first_key_value().filter(|(_, w)| w.deadline <= now).map(|(s, _)| *s)
+        {
+            let Some(w) = self.remove_waiter(seq) else { break };
+            let message =
+                format!("broker lock not acquired within {} ms", millis(self.config.queue_max_wait));
+            self.finish_unstarted(now, w, BrokerError::new(BrokerErrorCode::QueueTimeout, message), true);
+        }
+    }
+
+    /// Hand the lock to the head of the queue if it is free. The only place
+    /// a call starts.
+    fn dispatch(&mut self, now: Instant) {
+        if self.running.is_some() {
+            return;
+        }
+        self.expire_waiters(now);
+        let Some(seq) = self.queue.first_key_value().map(|(s, _)| *s) else { return };
+        if let Some(w) = self.remove_waiter(seq) {
+            self.start(now, w);
+        }
+    }
+
+    fn submit(
+        &mut self,
+        now: Instant,
+        call: CallId,
+        owner: ClientId,
+        request: LlmRequest,
+        cancel_token: Option<String>,
+    ) {
+        self.stats.submitted += 1;
+        let model = request.model.clone().unwrap_or_else(|| self.config.default_model.clone());
+        let refused = |message: String| BrokerError::new(BrokerErrorCode::InvalidRequest, message);
+        let checked = if self.calls.contains_key(&call) || self.abandoned.contains_key(&call) {
+            Err(refused(format!("{call} is already in use")))
+        } else if cancel_token.as_ref().is_some_and(|t| self.tokens.contains_key(&(owner, t.clone()))) {
+            Err(refused("cancel_token is already in use by another call of this client".into()))
+        } else {
+            self.weights_of(&model)
+        };
+        let weights = match checked {
+            Ok(w) => w,
+            Err(e) => {
+                let record = self.record(call, owner, model, 0, 0, None, None, Some(e.code), Money::ZERO);
+                self.reply(call, owner, Err(e));
+                self.outputs.push_back(BrokerOutput::Telemetry(record));
+                return;
+            }
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let Some(t) = &cancel_token {
+            self.tokens.insert((owner, t.clone()), call);
+        }
+        self.calls.insert(call, Place::Queued(seq));
+        self.by_owner.insert((owner, seq));
+        let waiter = Waiter {
+            call,
+            owner,
+            request,
+            model,
+            weights,
+            cancel_token,
+            enqueued: now,
+            deadline: now.saturating_add(self.config.queue_max_wait),
+            queue_len: self.queue.len() as u64,
+        };
+        self.queue.insert(seq, waiter);
+    }
+
+    fn remove_waiter(&mut self, seq: u64) -> Option<Waiter> {
+        let w = self.queue.remove(&seq)?;
+        self.by_owner.remove(&(w.owner, seq));
+        self.calls.remove(&w.call);
+        if let Some(t) = &w.cancel_token {
+            self.tokens.remove(&(w.owner, t.clone()));
+        }
+        Some(w)
+    }
+
+    fn start(&mut self, now: Instant, w: Waiter) {
+        let safe = quota::safe_output_tokens(self.remaining, w.weights.output, self.safety_ppm);
+        let requested = w.request.max_tokens.unwrap_or(self.config.default_max_tokens);
+        let trim = quota::soft_trim(requested, safe, self.config.min_output_tokens);
+        if trim.trim_applied {
+            self.stats.trims += 1;
+        }
+        self.stats.started += 1;
+        let mut messages = w.request.messages;
+        if self.config.inject_remaining_context {
+            let affordable = match safe {
+                Some(n) => format!("about {n} more output tokens of {}", w.model),
+                None => format!("output of {} at no charge", w.model),
+            };
+            let note = format!(
+                "LLM budget remaining for this session: {:.6} USD ({affordable}).",
+                self.remaining.as_usd_f64()
+            );
+            messages.insert(0, serde_json::json!({"role": "system", "content": note}));
+        }
+        let deadline = now.saturating_add(self.config.request_timeout);
+        let request = ProviderRequest {
+            model: w.model.clone(),
+            messages,
+            max_tokens: trim.effective,
+            temperature: w.request.temperature,
+            tools: w.request.tools,
+            metadata: w.request.metadata,
+        };
+        self.outputs.push_back(BrokerOutput::StartProvider { call: w.call, request, deadline });
+        self.calls.insert(w.call, Place::Running);
+        if let Some(t) = &w.cancel_token {
+            self.tokens.insert((w.owner, t.clone()), w.call);
+        }
+        self.running = Some(Running {
+            call: w.call,
+            owner: w.owner,
+            owner_gone: false,
+            model: w.model,
+            weights: w.weights,
+            cancel_token: w.cancel_token,
+            enqueued: w.enqueued,
+            started: now,
+            deadline,
+            queue_len: w.queue_len,
+            trim,
+        });
+    }
+
+    /// Release the lock's bookkeeping for the running call.
+    fn take_running(&mut self) -> Option<Running> {
+        let r = self.running.take()?;
+        self.calls.remove(&r.call);
+        if let Some(t) = &r.cancel_token {
+            self.tokens.remove(&(r.owner, t.clone()));
+        }
+        Some(r)
+    }
+
+    fn charge(&mut self, usage: Option<&Usage>, weights: &Weights) -> Money {
+        let Some(usage) = usage else { return Money::ZERO };
+        let delta = quota::charge(usage, weights);
+        self.remaining = self.remaining.saturating_sub(delta);
+        self.stats.charged = Money::from_pico(self.stats.charged.as_pico().saturating_add(delta.as_pico()));
+        delta
+    }
+
+    fn provider_done(&mut self, now: Instant, call: CallId, result: ProviderResult) {
+        if self.running.as_ref().is_some_and(|r| r.call == call) {
+            if let Some(r) = self.take_running() {
+                self.complete(now, r, result);
+            }
+        } else if let Some(a) = self.abandoned.remove(&call) {
+            self.stats.late_results += 1;
+            let usage = match &result {
+                ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => *usage,
+            };
+            let charged = self.charge(usage.as_ref(), &a.weights);
+            let mut record = self.record(call, a.owner, a.model, 0, 0, None, None, None, charged);
+            record.usage = usage;
+            record.late_usage = true;
+            self.outputs.push_back(BrokerOutput::Telemetry(record));
+        } else {
+            self.stats.stray_results += 1;
+        }
+    }
+
+    fn complete(&mut self, now: Instant, r: Running, result: ProviderResult) {
+        let (usage, outcome) = match result {
+            ProviderResult::Ok { messages, usage, model } => {
+                let mut metadata = Map::new();
+                if r.trim.trim_applied {
+                    metadata.insert("trim_applied".into(), true.into());
+                    metadata.insert("requested_max_tokens".into(), r.trim.requested.into());
+                    metadata.insert("effective_max_tokens".into(), r.trim.effective.into());
+                }
+                if r.trim.floor_applied {
+                    metadata.insert("quota_floor_applied".into(), true.into());
+                }
+                (usage, Ok(LlmResult { messages, usage, model, metadata }))
+            }
+            ProviderResult::Err { usage, message } => {
+                (usage, Err(BrokerError::new(BrokerErrorCode::ProviderError, message)))
+            }
+        };
+        let charged = self.charge(usage.as_ref(), &r.weights);
+        let code = outcome.as_ref().err().map(|e| e.code);
+        let wait = millis(r.started.saturating_duration_since(r.enqueued));
+        let latency = millis(now.saturating_duration_since(r.started));
+        let mut record = self.record(
+            r.call,
+            r.owner,
+            r.model,
+            r.queue_len,
+            wait,
+            Some(&r.trim),
+            Some(latency),
+            code,
+            charged,
+        );
+        record.usage = usage;
+        if outcome.is_ok() {
+            self.stats.succeeded += 1;
+        }
+        if !r.owner_gone {
+            self.reply(r.call, r.owner, outcome);
+        } else if let Err(e) = outcome {
+            self.count_error(e.code);
+        }
+        self.outputs.push_back(BrokerOutput::Telemetry(record));
+    }
+
+    /// Give up on the running call: drop the provider request, answer now,
+    /// free the lock, and remember the call so late usage is still charged.
+    fn abandon(&mut self, now: Instant, code: BrokerErrorCode, message: &str) {
+        let Some(r) = self.take_running() else { return };
+        self.outputs.push_back(BrokerOutput::CancelProvider { call: r.call });
+        let wait = millis(r.started.saturating_duration_since(r.enqueued));
+        let latency = millis(now.saturating_duration_since(r.started));
+        let record = self.record(
+            r.call,
+            r.owner,
+            r.model.clone(),
+            r.queue_len,
+            wait,
+            Some(&r.trim),
+            Some(latency),
+            Some(code),
+            Money::ZERO,
+        );
+        if r.owner_gone {
+            self.count_error(code);
+        } else {
+            self.reply(r.call, r.owner, Err(BrokerError::new(code, message)));
+        }
+        self.outputs.push_back(BrokerOutput::Telemetry(record));
+        self.abandoned.insert(r.call, Abandoned { owner: r.owner, model: r.model, weights: r.weights });
+    }
+
+    /// Answer (or, for a departed owner, drop) a call that never started.
+    fn finish_unstarted(&mut self, now: Instant, w: Waiter, error: BrokerError, reply: bool) {
+        let wait = millis(now.saturating_duration_since(w.enqueued));
+        let record = self.record(
+            w.call,
+            w.owner,
+            w.model,
+            w.queue_len,
+            wait,
+            None,
+            None,
+            Some(error.code),
+            Money::ZERO,
+        );
+        if reply {
+            self.reply(w.call, w.owner, Err(error));
+        } else {
+            self.count_error(error.code);
+        }
+        self.outputs.push_back(BrokerOutput::Telemetry(record));
+    }
+
+    fn cancel(&mut self, now: Instant, request: CallId, owner: ClientId, token: String) {
+        let place = self.tokens.get(&(owner, token)).and_then(|c| self.calls.get(c).map(|p| (*c, *p)));
+        let outcome = match place {
+            Some((_, Place::Queued(seq))) => match self.remove_waiter(seq) {
+                Some(w) => {
+                    let e = BrokerError::new(
+                        BrokerErrorCode::CancelledBeforeStart,
+                        "cancelled while waiting for the broker lock",
+                    );
+                    self.finish_unstarted(now, w, e, true);
+                    CancelOutcome::BeforeStart
+                }
+                None => CancelOutcome::NotFound,
+            },
+            Some((call, Place::Running)) if self.running.as_ref().is_some_and(|r| r.call == call) => {
+                self.abandon(
+                    now,
+                    BrokerErrorCode::CancelledAfterStart,
+                    "cancelled while the provider call was running",
+                );
+                CancelOutcome::AfterStart
+            }
+            _ => CancelOutcome::NotFound,
+        };
+        self.outputs.push_back(BrokerOutput::CancelResult { request, owner, outcome });
+    }
+
+    fn owner_gone(&mut self, now: Instant, owner: ClientId) {
+        let seqs: Vec<u64> = self.by_owner.range((owner, 0)..=(owner, u64::MAX)).map(|(_, s)| *s).collect();
+        for seq in seqs {
+            if let Some(w) = self.remove_waiter(seq) {
+                self.stats.dropped_owner_gone += 1;
+                let e =
+                    BrokerError::new(BrokerErrorCode::CancelledBeforeStart, "client went away while waiting");
+                self.finish_unstarted(now, w, e, false);
+            }
+        }
+        if let Some(r) = self.running.as_mut().filter(|r| r.owner == owner) {
+            r.owner_gone = true;
+        }
+    }
+
+    fn count_error(&mut self, code: BrokerErrorCode) {
+        *self.stats.errors_by_code.entry(code).or_default() += 1;
+    }
+
+    fn reply(&mut self, call: CallId, owner: ClientId, outcome: Result<LlmResult, BrokerError>) {
+        if let Err(e) = &outcome {
+            self.count_error(e.code);
+        }
+        self.outputs.push_back(BrokerOutput::Reply { call, owner, outcome });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        call: CallId,
+        owner: ClientId,
+        model: String,
+        queue_len: u64,
+        wait_ms: u64,
+        trim: Option<&Trim>,
+        latency_ms: Option<u64>,
+        error_code: Option<BrokerErrorCode>,
+        charged: Money,
+    ) -> TelemetryRecord {
+        TelemetryRecord {
+            call,
+            owner,
+            model,
+            queue_length_at_enqueue: queue_len,
+            wait_duration_ms: wait_ms,
+            effective_max_tokens: trim.map(|t| t.effective),
+            provider_latency_ms: latency_ms,
+            usage: None,
+            trim_applied: trim.is_some_and(|t| t.trim_applied),
+            error_code,
+            charged,
+            remaining: self.remaining,
+            late_usage: false,
+        }
+    }
+}

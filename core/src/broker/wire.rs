@@ -1,0 +1,249 @@
+//! The broker's ops on the FS proxy wire (seed 000 reserves `QUOTA` and
+//! `LLMCMD`; `CANCEL` is ours): params parsed from the request's `params`
+//! object into typed values, results encoded back into `result` objects.
+//!
+//! A params error is the FS proxy's `E_ARG`: the request never reaches the
+//! broker, so nothing is queued or charged.
+
+use super::pricing::Weights;
+use super::quota::{Money, Usage};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// Longest `cancel_token` accepted, in bytes: tokens are kept in an index
+/// for as long as their call lives.
+pub const MAX_CANCEL_TOKEN_LEN: usize = 256;
+
+/// A params object that does not fit its op; answered with `E_ARG`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamError(pub String);
+
+impl fmt::Display for ParamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn err<T>(message: impl Into<String>) -> Result<T, ParamError> {
+    Err(ParamError(message.into()))
+}
+
+fn only_keys(params: &Map<String, Value>, allowed: &[&str]) -> Result<(), ParamError> {
+    match params.keys().find(|k| !allowed.contains(&k.as_str())) {
+        Some(k) => err(format!("unknown param {k:?} (want one of {})", allowed.join(", "))),
+        None => Ok(()),
+    }
+}
+
+/// An LLM call as a child asked for it, validated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlmRequest {
+    /// Chat messages, each an object with a string `role`; passed to the
+    /// provider as they are.
+    pub messages: Vec<Value>,
+    /// `None`: the broker's `default_model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Map<String, Value>>,
+}
+
+impl LlmRequest {
+    /// A request of `messages` with every option left out.
+    pub fn new(messages: Vec<Value>) -> Self {
+        LlmRequest { messages, model: None, max_tokens: None, temperature: None, tools: None, metadata: None }
+    }
+}
+
+/// `LLMCMD` params.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlmCmdParams {
+    pub request: LlmRequest,
+    pub cancel_token: Option<String>,
+}
+
+/// Parse `LLMCMD` params:
+/// `{messages, model?, max_tokens?, temperature?, tools?, metadata?, cancel_token?}`.
+/// Unknown keys are refused, so a misspelt `max_token` does not silently
+/// go unbounded.
+pub fn parse_llmcmd(params: &Map<String, Value>) -> Result<LlmCmdParams, ParamError> {
+    only_keys(
+        params,
+        &["messages", "model", "max_tokens", "temperature", "tools", "metadata", "cancel_token"],
+    )?;
+    let messages = match params.get("messages") {
+        Some(Value::Array(m)) if m.is_empty() => return err("messages is empty"),
+        Some(Value::Array(m)) => m,
+        Some(_) => return err("messages is not an array"),
+        None => return err("missing messages"),
+    };
+    for (i, m) in messages.iter().enumerate() {
+        match m.get("role") {
+            Some(Value::String(_)) => {}
+            _ if !m.is_object() => return err(format!("messages[{i}] is not an object")),
+            _ => return err(format!("messages[{i}] has no string role")),
+        }
+    }
+    let model = match params.get("model") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.is_empty() => return err("model is empty"),
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return err("model is not a string"),
+    };
+    let max_tokens = match params.get("max_tokens") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(0) => return err("max_tokens must be at least 1"),
+            Some(n) => Some(n),
+            None => return err(format!("invalid max_tokens: {v}")),
+        },
+    };
+    let temperature = match params.get("temperature") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_f64() {
+            Some(t) if (0.0..=2.0).contains(&t) => Some(t),
+            _ => return err(format!("invalid temperature: {v} (want 0 to 2)")),
+        },
+    };
+    let tools = match params.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(t)) => Some(t.clone()),
+        Some(_) => return err("tools is not an array"),
+    };
+    let metadata = match params.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m)) => Some(m.clone()),
+        Some(_) => return err("metadata is not an object"),
+    };
+    let cancel_token = match params.get("cancel_token") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(parse_token(v)?),
+    };
+    let request = LlmRequest { messages: messages.clone(), model, max_tokens, temperature, tools, metadata };
+    Ok(LlmCmdParams { request, cancel_token })
+}
+
+fn parse_token(v: &Value) -> Result<String, ParamError> {
+    match v {
+        Value::String(s) if s.is_empty() => err("cancel_token is empty"),
+        Value::String(s) if s.len() > MAX_CANCEL_TOKEN_LEN => {
+            err(format!("cancel_token longer than {MAX_CANCEL_TOKEN_LEN} bytes"))
+        }
+        Value::String(s) => Ok(s.clone()),
+        _ => err("cancel_token is not a string"),
+    }
+}
+
+/// Parse `CANCEL` params: `{cancel_token}`.
+pub fn parse_cancel(params: &Map<String, Value>) -> Result<String, ParamError> {
+    only_keys(params, &["cancel_token"])?;
+    match params.get("cancel_token") {
+        Some(v) => parse_token(v),
+        None => err("missing cancel_token"),
+    }
+}
+
+/// Parse `QUOTA` params: `{}` or `{model}` for another model's weights.
+pub fn parse_quota(params: &Map<String, Value>) -> Result<Option<String>, ParamError> {
+    only_keys(params, &["model"])?;
+    match params.get("model") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => err("model is not a string"),
+    }
+}
+
+/// A successful call, as the child receives it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LlmResult {
+    pub messages: Vec<Value>,
+    /// `None` when the provider reported none (and nothing was charged).
+    pub usage: Option<Usage>,
+    pub model: String,
+    /// `trim_applied`, `requested_max_tokens` and `effective_max_tokens`
+    /// when the soft trim bit; `quota_floor_applied` when the quota could
+    /// not pay even the floor.
+    pub metadata: Map<String, Value>,
+}
+
+impl LlmResult {
+    /// The `LLMCMD` result object: `{messages, usage, model, metadata}`.
+    pub fn to_wire(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("messages".into(), Value::Array(self.messages.clone()));
+        m.insert("usage".into(), serde_json::to_value(self.usage).unwrap_or(Value::Null));
+        m.insert("model".into(), self.model.clone().into());
+        m.insert("metadata".into(), Value::Object(self.metadata.clone()));
+        m
+    }
+}
+
+/// What `QUOTA` reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QuotaSnapshot {
+    /// Exact.
+    pub remaining: Money,
+    pub model: String,
+    pub weights: Weights,
+    pub window: String,
+    pub session_id: String,
+}
+
+impl QuotaSnapshot {
+    /// `{remaining_units, weights: {input, cached, output}, window,
+    /// session_id, currency: "USD", unit: "per_1M_tokens", model}`.
+    pub fn to_wire(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("remaining_units".into(), self.remaining.as_usd_f64().into());
+        m.insert(
+            "weights".into(),
+            serde_json::json!({
+                "input": self.weights.input.as_f64(),
+                "cached": self.weights.cached.as_f64(),
+                "output": self.weights.output.as_f64(),
+            }),
+        );
+        m.insert("window".into(), self.window.clone().into());
+        m.insert("session_id".into(), self.session_id.clone().into());
+        m.insert("currency".into(), "USD".into());
+        m.insert("unit".into(), "per_1M_tokens".into());
+        m.insert("model".into(), self.model.clone().into());
+        m
+    }
+}
+
+/// What a `CANCEL` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// The call was waiting; it was answered `cancelled_before_start`.
+    BeforeStart,
+    /// The call was running; the provider request was dropped and the call
+    /// answered `cancelled_after_start`.
+    AfterStart,
+    /// No live call of this client carries the token (it may have just
+    /// finished). Not an error: cancelling is a race the caller can lose.
+    NotFound,
+}
+
+impl CancelOutcome {
+    /// The `CANCEL` result object: `{cancelled, state}`.
+    pub fn to_wire(self) -> Map<String, Value> {
+        let (cancelled, state) = match self {
+            CancelOutcome::BeforeStart => (true, "before_start"),
+            CancelOutcome::AfterStart => (true, "after_start"),
+            CancelOutcome::NotFound => (false, "not_found"),
+        };
+        let mut m = Map::new();
+        m.insert("cancelled".into(), cancelled.into());
+        m.insert("state".into(), state.into());
+        m
+    }
+}

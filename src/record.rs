@@ -1,0 +1,57 @@
+//! `--record FILE`: a real session as a trace (`airlock_core::trace`), for
+//! `airlock replay` and for the regression traces under `traces/`.
+
+use crate::session::Observer;
+use airlock_core::fsproxy::{Config, Input, Output};
+use airlock_core::time::Instant;
+use airlock_core::trace::{Header, TraceWriter};
+use anyhow::Context;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::Path;
+
+pub struct Recorder {
+    writer: TraceWriter<BufWriter<File>>,
+    /// The first write error; recording stops there, the session does not.
+    error: Option<std::io::Error>,
+}
+
+impl Recorder {
+    pub fn create(path: &Path, config: &Config, command: &str) -> anyhow::Result<Self> {
+        let file = File::create(path).with_context(|| format!("creating trace {}", path.display()))?;
+        let mut header = Header::fsproxy(config.clone());
+        header.meta = Some(serde_json::json!({ "recorded_by": command }));
+        let writer = TraceWriter::new(BufWriter::new(file), &header)
+            .with_context(|| format!("writing trace {}", path.display()))?;
+        Ok(Recorder { writer, error: None })
+    }
+
+    fn note(&mut self, r: std::io::Result<()>) {
+        if let Err(e) = r {
+            self.error.get_or_insert(e);
+        }
+    }
+}
+
+impl Observer for Recorder {
+    fn input(&mut self, now: Instant, input: &Input) {
+        if self.error.is_none() {
+            let r = self.writer.input(0, now, input);
+            self.note(r);
+        }
+    }
+
+    fn output(&mut self, output: &Output) {
+        if self.error.is_none() {
+            let r = self.writer.output(0, output);
+            self.note(r);
+        }
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.writer.flush()
+    }
+}

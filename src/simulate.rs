@@ -1,0 +1,120 @@
+//! `airlock sim` and `airlock replay`: the simulator's and the traces'
+//! command-line faces.
+
+use airlock_core::trace;
+use airlock_sim::{Scenario, SeedResult, SimOptions};
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::BufReader;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// Run this many seeds (from --seed, or from 0).
+    #[arg(long, value_name = "N")]
+    pub seeds: Option<u64>,
+    /// The first seed; alone, run just this one and describe its swarm.
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+    /// The world: `default` (one proxy, several clients) or `nested`.
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pub scenario: Scenario,
+    /// Steps before each world winds down (default: the seed's choice).
+    #[arg(long, value_name = "K")]
+    pub steps: Option<usize>,
+    /// Where failing seeds' traces go.
+    #[arg(long, value_name = "DIR", default_value = "traces/failures")]
+    pub trace_dir: PathBuf,
+    /// Worker threads (results do not depend on it).
+    #[arg(long, value_name = "J")]
+    pub jobs: Option<usize>,
+    /// With --seed alone: write that seed's whole trace to FILE.
+    #[arg(long, value_name = "FILE", requires = "seed", conflicts_with = "seeds")]
+    pub record: Option<PathBuf>,
+}
+
+/// Exit status 0 only when every seed held every invariant.
+pub fn sim(args: &SimArgs) -> anyhow::Result<i32> {
+    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let start = args.seed.unwrap_or(0);
+    let count = match (args.seeds, args.seed) {
+        (Some(n), _) => n,
+        (None, Some(_)) => 1,
+        (None, None) => 1000,
+    };
+    let opts = SimOptions {
+        seeds: start..start.saturating_add(count),
+        steps: args.steps,
+        scenario: args.scenario,
+        jobs,
+        trace_dir: Some(args.trace_dir.clone()),
+    };
+    if let Some(path) = &args.record {
+        let (r, trace) = airlock_sim::record_trace(start, &opts);
+        std::fs::write(path, trace).with_context(|| format!("writing {}", path.display()))?;
+        println!("{}\n  trace {}", r.swarm_description(), path.display());
+        return Ok(if r.passed() { 0 } else { 1 });
+    }
+    if args.seeds.is_none() && args.seed.is_some() {
+        let r = airlock_sim::run_seed(start, &opts);
+        println!("{}", r.swarm_description());
+        report_failure(&r, &opts);
+        return Ok(if r.passed() { 0 } else { 1 });
+    }
+    // Hidden when stderr is not a terminal.
+    let bar = ProgressBar::new(count);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} seeds {per_sec} eta {eta} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let summary = airlock_sim::run_many(&opts, |r| {
+        bar.inc(1);
+        if !r.passed() {
+            bar.println(format!("seed {} FAILED", r.seed));
+        }
+    });
+    bar.finish_and_clear();
+    let secs = summary.wall.as_secs_f64();
+    println!(
+        "{} seeds ({} scenario) in {:.2}s: {:.0} seeds/s, {} steps, {:.1}s simulated ({:.0}x wall)",
+        summary.seeds,
+        args.scenario,
+        secs,
+        summary.seeds as f64 / secs.max(1e-9),
+        summary.steps,
+        summary.sim_time_us as f64 / 1e6,
+        summary.sim_time_us as f64 / 1e6 / secs.max(1e-9),
+    );
+    let faults: Vec<String> = summary.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
+    println!("faults injected: {}", faults.join(" "));
+    println!("passed {}, failed {}", summary.passed, summary.failed.len());
+    for r in &summary.failed {
+        report_failure(r, &opts);
+    }
+    Ok(if summary.failed.is_empty() { 0 } else { 1 })
+}
+
+fn report_failure(r: &SeedResult, opts: &SimOptions) {
+    let Some(f) = &r.failure else { return };
+    println!("seed {} broke {}", r.seed, f);
+    println!("  rerun:  airlock sim --seed {} --scenario {}", r.seed, opts.scenario);
+    if let Some(t) = &r.trace {
+        println!("  replay: airlock replay {}", t.display());
+    }
+}
+
+/// Replay each trace; exit status 0 only when all reproduce exactly.
+pub fn replay(paths: &[PathBuf]) -> anyhow::Result<i32> {
+    let mut failed = 0;
+    for path in paths {
+        let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        match trace::replay(BufReader::new(file)) {
+            Ok(r) => println!("{}: ok ({} inputs, {} outputs)", path.display(), r.inputs, r.outputs),
+            Err(e) => {
+                failed += 1;
+                println!("{}: {e}", path.display());
+            }
+        }
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
+}

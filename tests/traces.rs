@@ -1,0 +1,56 @@
+//! Every trace under `traces/` is replayed exactly; a simulator trace's world
+//! is also re-run with its checkers on (see traces/README.md).
+
+mod common;
+
+use airlock_core::trace;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+fn traces_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            traces_under(&p, out);
+        } else if p.extension().is_some_and(|e| e == "jsonl") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_checked_in_trace_replays_and_its_world_still_passes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
+    let mut paths = Vec::new();
+    traces_under(&root, &mut paths);
+    let sessions = paths.iter().filter(|p| p.starts_with(root.join("sessions"))).count();
+    let sims = paths.iter().filter(|p| p.starts_with(root.join("sim"))).count();
+    assert!(
+        sessions >= 3 && sims >= 2,
+        "expected recorded sessions and simulator traces under {}",
+        root.display()
+    );
+    let mut failures = Vec::new();
+    for path in &paths {
+        let file = std::fs::File::open(path).unwrap();
+        match trace::replay(BufReader::new(file)) {
+            Err(e) => failures.push(format!("{}: {e}", path.display())),
+            Ok(report) => {
+                if report.header.seed.is_some() {
+                    match airlock_sim::rerun(&report.header) {
+                        Ok(r) if r.passed() => {}
+                        Ok(r) => failures.push(format!(
+                            "{}: world fails again: {}",
+                            path.display(),
+                            r.swarm_description()
+                        )),
+                        Err(e) => failures.push(format!("{}: {e}", path.display())),
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
