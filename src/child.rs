@@ -25,13 +25,18 @@ pub struct Spawned {
     pub conn: UnixStream,
 }
 
-/// Start `argv` with the proxy on fd 3 and `AIRLOCK_FD=3` in its environment.
-pub fn spawn(argv: &[OsString]) -> anyhow::Result<Spawned> {
+/// Start `argv` with the proxy on fd 3 and `AIRLOCK_FD=3` in its
+/// environment, and without the variables in `remove_env` (secrets such as
+/// the provider's API key, which only airlock may see).
+pub fn spawn(argv: &[OsString], remove_env: &[OsString]) -> anyhow::Result<Spawned> {
     let Some((program, args)) = argv.split_first() else { bail!("no command given") };
     let (ours, theirs) = StdUnixStream::pair().context("creating the proxy socketpair")?;
     let child_raw: RawFd = theirs.as_raw_fd();
     let mut cmd = Command::new(program);
     cmd.args(args).env(FD_ENV, DEFAULT_FD.to_string()).kill_on_drop(true);
+    for var in remove_env {
+        cmd.env_remove(var);
+    }
     if let Ok(exe) = std::env::current_exe() {
         cmd.env(EXE_ENV, exe);
     }

@@ -2,10 +2,13 @@
 
 use crate::child::{self, exit_code};
 use crate::client::Client;
+use crate::config::{self, Settings};
 use crate::hostfs::HostFs;
+use crate::provider::{HttpProvider, Provider};
 use crate::record::Recorder;
 use crate::report::{ChildExit, Report};
-use crate::session::{Event, Observer, Session};
+use crate::session::{BrokerShell, Event, Observer, Session};
+use crate::telemetry::TelemetryWriter;
 use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
 use airlock_core::fsproxy::wire::{Mode, DEFAULT_MAX_READ};
 use airlock_core::fsproxy::{
@@ -24,6 +27,10 @@ use std::sync::{Arc, Mutex};
 /// What every serving command shares: the policy, the limits, the report.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
+    /// Read settings from this TOML file; a `[broker]` section switches on
+    /// the LLM broker (LLMCMD, QUOTA, CANCEL).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Let the child read PATH (a directory covers everything beneath it).
     #[arg(long = "allow", value_name = "PATH")]
     pub allow: Vec<PathBuf>,
@@ -76,7 +83,47 @@ impl ServeArgs {
     }
 }
 
+/// What the config's `[broker]` section sets up on this level.
+struct BrokerParts {
+    shell: BrokerShell,
+    /// Variables no child may see (the API key's).
+    remove_env: Vec<OsString>,
+}
+
 impl ServeArgs {
+    fn settings(&self) -> anyhow::Result<Settings> {
+        match &self.config {
+            Some(path) => config::load(path),
+            None => Ok(Settings::default()),
+        }
+    }
+
+    /// The machine for `config` with the broker `settings` describe, and
+    /// the shell's side of that broker. A level that forwards upstream runs
+    /// no broker of its own (the top one serves the whole tree), but still
+    /// keeps the key from its children.
+    fn machine(&self, mut config: Config, settings: &Settings) -> anyhow::Result<(FsProxy, BrokerParts)> {
+        let mut parts = BrokerParts { shell: BrokerShell::default(), remove_env: Vec::new() };
+        if let Some(b) = &settings.broker {
+            config.broker = Some(b.setup.clone());
+            parts.remove_env.push(OsString::from(&b.api_key_env));
+            if config.upstream {
+                tracing::warn!(
+                    "this airlock runs under another: its [broker] is ignored, LLMCMD goes upstream"
+                );
+            } else {
+                let key = std::env::var(&b.api_key_env).ok();
+                let provider: Arc<dyn Provider> = Arc::new(HttpProvider::new(&b.base_url, key)?);
+                parts.shell.provider = Some(provider);
+                if let Some(path) = &b.telemetry {
+                    parts.shell.telemetry = Some(TelemetryWriter::open(path)?);
+                }
+            }
+        }
+        let proxy = FsProxy::try_new(config).map_err(|e| anyhow::anyhow!("broker: {e}"))?;
+        Ok((proxy, parts))
+    }
+
     fn recorder(&self, config: &Config, command: &str) -> anyhow::Result<Option<Box<dyn Observer>>> {
         let Some(path) = &self.record else { return Ok(None) };
         Ok(Some(Box::new(Recorder::create(path, config, command)?)))
@@ -101,15 +148,18 @@ const CHILD: ClientId = ClientId(1);
 /// `airlock run`: the child's exit status, to exit with.
 pub fn run(args: &ServeArgs, argv: &[OsString]) -> anyhow::Result<i32> {
     runtime()?.block_on(async {
+        let settings = args.settings()?;
         let upstream = child::inherited_upstream()?;
         let config = args.config(StdioRole::Local, upstream.is_some())?;
         let host = HostFs::new(&config.policy)?;
-        let observer = args.recorder(&config, "run")?;
-        let mut session = Session::new(FsProxy::new(config), host, observer);
+        let (proxy, parts) = args.machine(config, &settings)?;
+        let observer = args.recorder(proxy.config(), "run")?;
+        let mut session = Session::new(proxy, host, observer);
+        session.set_broker_shell(parts.shell);
         if let Some(up) = upstream {
             session.set_upstream(up);
         }
-        let spawned = child::spawn(argv)?;
+        let spawned = child::spawn(argv, &parts.remove_env)?;
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);
@@ -173,11 +223,14 @@ fn forward_signals(pid: Option<u32>) {
 /// `airlock serve --fd N`: the upstream role; returns when the client is gone.
 pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
     runtime()?.block_on(async {
+        let settings = args.settings()?;
         let config = args.config(StdioRole::Reject, false)?;
         let host = HostFs::new(&config.policy)?;
+        let (proxy, parts) = args.machine(config, &settings)?;
         let stream = child::adopt_socket(fd)?;
-        let observer = args.recorder(&config, "serve")?;
-        let mut session = Session::new(FsProxy::new(config), host, observer);
+        let observer = args.recorder(proxy.config(), "serve")?;
+        let mut session = Session::new(proxy, host, observer);
+        session.set_broker_shell(parts.shell);
         session.add_unix_client(CHILD, stream);
         session.run_until(Session::all_finished).await;
         let (proxy, host, observer) = session.shutdown().await;

@@ -7,8 +7,11 @@
 pub mod child;
 pub mod client;
 pub mod commands;
+pub mod config;
 pub mod hostfs;
+pub mod provider;
 pub mod record;
 pub mod report;
 pub mod session;
 pub mod simulate;
+pub mod telemetry;

@@ -1,5 +1,6 @@
 //! `--report FILE`: what a session did, written when airlock exits.
 
+use airlock_core::broker::{Broker, BrokerErrorCode};
 use airlock_core::fsproxy::wire::ErrorCode;
 use airlock_core::fsproxy::FsProxy;
 use serde::Serialize;
@@ -33,6 +34,46 @@ pub struct Report {
     pub truncated_frames: u64,
     pub upstream: bool,
     pub child_exit: Option<ChildExit>,
+    /// The session's LLM broker, when this level runs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerReport>,
+}
+
+/// What the broker did. Amounts are USD (for reading; the broker keeps
+/// them exactly, in pico-USD).
+#[derive(Debug, Serialize)]
+pub struct BrokerReport {
+    pub session_id: String,
+    pub initial_units: f64,
+    pub remaining_units: f64,
+    /// The sum of every charge, before the clamp at zero.
+    pub charged_units: f64,
+    pub submitted: u64,
+    pub started: u64,
+    pub succeeded: u64,
+    pub errors_by_code: BTreeMap<BrokerErrorCode, u64>,
+    pub trims: u64,
+    pub dropped_owner_gone: u64,
+    pub late_results: u64,
+}
+
+impl BrokerReport {
+    pub fn new(b: &Broker) -> Self {
+        let s = b.stats();
+        BrokerReport {
+            session_id: b.quota().session_id,
+            initial_units: b.initial().as_usd_f64(),
+            remaining_units: b.remaining().as_usd_f64(),
+            charged_units: s.charged.as_usd_f64(),
+            submitted: s.submitted,
+            started: s.started,
+            succeeded: s.succeeded,
+            errors_by_code: s.errors_by_code.clone(),
+            trims: s.trims,
+            dropped_owner_gone: s.dropped_owner_gone,
+            late_results: s.late_results,
+        }
+    }
 }
 
 impl Report {
@@ -52,6 +93,7 @@ impl Report {
             truncated_frames: s.truncated_frames,
             upstream: proxy.config().upstream,
             child_exit,
+            broker: proxy.broker().map(BrokerReport::new),
         }
     }
 

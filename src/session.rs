@@ -7,6 +7,9 @@
 //! network in the simulator.
 
 use crate::hostfs::HostFs;
+use crate::provider::Provider;
+use crate::telemetry::TelemetryWriter;
+use airlock_core::broker::{CallId, ProviderRequest, ProviderResult};
 use airlock_core::fsproxy::{Effect, EffectId, EffectResult, FsErrorKind, FsProxy, Input, Output, StdStream};
 use airlock_core::handles::ClientId;
 use airlock_core::time::Instant;
@@ -17,7 +20,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, Notify};
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 
 /// Bytes read from a connection at a time.
 const READ_CHUNK: usize = 64 * 1024;
@@ -68,6 +71,23 @@ pub enum Event {
     Passed(ClientId, OwnedFd),
     /// The process behind a client is gone.
     Died(ClientId),
+    /// A provider call (`Output::StartProvider`) came back.
+    ProviderDone(CallId, ProviderResult),
+}
+
+/// The message of the result fed for a provider call dropped on the
+/// broker's `CancelProvider`.
+pub const CANCELLED: &str = "cancelled";
+/// The message of the result fed for a provider call still running when
+/// the session ends (every client is gone).
+pub const SESSION_ENDED: &str = "cancelled: the session ended";
+
+/// The shell's side of the broker: who makes the calls, where telemetry
+/// goes.
+#[derive(Default)]
+pub struct BrokerShell {
+    pub provider: Option<Arc<dyn Provider>>,
+    pub telemetry: Option<TelemetryWriter>,
 }
 
 /// Flow control between a connection's writer and its reader.
@@ -95,6 +115,10 @@ pub struct Session {
     passed: BTreeMap<ClientId, VecDeque<OwnedFd>>,
     upstream: Option<Conn>,
     observer: Option<Box<dyn Observer>>,
+    broker: BrokerShell,
+    /// Provider calls in flight, by call id, so `CancelProvider` can drop
+    /// them.
+    provider_calls: BTreeMap<CallId, AbortHandle>,
 }
 
 /// Descriptors a client may pass ahead of the `attach` requests that claim
@@ -237,7 +261,26 @@ impl Session {
             passed: BTreeMap::new(),
             upstream: None,
             observer,
+            broker: BrokerShell::default(),
+            provider_calls: BTreeMap::new(),
         }
+    }
+
+    /// Make the broker's provider calls with `shell.provider` and write its
+    /// telemetry to `shell.telemetry`.
+    pub fn set_broker_shell(&mut self, shell: BrokerShell) {
+        self.broker = shell;
+    }
+
+    /// Provider calls in flight.
+    pub fn provider_calls(&self) -> usize {
+        self.provider_calls.len()
+    }
+
+    /// Where the machine's next timer falls, on tokio's clock.
+    fn wake_at(&self) -> Option<tokio::time::Instant> {
+        let due = self.proxy.poll_timeout()?;
+        Some(self.start + std::time::Duration::from_micros(due.as_micros()))
     }
 
     /// A sender for events from outside (process exits).
@@ -311,7 +354,20 @@ impl Session {
     /// connections, say) and be called again afterwards without losing any.
     pub async fn run_until(&mut self, mut done: impl FnMut(&Session) -> bool) {
         while !done(self) {
-            let Some(ev) = self.events.recv().await else { break };
+            let ev = match self.wake_at() {
+                // Timers first: a deadline that has passed is handled
+                // before any event, however busy the clients keep us.
+                Some(at) => tokio::select! {
+                    biased;
+                    () = tokio::time::sleep_until(at) => {
+                        self.feed(Input::Tick);
+                        continue;
+                    }
+                    ev = self.events.recv() => ev,
+                },
+                None => self.events.recv().await,
+            };
+            let Some(ev) = ev else { break };
             let input = match ev {
                 Event::Passed(client, fd) => {
                     let queue = self.passed.entry(client).or_default();
@@ -327,6 +383,14 @@ impl Session {
                 Event::UpstreamBytes(data) => Input::UpstreamBytes { data },
                 Event::UpstreamEof => Input::UpstreamEof,
                 Event::EffectDone(id, result) => Input::EffectDone { id, result },
+                Event::ProviderDone(call, result) => {
+                    // Only calls still in flight: one dropped by
+                    // `CancelProvider` has had its result fed already.
+                    if self.provider_calls.remove(&call).is_none() {
+                        continue;
+                    }
+                    Input::ProviderDone { call, result }
+                }
             };
             self.feed(input);
         }
@@ -335,6 +399,10 @@ impl Session {
     /// Flush what is queued for the upstream proxy (cleanup closes must
     /// reach it before this process exits).
     pub async fn shutdown(mut self) -> (FsProxy, HostFs, Option<Box<dyn Observer>>) {
+        self.end_provider_calls();
+        if let Some(t) = &mut self.broker.telemetry {
+            t.finish();
+        }
         for (_, conn) in std::mem::take(&mut self.conns) {
             conn.reader.abort();
             conn.writer.abort();
@@ -345,6 +413,52 @@ impl Session {
             let _ = up.writer.await;
         }
         (self.proxy, self.host, self.observer)
+    }
+
+    /// Drop every provider call still running (the session is over: nobody
+    /// is left to answer) and tell the broker, so each gets its telemetry
+    /// record.
+    pub fn end_provider_calls(&mut self) {
+        for (call, handle) in std::mem::take(&mut self.provider_calls) {
+            handle.abort();
+            let result = ProviderResult::Err { usage: None, message: SESSION_ENDED.into() };
+            self.feed(Input::ProviderDone { call, result });
+        }
+    }
+
+    fn start_provider(&mut self, call: CallId, request: ProviderRequest) -> Option<Input> {
+        let Some(provider) = self.broker.provider.clone() else {
+            let message = "no provider is configured".to_string();
+            return Some(Input::ProviderDone { call, result: ProviderResult::Err { usage: None, message } });
+        };
+        let events = self.events_tx.clone();
+        let task = tokio::spawn(async move {
+            let result = provider.complete(request).await;
+            let _ = events.send(Event::ProviderDone(call, result)).await;
+        });
+        // A call id the broker reuses would be a core bug; the older task
+        // is dropped rather than leaked.
+        if let Some(old) = self.provider_calls.insert(call, task.abort_handle()) {
+            old.abort();
+        }
+        None
+    }
+
+    fn cancel_provider(&mut self, call: CallId) -> Option<Input> {
+        let handle = self.provider_calls.remove(&call)?;
+        if handle.is_finished() {
+            // Its result is already queued as an event: that real result
+            // (with its usage) is the one to report.
+            self.provider_calls.insert(call, handle);
+            return None;
+        }
+        // Dropping the task drops the HTTP request and closes its
+        // connection: the provider-side cancel.
+        handle.abort();
+        Some(Input::ProviderDone {
+            call,
+            result: ProviderResult::Err { usage: None, message: CANCELLED.into() },
+        })
     }
 
     /// Hand one input to the machine and carry out everything it asks for.
@@ -398,6 +512,14 @@ impl Session {
                     // Not a usable socket: the new client is gone at once.
                     Some(Err(_)) | None => Some(Input::Eof { client }),
                 }
+            }
+            Output::StartProvider { call, request, deadline: _ } => self.start_provider(call, request),
+            Output::CancelProvider { call } => self.cancel_provider(call),
+            Output::Telemetry { record } => {
+                if let Some(t) = &mut self.broker.telemetry {
+                    t.write(&record);
+                }
+                None
             }
             Output::SendUpstream { data } => {
                 if let Some(up) = &self.upstream {

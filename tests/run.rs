@@ -83,9 +83,8 @@ fn death_is_seen_even_while_a_grandchild_holds_the_descriptor() {
         dir.path(),
         &["--allow-rw", "."],
         &sh(r#"sleep 60 </dev/null >/dev/null 2>&1 & echo $! > grandchild.pid; exec python3 -c "
-import os, sys, signal
-sys.path.insert(0, os.environ['SUPPORT'])
 from fsclient import *
+import signal
 call('open', path='held.txt', mode='w')
 os.kill(os.getpid(), signal.SIGKILL)""#),
     );
@@ -127,9 +126,8 @@ fn nested_airlock_forwards_and_cleans_up_upstream() {
     let inner_report = dir.path().join("inner.json");
     let inner = format!(
         r#""$AIRLOCK" run --allow-rw . --report {} -- python3 -c "
-import os, sys, signal
-sys.path.insert(0, os.environ['SUPPORT'])
 from fsclient import *
+import signal
 h = call('open', path='deep.txt', mode='w')['result']['handle']
 out(call('write', h=h, data=b64(b'through two levels\n')))
 call('open', path='scratch', mode='w')
@@ -405,9 +403,8 @@ fn attached_processes_outliving_the_child_are_ended_with_it() {
         dir.path(),
         &["--allow-rw", "."],
         &sh(r#"python3 -c "
-import os, sys, time
-sys.path.insert(0, os.environ['SUPPORT'])
 from fsclient import *
+import time
 fd, _ = attach()
 h = call('open', fd=fd, path='late.txt', mode='w')['result']['handle']
 call('write', fd=fd, h=h, data=b64(b'written before the child left'))
@@ -426,4 +423,25 @@ echo $! > straggler.pid"#),
         std::fs::read_to_string(dir.path().join("late.txt")).unwrap(),
         "written before the child left"
     );
+}
+
+#[test]
+fn start_up_failures_exit_125_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |args: &[&str]| {
+        let out = std::process::Command::new(airlock())
+            .current_dir(dir.path())
+            .arg("run")
+            .args(args)
+            .env_remove("AIRLOCK_FD")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = start(&["--", "/no/such/program"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("starting /no/such/program"), "{err}");
+    let (code, err) = start(&["--allow", "/no/such/dir/file", "--", "true"]);
+    assert_eq!(code, Some(125), "{err}");
+    assert!(err.contains("/no/such/dir/file"), "{err}");
 }

@@ -8,6 +8,7 @@
 //! The functions here panic on purpose when the machine misbehaves: a panic
 //! is how a fuzzer learns it found something.
 
+use crate::broker::{CallId, ProviderRequest, ProviderResult, TelemetryRecord};
 use crate::codec::frame::{self, FrameDecoder, HEADER_LEN};
 use crate::fsproxy::wire::Mode;
 use crate::fsproxy::{
@@ -19,6 +20,7 @@ use crate::time::Instant;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, PathBuf};
+use std::time::Duration;
 
 /// Where a host file lives in [`MemFs`]: a root and a path beneath it.
 pub type FileKey = (RootId, PathBuf);
@@ -173,6 +175,14 @@ pub struct Shell {
     /// Effects issued and not yet completed, in issue order.
     pub effects: Vec<(EffectId, Effect)>,
     pub events: Vec<Event>,
+    /// Provider calls started and not yet reported done, in start order,
+    /// with their deadlines.
+    pub provider_calls: Vec<(CallId, ProviderRequest, Instant)>,
+    /// Every call ever started, in start order.
+    pub started: Vec<CallId>,
+    /// Calls the machine asked to drop (`CancelProvider`), in order.
+    pub cancelled: Vec<CallId>,
+    pub telemetry: Vec<TelemetryRecord>,
     departed: BTreeSet<ClientId>,
     clock: u64,
 }
@@ -185,14 +195,55 @@ impl Shell {
             auto: true,
             effects: Vec::new(),
             events: Vec::new(),
+            provider_calls: Vec::new(),
+            started: Vec::new(),
+            cancelled: Vec::new(),
+            telemetry: Vec::new(),
             departed: BTreeSet::new(),
             clock: 0,
         }
     }
 
+    /// Each input comes a microsecond after the last, so time moves.
     fn now(&mut self) -> Instant {
         self.clock += 1;
         Instant::from_micros(self.clock)
+    }
+
+    /// The time of the last input.
+    pub fn clock(&self) -> Instant {
+        Instant::from_micros(self.clock)
+    }
+
+    /// Let `d` pass without telling the machine (a busy shell).
+    pub fn advance(&mut self, d: Duration) {
+        self.clock = self.clock.saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    }
+
+    pub fn tick(&mut self) {
+        self.input(Input::Tick);
+    }
+
+    /// Move the clock to the machine's next timer and fire it, as a shell
+    /// would; false when it has none.
+    pub fn fire_timer(&mut self) -> bool {
+        let Some(at) = self.proxy.poll_timeout() else { return false };
+        // `input` adds its microsecond: the tick lands just past the
+        // deadline, as a real timer would.
+        self.clock = self.clock.max(at.as_micros().saturating_sub(1));
+        self.tick();
+        true
+    }
+
+    /// Report the provider call `call` done.
+    pub fn provider_done(&mut self, call: CallId, result: ProviderResult) {
+        self.provider_calls.retain(|(c, _, _)| *c != call);
+        self.input(Input::ProviderDone { call, result });
+    }
+
+    /// The provider call in flight and not cancelled, if any.
+    pub fn running_call(&self) -> Option<CallId> {
+        self.provider_calls.iter().map(|(c, _, _)| *c).find(|c| !self.cancelled.contains(c))
     }
 
     /// Hand `input` to the machine and collect what it puts out.
@@ -241,6 +292,26 @@ impl Shell {
                 }
                 Output::Effect { id, effect } => self.effects.push((id, effect)),
                 Output::SendUpstream { data } => self.events.push(Event::Upstream(data)),
+                Output::StartProvider { call, request, deadline } => {
+                    // Invariant 1: one call at a time; a call given up on
+                    // (cancelled) may still be winding down.
+                    assert!(
+                        self.running_call().is_none(),
+                        "{call} started while {:?} runs",
+                        self.running_call()
+                    );
+                    assert!(!self.started.contains(&call), "{call} started twice");
+                    self.started.push(call);
+                    self.provider_calls.push((call, request, deadline));
+                }
+                Output::CancelProvider { call } => {
+                    assert!(
+                        self.provider_calls.iter().any(|(c, _, _)| *c == call),
+                        "cancel of {call}, which is not in flight"
+                    );
+                    self.cancelled.push(call);
+                }
+                Output::Telemetry { record } => self.telemetry.push(record),
             }
         }
     }
@@ -454,6 +525,12 @@ fn template(sel: u8, arg: u8, id: u64) -> Vec<u8> {
 /// Every response must be a well-formed frame carrying a JSON object with
 /// an id and a boolean ok; once every client has gone and every effect is
 /// done, no handle and no file may be left open.
+///
+/// Config bit 2 gives the machine a broker; a command with bits 4..6 all
+/// set is then a broker command ([`broker_command`]): an `LLMCMD`,
+/// `CANCEL` or `QUOTA`, a provider result, or a timer. The [`Shell`]
+/// checks that one provider call runs at a time; at the end every call
+/// must be over and nothing owed.
 pub fn fsproxy_session(data: &[u8]) {
     let Some((&cfg, mut script)) = data.split_first() else { return };
     let stdio = if cfg & 1 == 0 { StdioRole::Local } else { StdioRole::Reject };
@@ -464,6 +541,16 @@ pub fn fsproxy_session(data: &[u8]) {
         config.max_open_handles = 4;
         config.max_queued_requests = 4;
         config.max_virtual_bytes = 64;
+    }
+    if cfg & 4 != 0 {
+        let mut setup = crate::broker::BrokerSetup::new(
+            crate::broker::Money::from_pico([0, 1_000_000, 1_000_000_000_000][usize::from(cfg >> 3) % 3]),
+            "fuzz",
+        );
+        // Short timers, so a few commands reach them.
+        setup.config.queue_max_wait = Duration::from_micros(50);
+        setup.config.request_timeout = Duration::from_micros(120);
+        config.broker = Some(setup);
     }
     let mut shell = Shell::new(config, test_fs());
     shell.auto = false;
@@ -483,6 +570,11 @@ pub fn fsproxy_session(data: &[u8]) {
         script = rest;
         let client = slots[usize::from(cmd >> 7)];
         let arg = take(&mut script, 1).first().copied().unwrap_or(0);
+        if cmd & 0x70 == 0x70 {
+            next_id += 1;
+            broker_command(&mut shell, client, arg, next_id);
+            continue;
+        }
         match cmd & 0x0f {
             0 | 1 => {
                 let bytes = take(&mut script, usize::from(arg));
@@ -521,12 +613,79 @@ pub fn fsproxy_session(data: &[u8]) {
         shell.input(Input::Eof { client: ClientId(client) });
     }
     shell.settle();
+    // Calls still running end (each report may start nothing: every
+    // waiter's owner has gone).
+    while let Some((call, _, _)) = shell.provider_calls.first().cloned() {
+        shell.provider_done(call, ProviderResult::Err { usage: None, message: "end".into() });
+    }
+    while shell.fire_timer() {}
+    if let Some(b) = shell.proxy.broker() {
+        assert!(b.is_idle(), "broker work left after every client left");
+    }
+    assert_eq!(shell.proxy.broker_requests_pending(), 0, "broker answers still owed");
     assert_eq!(shell.proxy.open_handles(), 0, "handles left after every client left");
     assert_eq!(shell.proxy.tracked_clients(), 0, "clients still tracked");
     assert_eq!(shell.fs.open_files(), 0, "host files left open");
     assert!(shell.proxy.quiescent());
     let stats = shell.proxy.stats();
     assert_eq!(stats.handles_opened, stats.handles_closed, "opened and closed counts differ");
+}
+
+/// One broker command of [`fsproxy_session`], picked by `arg`.
+fn broker_command(shell: &mut Shell, client: ClientId, arg: u8, id: u64) {
+    const MODELS: [Option<&str>; 4] = [None, Some("gpt-4o-mini"), Some("gpt-5"), Some("nope")];
+    let token = format!("t{}", arg >> 6);
+    let req = match arg % 8 {
+        0..=2 => {
+            let mut params = serde_json::json!({"messages": [{"role": "user", "content": "q"}]});
+            if let Some(m) = MODELS[usize::from(arg >> 3) % 4] {
+                params["model"] = m.into();
+            }
+            if arg & 0x20 != 0 {
+                params["max_tokens"] = (u32::from(arg) * 37 + 1).into();
+            }
+            if arg % 8 != 2 {
+                params["cancel_token"] = token.into();
+            }
+            serde_json::json!({"id": id.to_string(), "op": "LLMCMD", "params": params})
+        }
+        3 => serde_json::json!({"id": id.to_string(), "op": "CANCEL", "params": {"cancel_token": token}}),
+        4 => serde_json::json!({"id": id.to_string(), "op": "QUOTA"}),
+        5 | 6 => {
+            let Some((call, _, _)) =
+                shell.provider_calls.get(usize::from(arg >> 3) % shell.provider_calls.len().max(1)).cloned()
+            else {
+                return;
+            };
+            let usage = (arg & 0x40 != 0).then(|| crate::broker::Usage {
+                prompt_tokens: u64::from(arg),
+                cached_tokens: u64::from(arg / 3),
+                completion_tokens: u64::from(arg / 2),
+                total_tokens: u64::from(arg) + u64::from(arg / 2),
+            });
+            let result = if arg % 8 == 5 {
+                ProviderResult::Ok {
+                    messages: vec![serde_json::json!({"role": "assistant"})],
+                    usage,
+                    model: "m".into(),
+                }
+            } else {
+                ProviderResult::Err { usage, message: "fuzz".into() }
+            };
+            shell.provider_done(call, result);
+            return;
+        }
+        _ => {
+            if arg & 0x80 != 0 {
+                shell.fire_timer();
+            } else {
+                shell.advance(Duration::from_micros(u64::from(arg)));
+                shell.tick();
+            }
+            return;
+        }
+    };
+    shell.send(client, &serde_json::to_vec(&req).unwrap_or_default());
 }
 
 /// Fuzz the LLM broker over arbitrary event sequences: the first byte

@@ -29,7 +29,7 @@ pub const FORMAT: u32 = 1;
 pub const MACHINE_FSPROXY: &str = "fsproxy";
 
 /// The first line of a trace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Header {
     pub format: u32,
     pub machine: String,
@@ -206,7 +206,8 @@ impl fmt::Display for ReplayError {
 
 impl std::error::Error for ReplayError {}
 
-/// Replay a trace: rebuild every level from the header, feed the inputs in
+/// Replay a trace: rebuild every level from the header (a level's broker
+/// too, from its config's `broker`), feed the inputs in
 /// order, and check each recorded output against what the machine yields.
 /// Fails at the first difference, naming its line (1-based).
 pub fn replay<R: BufRead>(reader: R) -> Result<ReplayReport, ReplayError> {

@@ -2,6 +2,7 @@
 //! the client sent it (`->`), every response as the machine framed it
 //! (`<-`), one per line. A change to any byte a client sees shows up here.
 
+use airlock_core::broker::{BrokerSetup, CallId, Money, ProviderResult, Usage};
 use airlock_core::codec::frame;
 use airlock_core::fsproxy::{Config, Input, StdioRole};
 use airlock_core::fuzzing::{test_fs, test_policy, Event, Shell};
@@ -15,6 +16,11 @@ enum Step<'a> {
     /// Raw bytes as they arrive on the pipe.
     Raw(&'a [u8]),
     Eof,
+    /// The provider finishes call N: `ok` with this usage (prompt, cached,
+    /// completion), or an error carrying it.
+    Provider(u64, bool, (u64, u64, u64)),
+    /// The machine's next timer fires.
+    Timer,
 }
 
 fn transcript(config: Config, steps: &[Step]) -> String {
@@ -23,6 +29,7 @@ fn transcript(config: Config, steps: &[Step]) -> String {
     let mut out = String::new();
     for step in steps {
         let seen = s.events.len();
+        let (started, cancelled, telemetry) = (s.started.len(), s.cancelled.len(), s.telemetry.len());
         match step {
             Step::Req(text) => {
                 out += &format!("-> {text}\n");
@@ -36,6 +43,43 @@ fn transcript(config: Config, steps: &[Step]) -> String {
                 out += "-> EOF\n";
                 s.input(Input::Eof { client: C });
             }
+            Step::Provider(call, ok, (prompt, cached, completion)) => {
+                out +=
+                    &format!("-> provider done call-{call} ok={ok} usage={prompt}/{cached}/{completion}\n");
+                let usage = Some(Usage {
+                    prompt_tokens: *prompt,
+                    cached_tokens: *cached,
+                    completion_tokens: *completion,
+                    total_tokens: prompt + completion,
+                });
+                let result = if *ok {
+                    ProviderResult::Ok {
+                        messages: vec![serde_json::json!({"role": "assistant", "content": "4"})],
+                        usage,
+                        model: "gpt-4o-mini".into(),
+                    }
+                } else {
+                    ProviderResult::Err { usage, message: "HTTP 500".into() }
+                };
+                s.provider_done(CallId(*call), result);
+            }
+            Step::Timer => {
+                let at = s.proxy.poll_timeout().map(|t| t.as_micros());
+                out += &format!("-> timer at {at:?} us\n");
+                s.fire_timer();
+            }
+        }
+        for (call, request, deadline) in
+            s.provider_calls.iter().filter(|(c, _, _)| s.started[started..].contains(c))
+        {
+            let request = serde_json::to_string(request).unwrap_or_default();
+            out += &format!("<> start {call} deadline {} us: {request}\n", deadline.as_micros());
+        }
+        for call in &s.cancelled[cancelled..] {
+            out += &format!("<> cancel {call}\n");
+        }
+        for record in &s.telemetry[telemetry..] {
+            out += &format!("<> telemetry {}\n", serde_json::to_string(record).unwrap_or_default());
         }
         for e in &s.events[seen..] {
             match e {
@@ -179,5 +223,44 @@ fn oversized_prefix_ends_the_session() {
     insta::assert_snapshot!(transcript(
         config,
         &[Step::Raw(&pipelined), Step::Req(r#"{"id":"4","op":"QUOTA"}"#)]
+    ));
+}
+
+#[test]
+fn broker_ops() {
+    let mut config = local();
+    // A small budget, so the soft trim shows.
+    config.broker = Some(BrokerSetup::new(Money::from_pico(600_000_000), "sess-7"));
+    insta::assert_snapshot!(transcript(
+        config,
+        &[
+            Step::Req(r#"{"id":"1","op":"QUOTA"}"#),
+            Step::Req(
+                r#"{"id":"2","op":"LLMCMD","params":{"messages":[{"role":"user","content":"2+2?"}],"max_tokens":5000,"cancel_token":"a"}}"#
+            ),
+            Step::Req(
+                r#"{"id":"3","op":"LLMCMD","params":{"messages":[{"role":"user","content":"again"}],"cancel_token":"b"}}"#
+            ),
+            Step::Req(
+                r#"{"id":"4","op":"LLMCMD","params":{"messages":[{"role":"user","content":"x"}],"model":"gpt-5"}}"#
+            ),
+            Step::Req(r#"{"id":"5","op":"CANCEL","params":{"cancel_token":"b"}}"#),
+            Step::Req(r#"{"id":"6","op":"open","params":{"path":"v.txt","mode":"w"}}"#),
+            Step::Provider(0, true, (20, 8, 1)),
+            Step::Req(r#"{"id":"7","op":"QUOTA"}"#),
+            Step::Timer,
+            Step::Provider(2, false, (3, 0, 0)),
+            Step::Req(
+                r#"{"id":"8","op":"LLMCMD","params":{"messages":[{"role":"user","content":"y"}],"model":"nope"}}"#
+            ),
+            Step::Req(r#"{"id":"9","op":"CANCEL","params":{"cancel_token":"zzz"}}"#),
+            Step::Req(
+                r#"{"id":"10","op":"LLMCMD","params":{"messages":[{"role":"user","content":"z"}],"cancel_token":"c"}}"#
+            ),
+            Step::Req(r#"{"id":"11","op":"CANCEL","params":{"cancel_token":"c"}}"#),
+            Step::Provider(6, false, (2, 0, 1)),
+            Step::Req(r#"{"id":"12","op":"LLMCMD","params":{"messages":[{"role":"user","content":"w"}]}}"#),
+            Step::Eof,
+        ],
     ));
 }

@@ -135,6 +135,24 @@ ss = {
     "templates_mixed": bytes([0]) + b"".join(tmpl(s, a) for s, a in [(0, 0), (0, 9), (0, 26), (2, 3), (3, 4),
         (4, 3), (0, 4), (0, 5), (7, 3)]) + SETTLE,
 }
+# Broker commands (config bit 2 gives the machine a broker; bits 3.. pick
+# its budget: 0, 1e-6 or 1 USD): a cmd byte with bits 4..6 set, then an
+# arg byte: arg % 8 = 0/1 LLMCMD with token t(arg >> 6), 2 LLMCMD without
+# token (model (arg >> 3) % 4 of none, gpt-4o-mini, gpt-5, nope; max_tokens
+# when bit 5), 3 CANCEL t(arg >> 6), 4 QUOTA, 5/6 provider ok/error for
+# running call (arg >> 3) % n (usage when bit 6), 7 timer (bit 7: fire the
+# next one; else advance arg µs and tick).
+
+def brk(arg, slot=0):
+    return bytes([slot << 7 | 0x70, arg])
+
+
+ss["broker_llmcmd_cancel_quota"] = bytes([4 | 2 << 3]) + b"".join([
+    brk(0x00), brk(0x41, slot=1), brk(0x02), brk(0x43, slot=1), brk(0x04), tmpl(0, 3),
+    brk(0x45), brk(0x87), brk(0x0e), brk(0x18), brk(0x03), brk(0x04, slot=1)])
+ss["broker_timeouts_and_death"] = bytes([4 | 1 << 3]) + b"".join([
+    brk(0x20), brk(0x28, slot=1), brk(0x30), brk(0x87), cmd(13, 0, slot=1), brk(0x87), brk(0x46),
+    brk(0x7f), brk(0x02), cmd(12), brk(0x45)])
 for name, data in ss.items():
     write("fsproxy_session", name, data)
 

@@ -1,4 +1,5 @@
-//! airlock-sim: the deterministic simulator of the FS proxy core.
+//! airlock-sim: the deterministic simulator of the FS proxy core and the
+//! LLM broker it runs.
 //!
 //! A world is built from a seed alone: the seed picks a swarm (which faults
 //! are on and how often, how many clients, how many requests each), and
@@ -49,6 +50,10 @@ pub enum Scenario {
     /// An intermediate proxy forwarding its clients' requests to a top-level
     /// one, which may also have clients of its own.
     Nested,
+    /// One FS proxy running the session's LLM broker: clients interleave
+    /// LLMCMD, CANCEL and QUOTA with file ops, against a simulated
+    /// provider.
+    Broker,
 }
 
 impl fmt::Display for Scenario {
@@ -56,6 +61,7 @@ impl fmt::Display for Scenario {
         f.write_str(match self {
             Scenario::Default => "default",
             Scenario::Nested => "nested",
+            Scenario::Broker => "broker",
         })
     }
 }
@@ -67,7 +73,8 @@ impl FromStr for Scenario {
         match s {
             "default" => Ok(Scenario::Default),
             "nested" => Ok(Scenario::Nested),
-            other => Err(format!("unknown scenario {other:?} (want default or nested)")),
+            "broker" => Ok(Scenario::Broker),
+            other => Err(format!("unknown scenario {other:?} (want default, nested or broker)")),
         }
     }
 }

@@ -37,10 +37,18 @@ pub enum FaultKind {
     EffectReorder,
     /// Host opens that do not truncate fail with an I/O error.
     FsError,
+    /// A provider call hangs until cancelled (broker worlds only).
+    ProviderHang,
+    /// A provider call fails, with or without partial usage.
+    ProviderError,
+    /// A provider reply that cannot be read (reported as an error).
+    ProviderMalformed,
+    /// A client fires a burst of CANCELs, for live and unknown tokens.
+    CancelStorm,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::SplitDelivery,
         FaultKind::CoalescedDelivery,
         FaultKind::CorruptFrame,
@@ -52,7 +60,22 @@ impl FaultKind {
         FaultKind::ClockJump,
         FaultKind::EffectReorder,
         FaultKind::FsError,
+        FaultKind::ProviderHang,
+        FaultKind::ProviderError,
+        FaultKind::ProviderMalformed,
+        FaultKind::CancelStorm,
     ];
+
+    /// Faults of the simulated LLM provider and its clients.
+    pub const fn broker_only(self) -> bool {
+        matches!(
+            self,
+            FaultKind::ProviderHang
+                | FaultKind::ProviderError
+                | FaultKind::ProviderMalformed
+                | FaultKind::CancelStorm
+        )
+    }
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -67,6 +90,10 @@ impl FaultKind {
             FaultKind::ClockJump => "clock_jump",
             FaultKind::EffectReorder => "effect_reorder",
             FaultKind::FsError => "fs_error",
+            FaultKind::ProviderHang => "provider_hang",
+            FaultKind::ProviderError => "provider_error",
+            FaultKind::ProviderMalformed => "provider_malformed",
+            FaultKind::CancelStorm => "cancel_storm",
         }
     }
 
@@ -81,6 +108,10 @@ impl FaultKind {
             FaultKind::ClockJump => &[1_000, 20_000],
             FaultKind::EffectReorder => &[300_000, 1_000_000],
             FaultKind::FsError => &[10_000, 100_000],
+            FaultKind::ProviderHang => &[20_000, 100_000],
+            FaultKind::ProviderError => &[50_000, 200_000],
+            FaultKind::ProviderMalformed => &[20_000, 100_000],
+            FaultKind::CancelStorm => &[500, 5_000],
         }
     }
 }
@@ -120,9 +151,12 @@ impl Swarm {
         // Its own stream, so the swarm does not shift the world's draws.
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5157_4152_4d00_0000);
         let nested = scenario == Scenario::Nested;
+        let broker = scenario == Scenario::Broker;
         let mut faults = BTreeMap::new();
         for kind in FaultKind::ALL {
-            if kind == FaultKind::MiddleDeath && !nested {
+            // Skipped before drawing, so adding kinds for one scenario
+            // leaves every other scenario's swarms as they were.
+            if kind == FaultKind::MiddleDeath && !nested || kind.broker_only() && !broker {
                 continue;
             }
             if rng.gen_bool(0.5) {
@@ -135,7 +169,13 @@ impl Swarm {
         Swarm {
             clients: rng.gen_range(if nested { 1..=4 } else { 2..=5 }),
             top_clients: if nested { rng.gen_range(0..=2) } else { 0 },
-            ops_per_client: rng.gen_range(if nested { 60..=200 } else { 100..=300 }),
+            ops_per_client: rng.gen_range(if nested {
+                60..=200
+            } else if broker {
+                40..=120
+            } else {
+                100..=300
+            }),
             pipeline: [1, 2, 4, 8][rng.gen_range(0..4)],
             invalid_ppm: [20_000, 100_000, 250_000][rng.gen_range(0..3)],
             max_frame: small(&mut rng, airlock_core::codec::frame::DEFAULT_MAX_FRAME, 8192),

@@ -4,6 +4,8 @@
 //! Everything here is driven by seeded RNGs and iterates ordered maps only,
 //! so a (seed, swarm) pair always yields the same run, step for step.
 
+mod broker;
+
 use crate::fs::HostFs;
 use crate::swarm::{FaultKind, Swarm, PPM};
 use crate::{Failure, Scenario};
@@ -18,6 +20,7 @@ use airlock_core::time::Instant;
 use airlock_core::trace::{Header, TraceWriter};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use broker::{BOp, BrokerSim};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
@@ -71,11 +74,15 @@ struct Pipe {
     /// Bytes of the front frame already delivered.
     off: usize,
     len: usize,
+    /// Bytes ever pushed and taken: where in the stream each frame ends.
+    pushed: u64,
+    taken: u64,
 }
 
 impl Pipe {
     fn push(&mut self, bytes: Vec<u8>) {
         if !bytes.is_empty() {
+            self.pushed += bytes.len() as u64;
             self.len += bytes.len();
             self.frames.push_back(bytes);
         }
@@ -98,6 +105,7 @@ impl Pipe {
             self.off += k;
             n -= k;
             self.len -= k;
+            self.taken += k as u64;
             if self.off == front.len() {
                 self.frames.pop_front();
                 self.off = 0;
@@ -107,7 +115,8 @@ impl Pipe {
     }
 
     fn clear(&mut self) {
-        *self = Pipe::default();
+        let pushed = self.pushed;
+        *self = Pipe { pushed, taken: pushed, ..Pipe::default() };
     }
 }
 
@@ -233,12 +242,28 @@ struct HModel {
 
 #[derive(Clone, Debug)]
 enum Kind {
-    Open { key: Option<String>, mode: Mode, host: bool },
-    Read { h: u64, max: u32 },
-    Write { h: u64, data: Vec<u8> },
-    Close { h: u64 },
-    Stdio { write_len: Option<usize> },
+    Open {
+        key: Option<String>,
+        mode: Mode,
+        host: bool,
+    },
+    Read {
+        h: u64,
+        max: u32,
+    },
+    Write {
+        h: u64,
+        data: Vec<u8>,
+    },
+    Close {
+        h: u64,
+    },
+    Stdio {
+        write_len: Option<usize>,
+    },
     Invalid,
+    /// LLMCMD, CANCEL or QUOTA (broker worlds).
+    Broker(BOp),
 }
 
 #[derive(Debug)]
@@ -269,6 +294,14 @@ struct Client {
     handles: BTreeMap<u64, HModel>,
     closed: Vec<u64>,
     pending_opens: usize,
+    /// Broker ops not yet wholly delivered: (end offset in `out`, id).
+    bpending: VecDeque<(u64, String)>,
+    /// Broker ops sent and not yet registered with the checkers.
+    bnew: Vec<(String, BOp)>,
+    next_token: u64,
+    tokens_used: Vec<String>,
+    /// Unanswered LLMCMDs and their cancel tokens.
+    llm_tokens: BTreeMap<String, Option<String>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -341,6 +374,8 @@ pub struct World {
     actions: Vec<Action>,
     fixture: Vec<u8>,
     finished: bool,
+    /// The broker scenario's provider and checkers.
+    broker: Option<BrokerSim>,
 }
 
 impl World {
@@ -354,6 +389,8 @@ impl World {
     ) -> Self {
         let nested = scenario == Scenario::Nested;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        // Drawn first in broker worlds only, so other worlds draw as before.
+        let broker_setup = (scenario == Scenario::Broker).then(|| broker::setup(&mut rng));
         let config = |stdio: StdioRole, upstream: bool| {
             let mut c = Config::new(policy(), stdio);
             c.upstream = upstream;
@@ -361,6 +398,7 @@ impl World {
             c.max_queued_requests = swarm.max_queued_requests;
             c.max_open_handles = swarm.max_open_handles;
             c.planted_bug = bug;
+            c.broker = broker_setup.clone();
             c
         };
         let configs = if nested {
@@ -444,6 +482,11 @@ impl World {
                 handles: BTreeMap::new(),
                 closed: Vec::new(),
                 pending_opens: 0,
+                bpending: VecDeque::new(),
+                bnew: Vec::new(),
+                next_token: 0,
+                tokens_used: Vec::new(),
+                llm_tokens: BTreeMap::new(),
             });
         }
         let mut w = World {
@@ -469,6 +512,7 @@ impl World {
             actions: Vec::new(),
             fixture,
             finished: false,
+            broker: broker_setup.as_ref().map(BrokerSim::new),
         };
         if nested {
             w.feed(0, Input::Connected { client: MIDDLE_CONN });
@@ -523,10 +567,12 @@ impl World {
                 format!("the world did not drain within {WIND_DOWN_STEPS} steps"),
             ));
         }
-        self.now += self.rng.gen_range(1..=200);
+        let max_step = if self.broker.is_some() { broker::MAX_STEP_US } else { 200 };
+        self.now += self.rng.gen_range(1..=max_step);
         if !self.winding_down() {
             self.faults_step();
         }
+        self.broker_due();
         self.actions.clear();
         let wind = self.winding_down();
         for (i, c) in self.clients.iter().enumerate() {
@@ -563,6 +609,12 @@ impl World {
             }
         }
         if self.actions.is_empty() {
+            // Waiting on the provider or a broker timer: sleep until then,
+            // as a shell would.
+            if let Some(t) = self.broker_next_event() {
+                self.now = self.now.max(t);
+                return self.first_violation.take().map_or(Ok(()), Err);
+            }
             return self.shutdown_step();
         }
         let action = self.actions[self.rng.gen_range(0..self.actions.len())];
@@ -571,6 +623,7 @@ impl World {
             Action::Deliver(i) => {
                 let n = self.chunk(|w| &w.clients[i].out);
                 let data = self.clients[i].out.take(n);
+                self.mark_delivered(i);
                 let (level, client) = (self.clients[i].level, self.clients[i].id);
                 self.feed(level, Input::Bytes { client, data });
             }
@@ -657,6 +710,7 @@ impl World {
                 format!("{} host files still open at the end", self.fs.open_count()),
             ));
         }
+        self.broker_final_check()?;
         if self.fs.get(&PathBuf::from("/data/ro/a.txt")) != Some(self.fixture.as_slice()) {
             return Err(violation("policy", "a read-only file changed".to_owned()));
         }
@@ -687,7 +741,14 @@ impl World {
     fn faults_step(&mut self) {
         if self.fires(FaultKind::ClockJump) {
             self.count(FaultKind::ClockJump);
-            self.now += self.rng.gen_range(1_000_000..3_600_000_000);
+            let jump = self.rng.gen_range(1_000_000..3_600_000_000);
+            self.now += jump;
+            if let Some(b) = self.broker.as_mut() {
+                b.jumped += jump;
+            }
+        }
+        if self.fires(FaultKind::CancelStorm) {
+            self.cancel_storm();
         }
         for kind in [FaultKind::Eof, FaultKind::ProcessDeath] {
             if !self.fires(kind) {
@@ -705,6 +766,7 @@ impl World {
             let (level, client) = (self.clients[i].level, self.clients[i].id);
             if n > 0 {
                 let data = self.clients[i].out.take(n);
+                self.mark_delivered(i);
                 self.feed(level, Input::Bytes { client, data });
             }
             if self.clients[i].gone {
@@ -805,6 +867,7 @@ impl World {
         }
         self.gone.insert((level, client));
         self.departed_check.push((level, client));
+        self.broker_depart(i);
         if let Some(input) = input {
             self.feed(level, input);
         }
@@ -929,6 +992,16 @@ impl World {
                 self.effects.entry((level, queue)).or_default().push_back((self.effect_seq, id, effect));
                 Ok(())
             }
+            Output::StartProvider { call, request, deadline } => {
+                self.on_start_provider(call, request, deadline.as_micros())
+            }
+            Output::CancelProvider { call } => self.on_cancel_provider(call),
+            Output::Telemetry { record } => {
+                if self.broker.is_none() {
+                    return Err(violation("policy", format!("telemetry without a broker: {record:?}")));
+                }
+                Ok(())
+            }
             Output::SendUpstream { data } => {
                 if !self.nested || level != 1 {
                     return Err(violation("policy", format!("level {level} has no upstream yet sent to it")));
@@ -998,7 +1071,10 @@ impl World {
     }
 
     fn quiescent(&self) -> bool {
-        self.effects.is_empty()
+        self.broker
+            .as_ref()
+            .map_or(true, |b| b.provider_idle() && self.levels[0].m.broker().is_some_and(|x| x.is_idle()))
+            && self.effects.is_empty()
             && self.clients.iter().all(|c| c.gone || c.out.is_empty())
             && self.link.as_ref().map_or(true, |l| l.up.is_empty() && l.down.is_empty() && !l.down_eof)
     }
@@ -1006,6 +1082,7 @@ impl World {
     /// The checks that need a settled world; the others run as outputs are
     /// routed.
     fn check(&mut self) -> Check {
+        self.broker_check()?;
         if !self.quiescent() {
             return Ok(());
         }
@@ -1246,6 +1323,10 @@ impl World {
             send_raw(c, p);
             return;
         }
+        if self.broker.is_some() {
+            self.broker_issue(i);
+            return;
+        }
         if c.rng.gen_range(0..PPM) < invalid_ppm {
             invalid(c, stdio_local);
         } else {
@@ -1272,9 +1353,21 @@ impl World {
             .and_then(Value::as_bool)
             .ok_or_else(|| violation("response_shape", format!("{v}")))?;
         let code = v.get("error").and_then(|e| e.get("code")).and_then(Value::as_str).unwrap_or("");
-        if !ok
-            && !["E_ARG", "E_NOENT", "E_PERM", "E_IO", "E_CLOSED", "E_UNSUPPORTED", "E_RANGE"].contains(&code)
-        {
+        const CODES: [&str; 12] = [
+            "E_ARG",
+            "E_NOENT",
+            "E_PERM",
+            "E_IO",
+            "E_CLOSED",
+            "E_UNSUPPORTED",
+            "E_RANGE",
+            "queue_timeout",
+            "cancelled_before_start",
+            "cancelled_after_start",
+            "provider_timeout",
+            "provider_error",
+        ];
+        if !ok && !CODES.contains(&code) {
             return Err(violation("response_shape", format!("unknown error code in {v}")));
         }
         let level = self.clients[i].level;
@@ -1303,6 +1396,10 @@ impl World {
             if ok {
                 return Err(violation(inv, format!("request {id} ({:?}) must fail: {v}", sent.kind)));
             }
+        }
+        if let Kind::Broker(op) = sent.kind {
+            c.llm_tokens.remove(&id);
+            return self.on_broker_response(i, &id, op, &v);
         }
         let result = v.get("result");
         let refused = |what: &str| violation("valid_request_refused", format!("{what} {id} failed: {v}"));
@@ -1468,7 +1565,7 @@ impl World {
                     }
                 }
             }
-            Kind::Invalid => {}
+            Kind::Invalid | Kind::Broker(_) => {}
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::handles::ClientId;
 use airlock_core::trace::{replay, ReplayError};
-use airlock_sim::{record_trace, run_many, run_seed_with_bug, Scenario, SeedResult, SimOptions};
+use airlock_sim::{record_trace, run_many, run_seed_with_bug, FaultKind, Scenario, SeedResult, SimOptions};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -57,6 +57,58 @@ fn nested_scenario_seeds_pass() {
 }
 
 #[test]
+fn broker_scenario_seeds_pass() {
+    assert_all_pass(Scenario::Broker);
+}
+
+#[test]
+fn broker_worlds_exercise_the_broker() {
+    let summary = run_many(&opts(Scenario::Broker, 0..40, 2), |_| {});
+    assert!(
+        summary.failed.is_empty(),
+        "{:?}",
+        summary.failed.iter().map(SeedResult::swarm_description).collect::<Vec<_>>()
+    );
+    for kind in [
+        FaultKind::ProviderHang,
+        FaultKind::ProviderError,
+        FaultKind::ProviderMalformed,
+        FaultKind::CancelStorm,
+    ] {
+        assert!(
+            summary.faults.get(&kind).is_some_and(|n| *n > 0),
+            "{kind} never injected: {:?}",
+            summary.faults
+        );
+    }
+}
+
+#[test]
+fn broker_same_seed_same_trace_byte_for_byte() {
+    for seed in [1, 2, 7] {
+        let o = opts(Scenario::Broker, 0..1, 1);
+        let (a, ta) = record_trace(seed, &o);
+        let (b, tb) = record_trace(seed, &o);
+        assert_eq!(a, b);
+        assert!(ta == tb, "seed {seed}: traces differ");
+        let text = String::from_utf8(ta).unwrap();
+        assert!(text.contains("start_provider"), "seed {seed} made no provider call");
+        let report = replay(text.as_bytes()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert!(report.machines[0].broker().is_some());
+    }
+}
+
+#[test]
+fn planted_broker_bug_is_caught() {
+    let o = opts(Scenario::Broker, 0..1, 1);
+    let res = (0..10)
+        .map(|seed| run_seed_with_bug(seed, &o, PlantedBug::BrokerReplyTwice))
+        .find(|r| !r.passed())
+        .expect("a doubled LLMCMD answer goes unnoticed for 10 seeds");
+    assert_eq!(res.failure.unwrap().invariant, "one_response_per_request");
+}
+
+#[test]
 fn same_seed_same_trace_byte_for_byte() {
     for scenario in [Scenario::Default, Scenario::Nested] {
         let o = opts(scenario, 0..1, 1);
@@ -72,7 +124,7 @@ fn same_seed_same_trace_byte_for_byte() {
 
 #[test]
 fn results_do_not_depend_on_jobs() {
-    for scenario in [Scenario::Default, Scenario::Nested] {
+    for scenario in [Scenario::Default, Scenario::Nested, Scenario::Broker] {
         let one = all_results(&opts(scenario, 100..140, 1));
         let two = all_results(&opts(scenario, 100..140, 2));
         assert_eq!(one.len(), 40);

@@ -87,6 +87,7 @@ pub fn run_with_stdin(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio) -
         .args(cmd)
         .env_remove("AIRLOCK_FD")
         .env("SUPPORT", support(""))
+        .env("PYTHONPATH", support(""))
         .stdin(stdin)
         .output()
         .expect("airlock runs");

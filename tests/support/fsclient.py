@@ -73,3 +73,31 @@ def attach(fd: int = FD):
     shared.close()
     new = ours.detach()
     return new, recv(new)
+
+
+# --- broker helpers -------------------------------------------------------
+
+
+def llm(content: str, fd: int = FD, id: str = "x", **params) -> dict:
+    """An LLMCMD with one user message."""
+    return call("LLMCMD", fd=fd, id=id, messages=[{"role": "user", "content": content}], **params)
+
+
+def recv_ids(ids, fd: int = FD) -> dict:
+    """Read responses until every id in `ids` has been answered; by id."""
+    got = {}
+    while len(got) < len(ids):
+        resp = recv(fd)
+        assert resp["id"] in ids and resp["id"] not in got, (resp, ids, got)
+        got[resp["id"]] = resp
+    return got
+
+
+def workers(script: str, n: int):
+    """Start n python3 processes running `script` with argv[1] = 0..n-1,
+    each inheriting the proxy descriptor (to `attach` a connection of its
+    own); returns their exit codes once all have ended."""
+    import subprocess
+
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], pass_fds=(FD,)) for i in range(n)]
+    return [p.wait(timeout=60) for p in procs]

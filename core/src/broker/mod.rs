@@ -128,6 +128,38 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Everything a session's broker is built from: what the FS proxy's
+/// `Config` carries (`Config::broker`), so a trace header rebuilds the
+/// very same broker on replay.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BrokerSetup {
+    pub config: BrokerConfig,
+    pub catalog: PricingCatalog,
+    pub initial_units: Money,
+    pub session_id: String,
+}
+
+impl BrokerSetup {
+    /// A setup with the default config and the built-in catalog.
+    pub fn new(initial_units: Money, session_id: impl Into<String>) -> Self {
+        BrokerSetup {
+            config: BrokerConfig::default(),
+            catalog: PricingCatalog::builtin(),
+            initial_units,
+            session_id: session_id.into(),
+        }
+    }
+
+    /// What [`Broker::new`] would refuse.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.build().map(|_| ())
+    }
+
+    pub fn build(&self) -> Result<Broker, ConfigError> {
+        Broker::new(self.config.clone(), self.catalog.clone(), self.initial_units, self.session_id.clone())
+    }
+}
+
 /// Names one LLM call (or one `CANCEL` request); given by the caller, who
 /// keeps them unique.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

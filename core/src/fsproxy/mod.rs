@@ -6,7 +6,12 @@
 //! out (`poll_output`). Each client's requests are served one at a time in
 //! arrival order, so a client may pipeline freely and still see its writes
 //! and reads applied in the order it sent them; different clients proceed
-//! independently.
+//! independently. The broker's ops are the exception: an `LLMCMD` may
+//! wait for the session's provider lock for up to `queue.max_wait_seconds`,
+//! so it is handed to the broker (or forwarded upstream) and the client's
+//! next requests are served meanwhile; its answer comes whenever the broker
+//! gives it, possibly after answers to later requests (still exactly one
+//! response per id). `QUOTA` and `CANCEL` are answered in order.
 //!
 //! The machine plays the seed's three roles:
 //! - the upstream server ("vfsd"): [`StdioRole::Reject`], no upstream;
@@ -14,6 +19,11 @@
 //! - the intermediate proxy: [`StdioRole::Local`] with `upstream: true`,
 //!   forwarding every non-stdio operation, after applying its own policy,
 //!   and closing upstream whatever a departed client still held.
+//!
+//! With a broker configured (`Config::broker`, never on a level that
+//! forwards upstream) the machine also runs the session's LLM broker:
+//! `StartProvider`/`CancelProvider`/`Telemetry` come out, `ProviderDone`
+//! and `Tick` go in, and `poll_timeout` is the broker's.
 
 mod virtual_fs;
 pub mod wire;
@@ -21,6 +31,10 @@ pub mod wire;
 pub use virtual_fs::{VirtualFs, DEFAULT_MAX_VIRTUAL_BYTES};
 
 use crate::b64;
+use crate::broker::{
+    self, Broker, BrokerInput, BrokerOutput, BrokerSetup, CallId, ProviderRequest, ProviderResult,
+    TelemetryRecord,
+};
 use crate::codec::frame::{self, FrameDecoder, DEFAULT_MAX_FRAME};
 use crate::handles::{ClientId, Handle, HandleTable, Missing};
 use crate::policy::{Denied, Policy, Resolved, RootId};
@@ -48,7 +62,7 @@ pub enum StdioRole {
     Reject,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Config {
     pub policy: Policy,
     pub stdio: StdioRole,
@@ -59,6 +73,12 @@ pub struct Config {
     pub max_open_handles: usize,
     pub max_queued_requests: usize,
     pub max_virtual_bytes: u64,
+    /// The session's LLM broker, serving `LLMCMD`, `QUOTA` and `CANCEL`.
+    /// `None`: those ops answer `E_UNSUPPORTED` (or are forwarded, when
+    /// `upstream` is set). Ignored when `upstream` is set: serialization
+    /// happens at the top, so a forwarding level never runs a broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerSetup>,
     /// A deliberate bug, switched on only by the simulator's own tests to
     /// prove its checkers can fail. Never set in production; absent from
     /// serialized configs unless set, so a trace records it when it was on.
@@ -74,6 +94,8 @@ pub struct Config {
 pub enum PlantedBug {
     /// Cleanup after a departed client leaves its highest handle open.
     CleanupForgetsLastHandle,
+    /// An `LLMCMD` is answered twice when its provider call succeeds.
+    BrokerReplyTwice,
 }
 
 impl Config {
@@ -87,6 +109,7 @@ impl Config {
             max_open_handles: DEFAULT_MAX_OPEN_HANDLES,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
             max_virtual_bytes: DEFAULT_MAX_VIRTUAL_BYTES,
+            broker: None,
             planted_bug: None,
         }
     }
@@ -109,7 +132,8 @@ pub enum StdStream {
     Stderr,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+// Not `Eq`: provider requests and results carry `f64`s (temperature).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "input")]
 pub enum Input {
     Connected {
@@ -142,9 +166,17 @@ pub enum Input {
         data: Vec<u8>,
     },
     UpstreamEof,
+    /// The provider call `call` (from `Output::StartProvider`) ended, or
+    /// was dropped after `Output::CancelProvider`. Report it once.
+    ProviderDone {
+        call: CallId,
+        result: ProviderResult,
+    },
+    /// The time `poll_timeout` named has come.
+    Tick,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "output")]
 pub enum Output {
     /// Framed bytes for a client.
@@ -172,6 +204,22 @@ pub enum Output {
     SendUpstream {
         #[serde(with = "b64")]
         data: Vec<u8>,
+    },
+    /// Make the provider call; report it with `Input::ProviderDone`. The
+    /// broker gives up on it at `deadline` (and then asks to cancel it).
+    StartProvider {
+        call: CallId,
+        request: ProviderRequest,
+        deadline: Instant,
+    },
+    /// Drop the provider request of `call`, then report `ProviderDone`
+    /// for it (with whatever usage it had).
+    CancelProvider {
+        call: CallId,
+    },
+    /// One line for the telemetry file.
+    Telemetry {
+        record: TelemetryRecord,
     },
 }
 
@@ -283,6 +331,22 @@ enum Waiting {
     /// Closing for a client that left; nobody to answer.
     Cleanup,
     Stdio,
+    /// A forwarded `LLMCMD`, under `up_token` upstream; `token` is the
+    /// client's own cancel token, if it gave one. Does not make the
+    /// client busy.
+    UpstreamLlm {
+        token: Option<String>,
+        up_token: String,
+    },
+    /// A forwarded `QUOTA` or `CANCEL`. Does not make the client busy.
+    UpstreamBroker,
+}
+
+impl Waiting {
+    /// Broker ops never hold up the client's other requests.
+    fn holds_client(&self) -> bool {
+        !matches!(self, Waiting::UpstreamLlm { .. } | Waiting::UpstreamBroker)
+    }
 }
 
 #[derive(Debug)]
@@ -327,6 +391,20 @@ pub struct FsProxy {
     next_attached: u64,
     outputs: VecDeque<Output>,
     stats: Stats,
+    broker: Option<Broker>,
+    /// The `now` of the input being handled.
+    now: Instant,
+    /// Broker call ids, for `LLMCMD` and `CANCEL` requests alike.
+    next_call: u64,
+    /// Requests the broker will answer: its call id → (client, request id).
+    calls: BTreeMap<CallId, (ClientId, String)>,
+    /// Forwarding: a client's cancel token → the token used upstream for
+    /// its live `LLMCMD`. Upstream tokens are the machine's own (`t0`,
+    /// `t1`, …), so children's tokens can never collide at the top, and
+    /// every forwarded call has one, so a departed child's calls can be
+    /// cancelled there.
+    up_tokens: BTreeMap<(ClientId, String), String>,
+    next_up_token: u64,
 }
 
 fn missing_failure(h: Handle, m: Missing) -> Failure {
@@ -355,8 +433,40 @@ fn unexpected(result: &EffectResult) -> Failure {
 }
 
 impl FsProxy {
+    /// A machine for `config`. A broker that `config` describes but that
+    /// does not validate is left out (its ops then answer
+    /// `E_UNSUPPORTED`): use [`FsProxy::try_new`] to hear why instead.
+    /// Used by replay and tests, whose configs were valid when written.
     pub fn new(config: Config) -> Self {
+        let broker = Self::broker_for(&config).ok().flatten();
+        Self::build(config, broker)
+    }
+
+    /// A machine for `config`, refusing a broker setup [`Broker::new`]
+    /// refuses. What the production shell calls.
+    pub fn try_new(config: Config) -> Result<Self, broker::ConfigError> {
+        let broker = Self::broker_for(&config)?;
+        Ok(Self::build(config, broker))
+    }
+
+    fn broker_for(config: &Config) -> Result<Option<Broker>, broker::ConfigError> {
+        match &config.broker {
+            // Validated all the same, so a bad setup is reported wherever
+            // it sits in a tree of proxies.
+            Some(setup) if config.upstream => setup.validate().map(|_| None),
+            Some(setup) => setup.build().map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn build(config: Config, broker: Option<Broker>) -> Self {
         FsProxy {
+            broker,
+            now: Instant::ZERO,
+            next_call: 0,
+            calls: BTreeMap::new(),
+            up_tokens: BTreeMap::new(),
+            next_up_token: 0,
             clients: BTreeMap::new(),
             table: HandleTable::new(),
             virt: VirtualFs::new(config.max_virtual_bytes),
@@ -381,6 +491,18 @@ impl FsProxy {
 
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// The session's broker, when this machine runs one (for reports:
+    /// quota, stats).
+    pub fn broker(&self) -> Option<&Broker> {
+        self.broker.as_ref()
+    }
+
+    /// Requests waiting on the broker or on a forwarded broker op.
+    pub fn broker_requests_pending(&self) -> usize {
+        self.calls.len()
+            + self.upstream_pending.values().filter(|p| p.req.is_some() && !p.waiting.holds_client()).count()
     }
 
     /// Live handles on this level.
@@ -416,12 +538,16 @@ impl FsProxy {
         self.outputs.pop_front()
     }
 
-    /// The FS proxy keeps no timers: every wait it has ends with an input.
+    /// The broker's next deadline (a waiter's queue timeout or the running
+    /// call's provider timeout); feed `Input::Tick` then. The FS proxy's
+    /// own waits all end with an input.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        None
+        self.broker.as_ref().and_then(Broker::poll_timeout)
     }
 
-    pub fn handle(&mut self, _now: Instant, input: Input) {
+    pub fn handle(&mut self, now: Instant, input: Input) {
+        // Time never runs backward, as for the broker.
+        self.now = self.now.max(now);
         match input {
             Input::Connected { client } => self.connect(client),
             Input::Descriptor { client } => {
@@ -442,6 +568,161 @@ impl FsProxy {
             Input::EffectDone { id, result } => self.on_effect_done(id, result),
             Input::UpstreamBytes { data } => self.on_upstream_bytes(&data),
             Input::UpstreamEof => self.upstream_lost("upstream closed"),
+            Input::ProviderDone { call, result } => {
+                self.feed_broker(BrokerInput::ProviderDone { call, result })
+            }
+            Input::Tick => self.feed_broker(BrokerInput::Tick),
+        }
+    }
+
+    /// Hand `input` to the broker (if any) and carry out what it answers.
+    fn feed_broker(&mut self, input: BrokerInput) {
+        let Some(b) = self.broker.as_mut() else { return };
+        b.handle(self.now, input);
+        while let Some(out) = self.broker.as_mut().and_then(Broker::poll_output) {
+            match out {
+                BrokerOutput::StartProvider { call, request, deadline } => {
+                    self.outputs.push_back(Output::StartProvider { call, request, deadline });
+                }
+                BrokerOutput::CancelProvider { call } => {
+                    self.outputs.push_back(Output::CancelProvider { call })
+                }
+                BrokerOutput::Telemetry(record) => self.outputs.push_back(Output::Telemetry { record }),
+                BrokerOutput::Reply { call, outcome, .. } => {
+                    let Some((client, id)) = self.calls.remove(&call) else { continue };
+                    let outcome = match outcome {
+                        Ok(r) => Ok(Success::Value(r.to_wire())),
+                        Err(e) => Err(Failure::new(e.code.into(), e.message)),
+                    };
+                    if self.config.planted_bug == Some(PlantedBug::BrokerReplyTwice) && outcome.is_ok() {
+                        self.respond(client, Some(id.clone()), outcome.clone());
+                    }
+                    self.respond(client, Some(id), outcome);
+                }
+                BrokerOutput::CancelResult { request, outcome, .. } => {
+                    let Some((client, id)) = self.calls.remove(&request) else { continue };
+                    self.respond(client, Some(id), Ok(Success::Value(outcome.to_wire())));
+                }
+            }
+        }
+    }
+
+    fn new_call(&mut self, client: ClientId, id: String) -> CallId {
+        let call = CallId(self.next_call);
+        self.next_call += 1;
+        self.calls.insert(call, (client, id));
+        call
+    }
+
+    /// `LLMCMD`, `QUOTA` or `CANCEL`: served by the broker, forwarded, or
+    /// refused. Never leaves the client busy.
+    fn serve_broker_op(&mut self, client: ClientId, id: String, op: Op) {
+        let arg = |e: broker::ParamError| Failure::new(ErrorCode::Arg, e.0);
+        if self.config.upstream {
+            return self.forward_broker_op(client, id, op);
+        }
+        if self.broker.is_none() {
+            let msg = format!("{} is reserved and no broker is configured", op.name());
+            return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Unsupported, msg)));
+        }
+        match op {
+            Op::LlmCmd { params } => match broker::wire::parse_llmcmd(&params) {
+                Ok(p) => {
+                    let call = self.new_call(client, id);
+                    let submit = BrokerInput::Submit {
+                        call,
+                        owner: client,
+                        request: p.request,
+                        cancel_token: p.cancel_token,
+                    };
+                    self.feed_broker(submit);
+                }
+                Err(e) => self.respond(client, Some(id), Err(arg(e))),
+            },
+            Op::Cancel { params } => match broker::wire::parse_cancel(&params) {
+                Ok(token) => {
+                    let request = self.new_call(client, id);
+                    self.feed_broker(BrokerInput::Cancel { request, owner: client, token });
+                }
+                Err(e) => self.respond(client, Some(id), Err(arg(e))),
+            },
+            Op::Quota { params } => {
+                let outcome = match (broker::wire::parse_quota(&params), &self.broker) {
+                    (Err(e), _) => Err(arg(e)),
+                    (Ok(model), Some(b)) => b
+                        .quota_for(model.as_deref())
+                        .map(|q| Success::Value(q.to_wire()))
+                        .map_err(|e| Failure::new(e.code.into(), e.message)),
+                    (Ok(_), None) => Err(Failure::new(ErrorCode::Unsupported, "no broker is configured")),
+                };
+                self.respond(client, Some(id), outcome);
+            }
+            other => {
+                let msg = format!("{} is not a broker op", other.name());
+                self.respond(client, Some(id), Err(Failure::new(ErrorCode::Arg, msg)));
+            }
+        }
+    }
+
+    /// An intermediate passes broker ops to the top, where the session's
+    /// one broker runs. Cancel tokens are replaced by the machine's own
+    /// (see `up_tokens`).
+    fn forward_broker_op(&mut self, client: ClientId, id: String, op: Op) {
+        if !self.upstream_alive {
+            return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Io, "upstream closed")));
+        }
+        let arg = |e: broker::ParamError| Failure::new(ErrorCode::Arg, e.0);
+        match op {
+            Op::LlmCmd { mut params } => {
+                // Checked here too, so a token is known good before it is
+                // mapped, and a bad request costs no round trip.
+                let token = match broker::wire::parse_llmcmd(&params) {
+                    Ok(p) => p.cancel_token,
+                    Err(e) => return self.respond(client, Some(id), Err(arg(e))),
+                };
+                if let Some(t) = &token {
+                    if self.up_tokens.contains_key(&(client, t.clone())) {
+                        let msg = "cancel_token is already in use by another call of this client";
+                        return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Arg, msg)));
+                    }
+                }
+                let up_token = format!("t{}", self.next_up_token);
+                self.next_up_token += 1;
+                if let Some(t) = &token {
+                    self.up_tokens.insert((client, t.clone()), up_token.clone());
+                }
+                params.insert("cancel_token".into(), up_token.clone().into());
+                self.forward(
+                    client,
+                    Some(id),
+                    Waiting::UpstreamLlm { token, up_token },
+                    Op::LlmCmd { params },
+                );
+            }
+            Op::Cancel { params } => {
+                let token = match broker::wire::parse_cancel(&params) {
+                    Ok(t) => t,
+                    Err(e) => return self.respond(client, Some(id), Err(arg(e))),
+                };
+                match self.up_tokens.get(&(client, token)).cloned() {
+                    Some(up) => {
+                        let mut params = serde_json::Map::new();
+                        params.insert("cancel_token".into(), up.into());
+                        self.forward(client, Some(id), Waiting::UpstreamBroker, Op::Cancel { params });
+                    }
+                    // No live call of this client carries the token: the
+                    // answer the top would give, without asking it.
+                    None => {
+                        let result = broker::CancelOutcome::NotFound.to_wire();
+                        self.respond(client, Some(id), Ok(Success::Value(result)));
+                    }
+                }
+            }
+            op @ Op::Quota { .. } => self.forward(client, Some(id), Waiting::UpstreamBroker, op),
+            other => {
+                let msg = format!("{} is not a broker op", other.name());
+                self.respond(client, Some(id), Err(Failure::new(ErrorCode::Arg, msg)));
+            }
         }
     }
 
@@ -569,7 +850,7 @@ impl FsProxy {
         let id = format!("u{}", self.next_upstream_id);
         self.next_upstream_id += 1;
         let payload = wire::encode_request(&Request { id: id.clone(), op });
-        if req.is_some() {
+        if req.is_some() && waiting.holds_client() {
             if let Some(c) = self.clients.get_mut(&client) {
                 c.busy = true;
             }
@@ -581,10 +862,10 @@ impl FsProxy {
     fn serve(&mut self, client: ClientId, req: Request) {
         let Request { id, op } = req;
         let immediate = match op {
-            Op::Quota { .. } | Op::LlmCmd { .. } => Err(Failure::new(
-                ErrorCode::Unsupported,
-                format!("{} is reserved and no broker is configured", op.name()),
-            )),
+            Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } => {
+                self.serve_broker_op(client, id, op);
+                return;
+            }
             Op::Attach => {
                 self.attach(client, id);
                 return;
@@ -844,7 +1125,39 @@ impl FsProxy {
         c.queue.clear();
         c.decoder = FrameDecoder::new(0);
         self.outputs.push_back(Output::Close { client });
+        self.broker_owner_gone(client);
         self.cleanup(client);
+    }
+
+    /// A departed client's broker requests: its waiting calls leave the
+    /// queue, its running one is not answered; forwarded calls are
+    /// cancelled upstream, since the top cannot tell which of this
+    /// machine's calls belonged to it.
+    fn broker_owner_gone(&mut self, client: ClientId) {
+        self.calls.retain(|_, (c, _)| *c != client);
+        if self.broker.is_some() {
+            self.feed_broker(BrokerInput::OwnerGone { owner: client });
+        }
+        self.up_tokens.retain(|(c, _), _| *c != client);
+        let mut cancels = Vec::new();
+        for p in self.upstream_pending.values_mut() {
+            if p.client != client || p.waiting.holds_client() || p.req.is_none() {
+                continue;
+            }
+            // Nobody to answer now; the response is dropped on arrival.
+            p.req = None;
+            if let Waiting::UpstreamLlm { up_token, .. } = &p.waiting {
+                cancels.push(up_token.clone());
+            }
+        }
+        if !self.upstream_alive {
+            return;
+        }
+        for up in cancels {
+            let mut params = serde_json::Map::new();
+            params.insert("cancel_token".into(), up.into());
+            self.forward(client, None, Waiting::Cleanup, Op::Cancel { params });
+        }
     }
 
     fn cleanup(&mut self, client: ClientId) {
@@ -919,7 +1232,9 @@ impl FsProxy {
             Waiting::Read => OpKind::Read,
             Waiting::Write => OpKind::Write,
             Waiting::Close | Waiting::Cleanup => OpKind::Close,
-            Waiting::Open { .. } | Waiting::Stdio => OpKind::Other,
+            Waiting::Open { .. } | Waiting::Stdio | Waiting::UpstreamLlm { .. } | Waiting::UpstreamBroker => {
+                OpKind::Other
+            }
         };
         let outcome = match wire::parse_response(payload, kind) {
             Ok(r) => r.outcome,
@@ -931,6 +1246,14 @@ impl FsProxy {
         let alive = self.clients.get(&client).is_some_and(|c| c.alive);
         let outcome = match (waiting, outcome) {
             (Waiting::Cleanup, _) => return,
+            (Waiting::UpstreamLlm { token, .. }, outcome) => {
+                // The call is over at the top: its token is free again.
+                if let Some(t) = token.filter(|_| req.is_some()) {
+                    self.up_tokens.remove(&(client, t));
+                }
+                return self.finish_upstream(client, req, false, outcome);
+            }
+            (Waiting::UpstreamBroker, outcome) => return self.finish_upstream(client, req, false, outcome),
             (Waiting::UpstreamOpen { mode }, Ok(Success::Opened { handle: up })) => {
                 if alive {
                     let handle = self.table.insert(client, Slot { mode, target: Target::Upstream(up) });
@@ -943,14 +1266,22 @@ impl FsProxy {
             }
             (_, outcome) => outcome,
         };
-        self.finish_upstream(client, req, outcome);
+        self.finish_upstream(client, req, true, outcome);
     }
 
-    fn finish_upstream(&mut self, client: ClientId, req: Option<String>, outcome: Result<Success, Failure>) {
+    /// Answer a forwarded request; `held`: it was the one the client was
+    /// busy with.
+    fn finish_upstream(
+        &mut self,
+        client: ClientId,
+        req: Option<String>,
+        held: bool,
+        outcome: Result<Success, Failure>,
+    ) {
         if req.is_none() {
             return;
         }
-        if let Some(c) = self.clients.get_mut(&client) {
+        if let Some(c) = self.clients.get_mut(&client).filter(|_| held) {
             c.busy = false;
         }
         self.respond(client, req, outcome);
@@ -963,8 +1294,10 @@ impl FsProxy {
         }
         self.upstream_alive = false;
         self.upstream_decoder = FrameDecoder::new(0);
-        for (_, Pending { client, req, .. }) in std::mem::take(&mut self.upstream_pending) {
-            self.finish_upstream(client, req, Err(Failure::new(ErrorCode::Io, why)));
+        self.up_tokens.clear();
+        for (_, Pending { client, req, waiting }) in std::mem::take(&mut self.upstream_pending) {
+            let held = waiting.holds_client();
+            self.finish_upstream(client, req, held, Err(Failure::new(ErrorCode::Io, why)));
         }
     }
 }

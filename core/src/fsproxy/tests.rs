@@ -289,7 +289,7 @@ fn malformed_frames_get_e_arg_and_the_session_continues() {
 #[test]
 fn unknown_and_reserved_ops_are_unsupported() {
     let mut s = shell();
-    for op in ["stat", "OPEN", "unlink", "QUOTA", "LLMCMD"] {
+    for op in ["stat", "OPEN", "unlink", "QUOTA", "LLMCMD", "CANCEL"] {
         let resp = call(&mut s, A, json!({"id": op, "op": op, "params": {"prompt": "hi"}}));
         assert_eq!(resp["id"], json!(op));
         assert_eq!(code(&resp), "E_UNSUPPORTED", "{op}");
@@ -1137,4 +1137,435 @@ proptest! {
         prop_assert_eq!(&whole.events, &split.events);
         prop_assert_eq!(whole.responses(A).len(), reqs.len());
     }
+}
+
+// ---------------------------------------------------------------------
+// The broker's ops: LLMCMD, QUOTA, CANCEL.
+
+use crate::broker::{BrokerSetup, CallId, Money, ProviderResult, Usage};
+use std::time::Duration;
+
+/// One dollar, in the builtin catalog's default model (gpt-4o-mini:
+/// input 0.15, cached 0.075, output 0.6 USD per 1M tokens).
+fn broker_setup() -> BrokerSetup {
+    BrokerSetup::new(Money::from_pico(1_000_000_000_000), "sess-1")
+}
+
+fn broker_config() -> Config {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.broker = Some(broker_setup());
+    config
+}
+
+fn broker_shell() -> Shell {
+    shell_with(broker_config())
+}
+
+fn llm(id: &str, extra: Value) -> Value {
+    let mut params = json!({"messages": [{"role": "user", "content": "hi"}]});
+    if let (Some(p), Value::Object(e)) = (params.as_object_mut(), extra) {
+        p.extend(e);
+    }
+    json!({"id": id, "op": "LLMCMD", "params": params})
+}
+
+fn cancel(id: &str, token: &str) -> Value {
+    json!({"id": id, "op": "CANCEL", "params": {"cancel_token": token}})
+}
+
+/// Send without expecting an answer yet.
+fn submit(s: &mut Shell, client: ClientId, req: Value) {
+    s.send(client, req.to_string().as_bytes());
+}
+
+/// Send `req` and return its answer, whatever else the send produced.
+fn ask(s: &mut Shell, client: ClientId, req: Value) -> Value {
+    let id = req["id"].as_str().unwrap_or_default().to_owned();
+    submit(s, client, req);
+    only_answer(s, client, &id)
+}
+
+fn ok_result(prompt: u64, cached: u64, completion: u64) -> ProviderResult {
+    ProviderResult::Ok {
+        messages: vec![json!({"role": "assistant", "content": "hello"})],
+        usage: Some(Usage {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+        }),
+        model: "gpt-4o-mini".into(),
+    }
+}
+
+fn answer_to(s: &Shell, client: ClientId, id: &str) -> Vec<Value> {
+    s.responses(client).into_iter().filter(|r| r["id"] == json!(id)).collect()
+}
+
+fn only_answer(s: &Shell, client: ClientId, id: &str) -> Value {
+    let mut got = answer_to(s, client, id);
+    assert_eq!(got.len(), 1, "{id}: {got:?}");
+    got.remove(0)
+}
+
+fn remaining_pico(s: &Shell) -> u64 {
+    s.proxy.broker().map(|b| b.remaining().as_pico()).unwrap_or_else(|| panic!("no broker"))
+}
+
+#[test]
+fn llmcmd_round_trip_charges_reported_usage() {
+    let mut s = broker_shell();
+    submit(&mut s, A, llm("l1", json!({"max_tokens": 100, "cancel_token": "k"})));
+    assert!(answer_to(&s, A, "l1").is_empty(), "answered before the provider did");
+    assert_eq!(s.started, vec![CallId(0)]);
+    let (call, request, deadline) = s.provider_calls[0].clone();
+    assert_eq!(request.model, "gpt-4o-mini");
+    assert_eq!(request.max_tokens, 100);
+    assert_eq!(request.messages, vec![json!({"role": "user", "content": "hi"})]);
+    assert_eq!(deadline, s.clock().saturating_add(Duration::from_secs(60)));
+    assert_eq!(s.proxy.poll_timeout(), Some(deadline));
+    s.provider_done(call, ok_result(1000, 400, 50));
+    let r = only_answer(&s, A, "l1");
+    assert_eq!(r["ok"], json!(true), "{r}");
+    assert_eq!(r["result"]["messages"], json!([{"role": "assistant", "content": "hello"}]));
+    assert_eq!(r["result"]["model"], json!("gpt-4o-mini"));
+    assert_eq!(r["result"]["usage"]["prompt_tokens"], json!(1000));
+    assert_eq!(r["result"]["metadata"], json!({}));
+    // 600 uncached × 0.15 + 400 cached × 0.075 + 50 × 0.6 micro-USD… in
+    // pico-USD: tokens × price in micro-USD per 1M tokens.
+    let delta = 600 * 150_000 + 400 * 75_000 + 50 * 600_000;
+    assert_eq!(remaining_pico(&s), 1_000_000_000_000 - delta);
+    assert_eq!(s.telemetry.len(), 1);
+    assert_eq!(s.telemetry[0].charged.as_pico(), delta);
+    assert_eq!(s.telemetry[0].owner, A);
+    assert_eq!(s.proxy.poll_timeout(), None);
+    assert_eq!(s.proxy.broker_requests_pending(), 0);
+}
+
+#[test]
+fn quota_reports_the_seed_fields() {
+    let mut s = broker_shell();
+    let r = call(&mut s, A, json!({"id": "q", "op": "QUOTA"}));
+    assert_eq!(
+        r,
+        json!({"id": "q", "ok": true, "result": {
+            "remaining_units": 1.0,
+            "weights": {"input": 0.15, "cached": 0.075, "output": 0.6},
+            "window": "session",
+            "session_id": "sess-1",
+            "currency": "USD",
+            "unit": "per_1M_tokens",
+            "model": "gpt-4o-mini",
+        }})
+    );
+    let r = call(&mut s, A, json!({"id": "q2", "op": "QUOTA", "params": {"model": "gpt-5"}}));
+    assert_eq!(r["result"]["weights"], json!({"input": 1.25, "cached": 0.125, "output": 10.0}));
+    let r = call(&mut s, A, json!({"id": "q3", "op": "QUOTA", "params": {"model": "nope"}}));
+    assert_eq!(code(&r), "E_ARG");
+    let r = call(&mut s, A, json!({"id": "q4", "op": "QUOTA", "params": {"modle": "x"}}));
+    assert_eq!(code(&r), "E_ARG");
+}
+
+#[test]
+fn bad_llmcmd_params_and_unknown_models_are_e_arg_and_never_start() {
+    let mut s = broker_shell();
+    for req in [
+        json!({"id": "x", "op": "LLMCMD", "params": {}}),
+        json!({"id": "x", "op": "LLMCMD", "params": {"messages": []}}),
+        llm("x", json!({"max_token": 5})),
+        llm("x", json!({"model": "no-such-model"})),
+        json!({"id": "x", "op": "CANCEL", "params": {}}),
+    ] {
+        assert_eq!(code(&call(&mut s, A, req.clone())), "E_ARG", "{req}");
+    }
+    assert!(s.started.is_empty());
+}
+
+#[test]
+fn cancel_before_start_answers_both_and_the_call_never_starts() {
+    let mut s = broker_shell();
+    submit(&mut s, A, llm("l1", json!({})));
+    submit(&mut s, A, llm("l2", json!({"cancel_token": "t"})));
+    let r = ask(&mut s, A, cancel("c", "t"));
+    assert_eq!(r, json!({"id": "c", "ok": true, "result": {"cancelled": true, "state": "before_start"}}));
+    let r = only_answer(&s, A, "l2");
+    assert_eq!(code(&r), "cancelled_before_start");
+    // Nothing was charged for it, and the token is free again.
+    let r = ask(&mut s, A, cancel("c2", "t"));
+    assert_eq!(r["result"], json!({"cancelled": false, "state": "not_found"}));
+    s.provider_done(CallId(0), ok_result(1, 0, 1));
+    assert_eq!(s.started, vec![CallId(0)], "a cancelled waiter started");
+    assert_eq!(only_answer(&s, A, "l1")["ok"], json!(true));
+}
+
+#[test]
+fn queue_timeout_fires_on_tick_and_the_waiter_never_starts() {
+    let mut s = broker_shell();
+    submit(&mut s, A, llm("l1", json!({})));
+    submit(&mut s, B, llm("l2", json!({})));
+    let queued_at = s.clock();
+    // Nothing is due yet.
+    s.tick();
+    assert!(answer_to(&s, B, "l2").is_empty());
+    assert_eq!(s.proxy.poll_timeout(), Some(queued_at.saturating_add(Duration::from_secs(30))));
+    assert!(s.fire_timer());
+    assert_eq!(code(&only_answer(&s, B, "l2")), "queue_timeout");
+    assert!(answer_to(&s, A, "l1").is_empty());
+    s.provider_done(CallId(0), ok_result(10, 0, 10));
+    assert_eq!(s.started, vec![CallId(0)]);
+    assert_eq!(s.proxy.stats().errors_by_code.get(&ErrorCode::QueueTimeout), Some(&1));
+}
+
+#[test]
+fn provider_timeout_answers_releases_the_lock_and_charges_late_usage() {
+    let mut s = broker_shell();
+    submit(&mut s, A, llm("l1", json!({})));
+    assert!(s.fire_timer());
+    assert_eq!(code(&only_answer(&s, A, "l1")), "provider_timeout");
+    assert_eq!(s.cancelled, vec![CallId(0)]);
+    // The lock is free at once: the next call starts before the timed-out
+    // one has even reported.
+    submit(&mut s, B, llm("l2", json!({})));
+    assert_eq!(s.started, vec![CallId(0), CallId(1)]);
+    let before = remaining_pico(&s);
+    s.provider_done(
+        CallId(0),
+        ProviderResult::Err {
+            usage: Some(Usage { prompt_tokens: 10, ..Usage::default() }),
+            message: "dropped".into(),
+        },
+    );
+    assert_eq!(answer_to(&s, A, "l1").len(), 1, "answered twice");
+    assert_eq!(remaining_pico(&s), before - 10 * 150_000);
+    s.provider_done(CallId(1), ProviderResult::Err { usage: None, message: "boom".into() });
+    assert_eq!(code(&only_answer(&s, B, "l2")), "provider_error");
+}
+
+#[test]
+fn client_death_while_queued_leaves_the_queue_and_in_flight_keeps_the_lock_till_done() {
+    let mut s = broker_shell();
+    submit(&mut s, A, llm("a1", json!({})));
+    submit(&mut s, A, llm("a2", json!({})));
+    submit(&mut s, B, llm("b1", json!({})));
+    s.input(Input::Died { client: A });
+    // a1 still holds the lock (its usage must be charged); a2 is gone.
+    assert_eq!(s.started, vec![CallId(0)]);
+    let before = remaining_pico(&s);
+    // The Shell panics if anything is sent to A from here on.
+    s.provider_done(CallId(0), ok_result(100, 0, 0));
+    assert_eq!(remaining_pico(&s), before - 100 * 150_000);
+    assert_eq!(s.started, vec![CallId(0), CallId(2)], "the departed client's waiter started");
+    s.provider_done(CallId(2), ok_result(1, 0, 1));
+    assert_eq!(only_answer(&s, B, "b1")["ok"], json!(true));
+    assert_eq!(s.proxy.tracked_clients(), 1);
+    assert_eq!(s.proxy.broker_requests_pending(), 0);
+    let stats = s.proxy.broker().map(|b| b.stats().clone()).unwrap_or_default();
+    assert_eq!(stats.dropped_owner_gone, 1);
+}
+
+#[test]
+fn client_death_in_flight_is_bounded_by_the_provider_timeout() {
+    let mut s = broker_shell();
+    submit(&mut s, A, llm("a1", json!({})));
+    submit(&mut s, B, llm("b1", json!({})));
+    s.input(Input::Eof { client: A });
+    // The provider hangs: the broker gives up at the deadline, not before.
+    // b1's queue wait (30 s) ends first.
+    assert!(s.fire_timer());
+    assert_eq!(code(&only_answer(&s, B, "b1")), "queue_timeout");
+    assert!(s.fire_timer());
+    assert_eq!(s.cancelled, vec![CallId(0)]);
+    submit(&mut s, B, llm("b2", json!({})));
+    assert_eq!(s.started, vec![CallId(0), CallId(2)]);
+}
+
+#[test]
+fn llmcmd_does_not_hold_up_the_clients_next_requests() {
+    let mut s = broker_shell();
+    submit(&mut s, A, llm("l1", json!({})));
+    submit(&mut s, A, llm("l2", json!({"cancel_token": "tok"})));
+    // A file op and a CANCEL from the same client are answered at once,
+    // while both calls are still with the broker.
+    assert_eq!(open(&mut s, A, "v.txt", "w")["ok"], json!(true));
+    let r = ask(&mut s, A, cancel("c", "tok"));
+    assert_eq!(r["result"]["state"], json!("before_start"));
+    let r = call(&mut s, A, json!({"id": "q", "op": "QUOTA"}));
+    assert_eq!(r["ok"], json!(true));
+    // Cancelling the running call: answered at once, as is the call.
+    submit(&mut s, A, llm("l3", json!({"cancel_token": "run"})));
+    s.provider_done(CallId(0), ok_result(1, 0, 1));
+    assert_eq!(s.running_call(), Some(CallId(3)));
+    let r = ask(&mut s, A, cancel("c2", "run"));
+    assert_eq!(r["result"]["state"], json!("after_start"));
+    assert_eq!(code(&only_answer(&s, A, "l3")), "cancelled_after_start");
+    // Answers came out of request order, one per id.
+    let ids: Vec<Value> = s.responses(A).iter().map(|r| r["id"].clone()).collect();
+    assert_eq!(
+        ids,
+        vec![json!("o"), json!("l2"), json!("c"), json!("q"), json!("l1"), json!("l3"), json!("c2")]
+    );
+}
+
+#[test]
+fn a_bad_broker_setup_is_refused_by_try_new_and_left_out_by_new() {
+    let mut config = broker_config();
+    if let Some(b) = config.broker.as_mut() {
+        b.config.default_model = "unpriced".into();
+    }
+    assert!(matches!(
+        FsProxy::try_new(config.clone()),
+        Err(crate::broker::ConfigError::DefaultModelNotPriced(_))
+    ));
+    assert!(FsProxy::try_new(broker_config()).is_ok_and(|m| m.broker().is_some()));
+    let mut s = shell_with(config);
+    assert!(s.proxy.broker().is_none());
+    assert_eq!(code(&call(&mut s, A, llm("l", json!({})))), "E_UNSUPPORTED");
+}
+
+#[test]
+fn config_without_broker_serializes_as_before() {
+    let text = serde_json::to_string(&Config::new(test_policy(), StdioRole::Local)).unwrap_or_default();
+    assert!(!text.contains("broker"), "{text}");
+    let text = serde_json::to_string(&broker_config()).unwrap_or_default();
+    let back: Config = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(back, broker_config());
+}
+
+fn broker_intermediate() -> Shell {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.upstream = true;
+    // Ignored below the top: serialization happens there.
+    config.broker = Some(broker_setup());
+    shell_with(config)
+}
+
+#[test]
+fn nested_forwards_broker_ops_with_its_own_cancel_tokens() {
+    let mut s = broker_intermediate();
+    assert!(s.proxy.broker().is_none());
+    submit(&mut s, A, llm("a1", json!({"cancel_token": "x"})));
+    submit(&mut s, B, llm("b1", json!({"cancel_token": "x"})));
+    submit(&mut s, B, llm("b2", json!({})));
+    // Not busy: the next request goes upstream at once too.
+    submit(&mut s, A, json!({"id": "a2", "op": "QUOTA"}));
+    let up = upstream_requests(&mut s);
+    let tokens: Vec<&Value> = up.iter().map(|r| &r["params"]["cancel_token"]).collect();
+    assert_eq!(tokens, vec![&json!("t0"), &json!("t1"), &json!("t2"), &Value::Null]);
+    assert_eq!(up[0]["op"], json!("LLMCMD"));
+    assert_eq!(up[0]["params"]["messages"], json!([{"role": "user", "content": "hi"}]));
+    assert_eq!(up[3], json!({"id": "u3", "op": "QUOTA", "params": {}}));
+    assert!(s.started.is_empty(), "a forwarding level called the provider");
+    // B cancels its "x": the top hears B's token, not A's.
+    submit(&mut s, B, cancel("bc", "x"));
+    let up = upstream_requests(&mut s);
+    assert_eq!(up, vec![json!({"id": "u4", "op": "CANCEL", "params": {"cancel_token": "t1"}})]);
+    // A token no live call of the client carries is answered here.
+    assert_eq!(call(&mut s, A, cancel("ac", "nope"))["result"]["state"], json!("not_found"));
+    // Answers come back with their codes, broker codes included.
+    reply_upstream(
+        &mut s,
+        json!({"id": "u4", "ok": true, "result": {"cancelled": true, "state": "before_start"}}),
+    );
+    reply_upstream(
+        &mut s,
+        json!({"id": "u1", "ok": false, "error": {"code": "cancelled_before_start", "message": "m"}}),
+    );
+    reply_upstream(&mut s, json!({"id": "u3", "ok": true, "result": {"remaining_units": 0.5}}));
+    assert_eq!(only_answer(&s, B, "bc")["result"]["state"], json!("before_start"));
+    assert_eq!(code(&only_answer(&s, B, "b1")), "cancelled_before_start");
+    assert_eq!(only_answer(&s, A, "a2")["result"], json!({"remaining_units": 0.5}));
+    // B's token is free again once its call is over.
+    submit(&mut s, B, llm("b3", json!({"cancel_token": "x"})));
+    assert_eq!(upstream_requests(&mut s)[0]["params"]["cancel_token"], json!("t3"));
+    // A departs: its outstanding call is cancelled at the top.
+    s.input(Input::Died { client: A });
+    let up = upstream_requests(&mut s);
+    assert_eq!(up, vec![json!({"id": "u6", "op": "CANCEL", "params": {"cancel_token": "t0"}})]);
+    reply_upstream(
+        &mut s,
+        json!({"id": "u0", "ok": false, "error": {"code": "cancelled_after_start", "message": "m"}}),
+    );
+    reply_upstream(
+        &mut s,
+        json!({"id": "u6", "ok": true, "result": {"cancelled": true, "state": "after_start"}}),
+    );
+    assert_eq!(s.proxy.tracked_clients(), 1);
+    // Upstream lost: pending broker ops fail with E_IO, B stays served.
+    s.input(Input::UpstreamEof);
+    assert_eq!(code(&only_answer(&s, B, "b2")), "E_IO");
+    assert_eq!(code(&only_answer(&s, B, "b3")), "E_IO");
+    assert_eq!(code(&call(&mut s, B, llm("b4", json!({})))), "E_IO");
+    // Answered at once: B is not left busy by its broker ops.
+    assert_eq!(code(&open(&mut s, B, "v.txt", "w")), "E_IO");
+    assert!(s.proxy.quiescent());
+}
+
+#[test]
+fn chained_llmcmd_is_served_by_the_top_broker() {
+    let mut top = Shell::new(broker_config(), test_fs());
+    top.connect(UP);
+    let mut c = Chain { mid: broker_intermediate(), top };
+    c.mid.send(A, llm("a1", json!({"cancel_token": "k", "max_tokens": 7})).to_string().as_bytes());
+    c.pump();
+    assert_eq!(c.top.started, vec![CallId(0)]);
+    assert_eq!(c.top.provider_calls[0].1.max_tokens, 7);
+    // The file ops of the same child are not held up.
+    let r = c.call(A, json!({"id": "o", "op": "open", "params": {"path": "v.txt", "mode": "w"}}));
+    assert_eq!(r["ok"], json!(true));
+    let r = c.call(A, json!({"id": "q", "op": "QUOTA"}));
+    assert_eq!(r["result"]["session_id"], json!("sess-1"));
+    c.top.provider_done(CallId(0), ok_result(3, 0, 4));
+    c.pump();
+    let r = only_answer(&c.mid, A, "a1");
+    assert_eq!(r["result"]["usage"]["completion_tokens"], json!(4));
+    // A second child's call, cancelled through the chain.
+    c.mid.send(B, llm("b1", json!({"cancel_token": "k"})).to_string().as_bytes());
+    c.pump();
+    c.mid.send(B, cancel("bc", "k").to_string().as_bytes());
+    c.pump();
+    let r = only_answer(&c.mid, B, "bc");
+    assert_eq!(r["result"]["state"], json!("after_start"));
+    assert_eq!(code(&only_answer(&c.mid, B, "b1")), "cancelled_after_start");
+    assert_eq!(c.top.cancelled, vec![CallId(1)]);
+}
+
+#[test]
+fn a_trace_with_a_broker_replays() {
+    use crate::trace::{replay, Header, TraceWriter};
+    let config = broker_config();
+    let mut w =
+        TraceWriter::new(Vec::new(), &Header::fsproxy(config.clone())).unwrap_or_else(|e| panic!("{e}"));
+    let mut m = FsProxy::new(config);
+    let frame_of = |v: Value| frame::encode(v.to_string().as_bytes());
+    let mut inputs = vec![
+        Input::Connected { client: A },
+        Input::Bytes { client: A, data: frame_of(llm("1", json!({"cancel_token": "t"}))) },
+        Input::Bytes { client: A, data: frame_of(llm("2", json!({"temperature": 0.7}))) },
+        Input::Bytes { client: A, data: frame_of(json!({"id": "3", "op": "QUOTA"})) },
+        Input::ProviderDone { call: CallId(0), result: ok_result(5, 2, 3) },
+        Input::Tick,
+    ];
+    inputs.push(Input::Eof { client: A });
+    let mut clock = 0;
+    for input in inputs {
+        clock += 1_000_000;
+        let now = Instant::from_micros(clock);
+        // The tick lands on the provider deadline of call 1.
+        let now = if matches!(input, Input::Tick) { m.poll_timeout().unwrap_or(now) } else { now };
+        w.input(0, now, &input).unwrap_or_else(|e| panic!("{e}"));
+        m.handle(now, input);
+        while let Some(o) = m.poll_output() {
+            w.output(0, &o).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let trace = w.into_inner().unwrap_or_default();
+    let text = String::from_utf8_lossy(&trace);
+    assert!(
+        text.contains("start_provider") && text.contains("cancel_provider") && text.contains("telemetry")
+    );
+    let report = replay(trace.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(report.machines[0].broker().is_some());
+    // Without the broker in the header the same trace no longer replays.
+    let stripped = text.replacen("\"broker\"", "\"ignored\"", 1);
+    assert!(replay(stripped.as_bytes()).is_err());
 }

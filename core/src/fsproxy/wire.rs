@@ -1,6 +1,7 @@
 //! FS proxy messages (seed 000, JSON primary): parsing requests, encoding
 //! responses, and the reverse for a proxy that forwards upstream.
 
+use crate::broker::BrokerErrorCode;
 use crate::handles::Handle;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -11,7 +12,11 @@ use std::fmt;
 /// Largest `max` a `read` may ask for (seed 000).
 pub const DEFAULT_MAX_READ: u32 = 4096;
 
-/// The protocol's error codes (seed 000, "initial set").
+/// The protocol's error codes: seed 000's "initial set" (`E_*`), and the
+/// broker's canonical codes (seed 002), which `LLMCMD` failures carry on
+/// the same wire. One enum for both keeps every response's code a plain
+/// string on the wire, countable in `Stats::errors_by_code`, and passed
+/// through a forwarding proxy unchanged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ErrorCode {
     #[serde(rename = "E_ARG")]
@@ -28,10 +33,20 @@ pub enum ErrorCode {
     Unsupported,
     #[serde(rename = "E_RANGE")]
     Range,
+    #[serde(rename = "queue_timeout")]
+    QueueTimeout,
+    #[serde(rename = "cancelled_before_start")]
+    CancelledBeforeStart,
+    #[serde(rename = "cancelled_after_start")]
+    CancelledAfterStart,
+    #[serde(rename = "provider_timeout")]
+    ProviderTimeout,
+    #[serde(rename = "provider_error")]
+    ProviderError,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 7] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::Arg,
         ErrorCode::NoEnt,
         ErrorCode::Perm,
@@ -39,6 +54,11 @@ impl ErrorCode {
         ErrorCode::Closed,
         ErrorCode::Unsupported,
         ErrorCode::Range,
+        ErrorCode::QueueTimeout,
+        ErrorCode::CancelledBeforeStart,
+        ErrorCode::CancelledAfterStart,
+        ErrorCode::ProviderTimeout,
+        ErrorCode::ProviderError,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -50,11 +70,43 @@ impl ErrorCode {
             ErrorCode::Closed => "E_CLOSED",
             ErrorCode::Unsupported => "E_UNSUPPORTED",
             ErrorCode::Range => "E_RANGE",
+            ErrorCode::QueueTimeout => "queue_timeout",
+            ErrorCode::CancelledBeforeStart => "cancelled_before_start",
+            ErrorCode::CancelledAfterStart => "cancelled_after_start",
+            ErrorCode::ProviderTimeout => "provider_timeout",
+            ErrorCode::ProviderError => "provider_error",
         }
+    }
+
+    /// A broker (seed 002) code rather than a seed 000 one.
+    pub const fn is_broker(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::QueueTimeout
+                | ErrorCode::CancelledBeforeStart
+                | ErrorCode::CancelledAfterStart
+                | ErrorCode::ProviderTimeout
+                | ErrorCode::ProviderError
+        )
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl From<BrokerErrorCode> for ErrorCode {
+    /// The broker's refusals before queueing are argument errors on this
+    /// wire (`E_ARG`), as it names them itself.
+    fn from(code: BrokerErrorCode) -> Self {
+        match code {
+            BrokerErrorCode::QueueTimeout => ErrorCode::QueueTimeout,
+            BrokerErrorCode::CancelledBeforeStart => ErrorCode::CancelledBeforeStart,
+            BrokerErrorCode::CancelledAfterStart => ErrorCode::CancelledAfterStart,
+            BrokerErrorCode::ProviderTimeout => ErrorCode::ProviderTimeout,
+            BrokerErrorCode::ProviderError => ErrorCode::ProviderError,
+            BrokerErrorCode::InvalidRequest => ErrorCode::Arg,
+        }
     }
 }
 
@@ -145,6 +197,11 @@ pub enum Op {
     LlmCmd {
         params: Map<String, Value>,
     },
+    /// airlock's extension for the broker: cancel an `LLMCMD` by its
+    /// `cancel_token`.
+    Cancel {
+        params: Map<String, Value>,
+    },
 }
 
 impl Op {
@@ -157,6 +214,7 @@ impl Op {
             Op::Attach => "attach",
             Op::Quota { .. } => "QUOTA",
             Op::LlmCmd { .. } => "LLMCMD",
+            Op::Cancel { .. } => "CANCEL",
         }
     }
 }
@@ -273,6 +331,7 @@ pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejectio
         "attach" => Op::Attach,
         "QUOTA" => Op::Quota { params },
         "LLMCMD" => Op::LlmCmd { params },
+        "CANCEL" => Op::Cancel { params },
         other => {
             return Err(reject(Some(&id), ErrorCode::Unsupported, format!("unknown op: {other:?}")));
         }
@@ -300,7 +359,7 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
             params.insert("h".into(), h.get().into());
         }
         Op::Attach => {}
-        Op::Quota { params: p } | Op::LlmCmd { params: p } => params = p.clone(),
+        Op::Quota { params: p } | Op::LlmCmd { params: p } | Op::Cancel { params: p } => params = p.clone(),
     }
     let mut obj = Map::new();
     obj.insert("id".into(), req.id.clone().into());
@@ -457,7 +516,7 @@ impl From<&Op> for OpKind {
             Op::Write { .. } => OpKind::Write,
             Op::Close { .. } => OpKind::Close,
             Op::Attach => OpKind::Attach,
-            Op::Quota { .. } | Op::LlmCmd { .. } => OpKind::Other,
+            Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } => OpKind::Other,
         }
     }
 }

@@ -1,0 +1,725 @@
+//! The LLM broker in the real binary: `airlock run --config` with a
+//! `[broker]` section, real python children speaking LLMCMD / QUOTA /
+//! CANCEL over the FS proxy, and a fake OpenAI-compatible server on
+//! loopback that records what reached it.
+//!
+//! The fake is steered by the last message's content, a list of
+//! `key=value` words: `tag` (a name to find the request by), `delay` (ms
+//! before answering), `status`, `prompt`, `cached`, `completion` (the usage
+//! reported), `usage=none`, `echo_auth` (the error message quotes the
+//! Authorization header, as real providers do for a bad key).
+
+mod common;
+
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+// ------------------------------------------------------------------ fake --
+
+#[derive(Debug, Clone)]
+struct Seen {
+    tag: String,
+    model: String,
+    max_tokens: Option<u64>,
+    auth: Option<String>,
+    body: Value,
+    arrived: Instant,
+    ended: Option<Instant>,
+    /// The request was dropped (its connection closed) before the fake
+    /// answered it.
+    dropped: bool,
+}
+
+#[derive(Default)]
+struct FakeState {
+    seen: Vec<Seen>,
+    in_flight: usize,
+    max_in_flight: usize,
+}
+
+struct Fake {
+    addr: SocketAddr,
+    state: Arc<Mutex<FakeState>>,
+}
+
+impl Fake {
+    fn start() -> Fake {
+        let state: Arc<Mutex<FakeState>> = Arc::default();
+        let st = state.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Its own runtime on its own thread; it lives as long as the test
+        // process (each test has its own fake on its own port).
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                tx.send(listener.local_addr().expect("addr")).expect("send addr");
+                while let Ok((stream, _)) = listener.accept().await {
+                    let st = st.clone();
+                    tokio::spawn(async move {
+                        let svc = hyper::service::service_fn(move |req| handle(st.clone(), req));
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+                    });
+                }
+            });
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(10)).expect("fake started");
+        Fake { addr, state }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.state.lock().unwrap().seen.clone()
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.state.lock().unwrap().max_in_flight
+    }
+
+    /// Wait (bounded) until `pred` holds of what the fake saw.
+    fn wait_for(&self, what: &str, pred: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = self.seen();
+            if pred(&seen) {
+                return seen;
+            }
+            assert!(Instant::now() < deadline, "fake never saw {what}: {seen:#?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Marks its request ended when dropped: on completion, or when hyper
+/// drops the service future because the client closed the connection.
+struct InFlight {
+    state: Arc<Mutex<FakeState>>,
+    index: usize,
+    answered: bool,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.state.lock() {
+            s.in_flight -= 1;
+            let seen = &mut s.seen[self.index];
+            seen.ended = Some(Instant::now());
+            seen.dropped = !self.answered;
+        }
+    }
+}
+
+fn words(content: &str) -> std::collections::BTreeMap<String, String> {
+    content
+        .split_whitespace()
+        .filter_map(|w| w.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect()
+}
+
+async fn handle(
+    state: Arc<Mutex<FakeState>>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+    let auth = req.headers().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let path = req.uri().path().to_string();
+    let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let content = body
+        .pointer("/messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .and_then(|m| m.get("content"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let w = words(&content);
+    let num = |k: &str, d: u64| w.get(k).and_then(|v| v.parse().ok()).unwrap_or(d);
+    let tag = w.get("tag").cloned().unwrap_or_default();
+    let mut guard = {
+        let mut s = state.lock().unwrap();
+        s.in_flight += 1;
+        s.max_in_flight = s.max_in_flight.max(s.in_flight);
+        s.seen.push(Seen {
+            tag: tag.clone(),
+            model: body["model"].as_str().unwrap_or("").to_string(),
+            max_tokens: body["max_tokens"].as_u64(),
+            auth: auth.clone(),
+            body: body.clone(),
+            arrived: Instant::now(),
+            ended: None,
+            dropped: false,
+        });
+        InFlight { state: state.clone(), index: s.seen.len() - 1, answered: false }
+    };
+    tokio::time::sleep(Duration::from_millis(num("delay", 0))).await;
+    let usage = json!({
+        "prompt_tokens": num("prompt", 10),
+        "completion_tokens": num("completion", 5),
+        "total_tokens": num("prompt", 10) + num("completion", 5),
+        "prompt_tokens_details": {"cached_tokens": num("cached", 0)},
+    });
+    let status = num("status", 200) as u16;
+    let reply = if path != "/v1/chat/completions" {
+        json!({"error": {"message": format!("no route {path}")}})
+    } else if status != 200 {
+        let message = if w.contains_key("echo_auth") {
+            format!("Incorrect API key provided: {}", auth.as_deref().unwrap_or("none"))
+        } else {
+            format!("fake failure for {tag}")
+        };
+        json!({"error": {"message": message, "type": "fake"}, "usage": usage})
+    } else {
+        let mut r = json!({
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": format!("{}-fake", body["model"].as_str().unwrap_or("")),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant",
+                "content": format!("tag={tag} max_tokens={}", body["max_tokens"]),
+            }}],
+        });
+        if w.get("usage").map(String::as_str) != Some("none") {
+            r["usage"] = usage;
+        }
+        r
+    };
+    let status = if path != "/v1/chat/completions" { 404 } else { status };
+    guard.answered = true;
+    drop(guard);
+    let resp = hyper::Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(reply.to_string())))
+        .unwrap();
+    Ok(resp)
+}
+
+// ---------------------------------------------------------------- runner --
+
+/// Run `airlock run --config airlock.toml --report … [extra] -- cmd` in
+/// `dir` with `env` added, killed if it outlives `limit`.
+fn run_broker(dir: &Path, config: &str, extra: &[&str], cmd: &[String], env: &[(&str, &str)]) -> Run {
+    std::fs::write(dir.join("airlock.toml"), config).unwrap();
+    let report = dir.join("report.json");
+    let _ = std::fs::remove_file(&report);
+    let mut command = Command::new(airlock());
+    command
+        .current_dir(dir)
+        .args(["run", "--config", "airlock.toml", "--report"])
+        .arg(&report)
+        .args(extra)
+        .arg("--")
+        .args(cmd)
+        .env_remove("AIRLOCK_FD")
+        .env("SUPPORT", support(""))
+        .env("PYTHONPATH", support(""))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let start = Instant::now();
+    let output = output_within(command, Duration::from_secs(60));
+    let elapsed = start.elapsed();
+    let report = match std::fs::read_to_string(&report) {
+        Ok(text) => serde_json::from_str(&text).expect("report is JSON"),
+        Err(_) => Value::Null,
+    };
+    Run { output, report, elapsed }
+}
+
+/// `Command::output`, but killed (and the test failed) past `limit`.
+fn output_within(mut command: Command, limit: Duration) -> std::process::Output {
+    let mut child = command.spawn().expect("airlock starts");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut v);
+        v
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("airlock ran longer than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    std::process::Output { status, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }
+}
+
+fn config(fake: &Fake, extra: &str) -> String {
+    format!("[broker]\nbase_url = \"{}\"\n{extra}", fake.base_url())
+}
+
+fn ok(run: &Run) {
+    assert_eq!(run.code(), Some(0), "stdout: {}\nstderr: {}", run.stdout(), run.stderr());
+}
+
+fn telemetry(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("telemetry.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad telemetry line {l:?}: {e}")))
+        .collect()
+}
+
+// ----------------------------------------------------------------- tests --
+
+#[test]
+fn calls_from_several_processes_are_serialized_in_admission_order() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    // Each worker attaches a connection of its own, then sends at T0 +
+    // 150 ms × i (T0 leaves a second for every interpreter to start), so
+    // admission order is worker order however the processes were scheduled.
+    let worker = r#"
+import sys, time
+from fsclient import *
+i = int(sys.argv[1])
+fd, _ = attach()
+time.sleep(max(0.0, T0 + 0.15 * i - time.time()))
+r = llm("tag=w%d delay=600" % i, fd=fd, max_tokens=50)
+out({"i": i, "resp": r})
+"#;
+    let main = format!(
+        "import time\nt0 = time.time() + 1.0\ncodes = workers('T0 = %r\\n' % t0 + {worker:?}, 4)\nassert codes == [0, 0, 0, 0], codes\n"
+    );
+    let run =
+        run_broker(dir.path(), &config(&fake, "telemetry = \"telemetry.jsonl\"\n"), &[], &python(&main), &[]);
+    ok(&run);
+    let lines = run.lines();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    for l in &lines {
+        let i = l["i"].as_u64().unwrap();
+        assert_eq!(l["resp"]["ok"], true, "{l}");
+        let content = l["resp"]["result"]["messages"][0]["content"].as_str().unwrap();
+        assert_eq!(content, format!("tag=w{i} max_tokens=50"));
+        assert_eq!(l["resp"]["result"]["model"], "gpt-4o-mini-fake");
+    }
+    let seen = fake.seen();
+    let order: Vec<&str> = seen.iter().map(|s| s.tag.as_str()).collect();
+    assert_eq!(order, ["w0", "w1", "w2", "w3"]);
+    assert_eq!(fake.max_in_flight(), 1);
+    for pair in seen.windows(2) {
+        let ended = pair[0].ended.expect("first ended");
+        assert!(pair[1].arrived >= ended, "overlap: {pair:#?}");
+    }
+    // All four were queued while w0 ran: each found the earlier ones waiting.
+    let t = telemetry(dir.path());
+    assert_eq!(t.len(), 4, "{t:?}");
+    let queued: Vec<u64> = t.iter().map(|r| r["queue_length_at_enqueue"].as_u64().unwrap()).collect();
+    assert_eq!(queued, [0, 0, 1, 2]);
+    assert!(t[3]["wait_duration_ms"].as_u64().unwrap() >= 1000, "{}", t[3]);
+    let b = &run.report["broker"];
+    assert_eq!(
+        (b["submitted"].as_u64(), b["started"].as_u64(), b["succeeded"].as_u64()),
+        (Some(4), Some(4), Some(4))
+    );
+    run.assert_no_leaks();
+}
+
+#[test]
+fn a_waiter_past_max_wait_gets_queue_timeout_and_no_provider_call() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "[broker.queue]\nmax_wait_seconds = 0.3\n"),
+        &[],
+        &python(
+            r#"
+import time
+send({"id": "slow", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=slow delay=1500"}]}})
+time.sleep(0.1)
+t0 = time.monotonic()
+send({"id": "late", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=late"}]}})
+first = recv()
+waited = time.monotonic() - t0
+second = recv()
+out({"first": first, "waited": waited, "second": second})
+"#,
+        ),
+        &[],
+    );
+    ok(&run);
+    let l = &run.lines()[0];
+    assert_eq!(l["first"]["id"], "late", "{l}");
+    assert_eq!(l["first"]["error"]["code"], "queue_timeout", "{l}");
+    let waited = l["waited"].as_f64().unwrap();
+    assert!((0.25..1.2).contains(&waited), "answered after {waited}s");
+    assert_eq!(l["second"]["id"], "slow");
+    assert_eq!(l["second"]["ok"], true, "{l}");
+    let tags: Vec<String> = fake.seen().into_iter().map(|s| s.tag).collect();
+    assert_eq!(tags, ["slow"]);
+    assert_eq!(run.report["broker"]["errors_by_code"]["queue_timeout"], 1, "{}", run.report);
+}
+
+#[test]
+fn a_hanging_provider_times_out_and_its_request_is_dropped() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "[broker.request]\ntimeout_seconds = 0.5\n"),
+        &[],
+        &python(
+            r#"
+import time
+t0 = time.monotonic()
+r = llm("tag=hang delay=30000")
+out({"resp": r, "took": time.monotonic() - t0})
+# Stay alive, so the drop below is the timeout's and not airlock's exit.
+time.sleep(1.5)
+"#,
+        ),
+        &[],
+    );
+    ok(&run);
+    let l = &run.lines()[0];
+    assert_eq!(l["resp"]["error"]["code"], "provider_timeout", "{l}");
+    let took = l["took"].as_f64().unwrap();
+    assert!((0.45..1.5).contains(&took), "answered after {took}s");
+    let seen = fake.wait_for("the request dropped", |s| s.len() == 1 && s[0].ended.is_some());
+    assert!(seen[0].dropped, "{seen:#?}");
+    let held = seen[0].ended.unwrap() - seen[0].arrived;
+    assert!(held < Duration::from_millis(1300), "request held {held:?} after a 0.5 s timeout");
+    assert!(run.elapsed < Duration::from_secs(10), "{:?}", run.elapsed);
+}
+
+#[test]
+fn cancel_before_start_makes_no_call_and_telemetry_has_a_line_per_request() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "telemetry = \"telemetry.jsonl\"\n"),
+        &[],
+        &python(
+            r#"
+send({"id": "a", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=a delay=400 prompt=30 completion=7"}], "max_tokens": 64}})
+send({"id": "b", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=b"}], "cancel_token": "tb"}})
+send({"id": "c", "op": "CANCEL", "params": {"cancel_token": "tb"}})
+out(recv_ids({"a", "b", "c"}))
+"#,
+        ),
+        &[],
+    );
+    ok(&run);
+    let got = &run.lines()[0];
+    assert_eq!(got["c"]["result"], json!({"cancelled": true, "state": "before_start"}), "{got}");
+    assert_eq!(got["b"]["error"]["code"], "cancelled_before_start", "{got}");
+    assert_eq!(got["a"]["ok"], true, "{got}");
+    let tags: Vec<String> = fake.seen().into_iter().map(|s| s.tag).collect();
+    assert_eq!(tags, ["a"]);
+
+    let t = telemetry(dir.path());
+    assert_eq!(t.len(), 2, "{t:?}");
+    for r in &t {
+        for key in [
+            "model",
+            "queue_length_at_enqueue",
+            "wait_duration_ms",
+            "effective_max_tokens",
+            "provider_latency_ms",
+            "usage",
+            "trim_applied",
+            "error_code",
+        ] {
+            assert!(r.get(key).is_some(), "telemetry record lacks {key}: {r}");
+        }
+        assert_eq!(r["model"], "gpt-4o-mini");
+    }
+    let (ra, rb) = if t[0]["error_code"].is_null() { (&t[0], &t[1]) } else { (&t[1], &t[0]) };
+    assert_eq!(ra["effective_max_tokens"], 64);
+    assert!(ra["provider_latency_ms"].as_u64().unwrap() >= 350, "{ra}");
+    assert_eq!(ra["usage"]["prompt_tokens"], 30);
+    assert_eq!(ra["usage"]["completion_tokens"], 7);
+    assert_eq!(ra["trim_applied"], false);
+    assert_eq!(rb["error_code"], "cancelled_before_start");
+    assert!(rb["effective_max_tokens"].is_null(), "{rb}");
+    assert!(rb["usage"].is_null(), "{rb}");
+}
+
+#[test]
+fn quota_reflects_the_exact_charge_and_the_session_replays() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("prices.json"), r#"{"m": {"input": 2.0, "cached": 0.5, "output": 8.0}}"#)
+        .unwrap();
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "pricing = \"prices.json\"\ndefault_model = \"m\"\ninitial_units = 1.0\n"),
+        &["--record", "trace.jsonl"],
+        &python(
+            r#"
+out(call("QUOTA"))
+out(llm("tag=q prompt=1000 cached=400 completion=100"))
+out(call("QUOTA"))
+out(llm("tag=e status=500 prompt=500 completion=0"))
+out(call("QUOTA"))
+"#,
+        ),
+        &[],
+    );
+    ok(&run);
+    let l = run.lines();
+    let before = &l[0]["result"];
+    assert_eq!(before["remaining_units"], 1.0, "{before}");
+    assert_eq!(before["weights"], json!({"input": 2.0, "cached": 0.5, "output": 8.0}));
+    assert_eq!(before["currency"], "USD");
+    assert_eq!(before["unit"], "per_1M_tokens");
+    assert!(before["session_id"].as_str().is_some_and(|s| !s.is_empty()), "{before}");
+    let usage = &l[1]["result"]["usage"];
+    assert_eq!((usage["prompt_tokens"].as_u64(), usage["cached_tokens"].as_u64()), (Some(1000), Some(400)));
+    // (600 × 2 + 400 × 0.5 + 100 × 8) / 1e6 = 0.0022: cached tokens are
+    // inside prompt_tokens and charged once, at the cached price.
+    assert_eq!(l[2]["result"]["remaining_units"], 0.9978, "{}", l[2]);
+    // An error with reported usage is charged too: 500 × 2 / 1e6.
+    assert_eq!(l[3]["error"]["code"], "provider_error", "{}", l[3]);
+    assert!(l[3]["error"]["message"].as_str().unwrap().contains("HTTP 500"), "{}", l[3]);
+    assert_eq!(l[4]["result"]["remaining_units"], 0.9968, "{}", l[4]);
+    let b = &run.report["broker"];
+    assert_eq!(b["remaining_units"], 0.9968, "{b}");
+    assert_eq!(b["initial_units"], 1.0);
+    assert_eq!(b["errors_by_code"]["provider_error"], 1);
+
+    // The recorded trace replays against the core, provider results and all.
+    let replay =
+        Command::new(airlock()).current_dir(dir.path()).args(["replay", "trace.jsonl"]).output().unwrap();
+    assert!(
+        replay.status.success(),
+        "replay failed: {}{}",
+        String::from_utf8_lossy(&replay.stdout),
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    let trace = std::fs::read_to_string(dir.path().join("trace.jsonl")).unwrap();
+    assert!(
+        trace.contains("start_provider") && trace.contains("provider_done"),
+        "trace lacks the provider calls"
+    );
+}
+
+#[test]
+fn a_small_budget_trims_max_tokens() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("prices.json"), r#"{"m": {"input": 2.0, "cached": 0.5, "output": 8.0}}"#)
+        .unwrap();
+    // safe_out = floor(0.001 / 8 × 1e6 × 0.9) = 112 tokens.
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "pricing = \"prices.json\"\ndefault_model = \"m\"\ninitial_units = 0.001\n"),
+        &[],
+        &python(r#"out(llm("tag=t", max_tokens=1000)); out(llm("tag=u", max_tokens=50))"#),
+        &[],
+    );
+    ok(&run);
+    let l = run.lines();
+    let meta = &l[0]["result"]["metadata"];
+    assert_eq!(meta["trim_applied"], true, "{}", l[0]);
+    let seen = fake.seen();
+    assert_eq!(seen[0].max_tokens, Some(112), "{:?}", seen[0].body);
+    assert_eq!(seen[0].model, "m");
+    // Under the bound, the request is left alone.
+    assert_eq!(seen[1].max_tokens, Some(50));
+    assert!(!matches!(l[1]["result"]["metadata"].get("trim_applied"), Some(Value::Bool(true))), "{}", l[1]);
+    assert_eq!(run.report["broker"]["trims"], 1);
+}
+
+#[test]
+fn the_api_key_reaches_the_provider_and_never_a_child() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = "sk-test-0123456789abcdef";
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "api_key_env = \"AIRLOCK_TEST_KEY\"\n"),
+        &[],
+        &python(
+            r#"
+import os
+out({"env": os.environ.get("AIRLOCK_TEST_KEY"), "other": os.environ.get("AIRLOCK_TEST_OTHER")})
+out(llm("tag=k"))
+out(llm("tag=bad status=401 echo_auth=1"))
+"#,
+        ),
+        &[("AIRLOCK_TEST_KEY", key), ("AIRLOCK_TEST_OTHER", "kept")],
+    );
+    ok(&run);
+    let l = run.lines();
+    assert_eq!(l[0], json!({"env": null, "other": "kept"}));
+    assert_eq!(l[1]["ok"], true, "{}", l[1]);
+    let seen = fake.seen();
+    assert_eq!(seen[0].auth.as_deref(), Some(format!("Bearer {key}").as_str()));
+    // The provider quoted the key back; the child sees it redacted.
+    let msg = l[2]["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("Incorrect API key provided: Bearer [redacted]"), "{msg}");
+    assert!(!run.stdout().contains(key), "the key reached the child: {}", run.stdout());
+}
+
+#[test]
+fn without_an_api_key_no_authorization_is_sent() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "api_key_env = \"AIRLOCK_TEST_UNSET_KEY\"\n"),
+        &[],
+        &python(r#"out(llm("tag=n"))"#),
+        &[],
+    );
+    ok(&run);
+    assert_eq!(run.lines()[0]["ok"], true);
+    assert_eq!(fake.seen()[0].auth, None);
+}
+
+#[test]
+fn cancel_after_start_drops_the_provider_request() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, ""),
+        &[],
+        &python(
+            r#"
+import time
+send({"id": "a", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=long delay=5000"}], "cancel_token": "t"}})
+time.sleep(0.3)
+send({"id": "c", "op": "CANCEL", "params": {"cancel_token": "t"}})
+out(recv_ids({"a", "c"}))
+time.sleep(1.0)
+"#,
+        ),
+        &[],
+    );
+    ok(&run);
+    let got = &run.lines()[0];
+    assert_eq!(got["c"]["result"], json!({"cancelled": true, "state": "after_start"}), "{got}");
+    assert_eq!(got["a"]["error"]["code"], "cancelled_after_start", "{got}");
+    let seen = fake.wait_for("the cancelled request dropped", |s| s.len() == 1 && s[0].ended.is_some());
+    assert!(seen[0].dropped, "{seen:#?}");
+    let held = seen[0].ended.unwrap() - seen[0].arrived;
+    assert!(held < Duration::from_millis(1200), "request held {held:?} after its cancel");
+}
+
+#[test]
+fn a_child_dying_mid_call_ends_the_session_at_once() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "telemetry = \"telemetry.jsonl\"\n"),
+        &[],
+        &python(
+            r#"
+import os, signal, time
+send({"id": "a", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=orphan delay=5000"}]}})
+time.sleep(0.3)
+os.kill(os.getpid(), signal.SIGKILL)
+"#,
+        ),
+        &[],
+    );
+    assert_eq!(run.code(), Some(128 + 9), "{}", run.stderr());
+    // Nobody is left to answer: airlock drops the call and exits rather
+    // than wait out the provider.
+    assert!(run.elapsed < Duration::from_secs(3), "{:?}", run.elapsed);
+    let seen = fake.wait_for("the orphaned request dropped", |s| s.len() == 1 && s[0].ended.is_some());
+    assert!(seen[0].dropped, "{seen:#?}");
+    let t = telemetry(dir.path());
+    assert_eq!(t.len(), 1, "{t:?}");
+    assert_eq!(run.report["broker"]["started"], 1, "{}", run.report);
+    run.assert_no_leaks();
+}
+
+#[test]
+fn config_errors_exit_125_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, needle) in [
+        ("[broker]\nbase_url = \"http://127.0.0.1:9/v1\"\nmax_wait_seconds = 3\n", "max_wait_seconds"),
+        ("[broker]\nbase_url = \"http://127.0.0.1:9/v1\"\nsafety_factor = \"high\"\n", "safety_factor"),
+        ("[broker]\napi_key_env = \"K\"\n", "base_url"),
+        ("[broker]\nbase_url = \"http://127.0.0.1:9/v1\"\ndefault_model = \"nope\"\n", "nope"),
+    ] {
+        let run = run_broker(dir.path(), text, &[], &sh("echo child ran"), &[]);
+        assert_eq!(run.code(), Some(125), "{text}: {}", run.stderr());
+        assert!(run.stderr().contains(needle), "{text}: {}", run.stderr());
+        assert!(run.stderr().contains("airlock.toml"), "{}", run.stderr());
+        assert_eq!(run.stdout(), "", "the child must not start");
+    }
+}
+
+#[test]
+fn without_a_broker_section_the_ops_are_unsupported() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+for op in ["LLMCMD", "QUOTA", "CANCEL"]:
+    out(code(call(op, messages=[{"role": "user", "content": "x"}]) if op == "LLMCMD" else call(op)))
+"#;
+    let run = run_broker(dir.path(), "# nothing configured\n", &[], &python(script), &[]);
+    ok(&run);
+    assert_eq!(run.lines(), [json!("E_UNSUPPORTED"), json!("E_UNSUPPORTED"), json!("E_UNSUPPORTED")]);
+    assert!(run.report.get("broker").is_none(), "{}", run.report);
+    // And with no --config at all.
+    let run = run_in(dir.path(), &[], &python(script));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.lines(), [json!("E_UNSUPPORTED"), json!("E_UNSUPPORTED"), json!("E_UNSUPPORTED")]);
+}
+
+#[test]
+fn a_nested_airlock_forwards_llmcmd_to_the_outer_broker() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let inner = r#""$AIRLOCK" run --report inner.json -- python3 -c "
+import os
+from fsclient import *
+out({'key': os.environ.get('AIRLOCK_TEST_KEY')})
+out(llm('tag=deep', max_tokens=9))
+out(call('QUOTA'))
+""#;
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "api_key_env = \"AIRLOCK_TEST_KEY\"\n"),
+        &[],
+        &sh(inner),
+        &[("AIRLOCK_TEST_KEY", "sk-nested-secret-value")],
+    );
+    ok(&run);
+    let l = run.lines();
+    assert_eq!(l[0], json!({"key": null}));
+    assert_eq!(l[1]["ok"], true, "{}", l[1]);
+    assert_eq!(l[1]["result"]["messages"][0]["content"], "tag=deep max_tokens=9");
+    assert_eq!(l[2]["result"]["currency"], "USD", "{}", l[2]);
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].auth.as_deref(), Some("Bearer sk-nested-secret-value"));
+    assert_eq!(run.report["broker"]["succeeded"], 1, "{}", run.report);
+    let inner: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("inner.json")).unwrap()).unwrap();
+    assert!(inner.get("broker").is_none(), "the inner level runs no broker: {inner}");
+}
