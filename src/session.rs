@@ -13,13 +13,14 @@ use airlock_core::broker::{CallId, ProviderRequest, ProviderResult};
 use airlock_core::fsproxy::{Effect, EffectId, EffectResult, FsErrorKind, FsProxy, Input, Output, StdStream};
 use airlock_core::handles::ClientId;
 use airlock_core::time::Instant;
+use airlock_model::backlog::Backlog;
+use airlock_model::inflight::{Cancel, Inflight};
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinHandle};
 
 /// Bytes read from a connection at a time.
@@ -71,8 +72,9 @@ pub enum Event {
     Passed(ClientId, OwnedFd),
     /// The process behind a client is gone.
     Died(ClientId),
-    /// A provider call (`Output::StartProvider`) came back.
-    ProviderDone(CallId, ProviderResult),
+    /// A provider call (`Output::StartProvider`) finished; its result waits
+    /// in the session's in-flight table.
+    ProviderDone(CallId),
 }
 
 /// The message of the result fed for a provider call dropped on the
@@ -88,13 +90,6 @@ pub const SESSION_ENDED: &str = "cancelled: the session ended";
 pub struct BrokerShell {
     pub provider: Option<Arc<dyn Provider>>,
     pub telemetry: Option<TelemetryWriter>,
-}
-
-/// Flow control between a connection's writer and its reader.
-#[derive(Default)]
-struct Backlog {
-    bytes: AtomicUsize,
-    drained: Notify,
 }
 
 struct Conn {
@@ -116,9 +111,11 @@ pub struct Session {
     upstream: Option<Conn>,
     observer: Option<Box<dyn Observer>>,
     broker: BrokerShell,
-    /// Provider calls in flight, by call id, so `CancelProvider` can drop
-    /// them.
-    provider_calls: BTreeMap<CallId, AbortHandle>,
+    /// Provider calls in flight: their results, settled exactly once by
+    /// whichever comes first, the task finishing or the broker cancelling.
+    inflight: Arc<Inflight<CallId, ProviderResult>>,
+    /// The calls' tasks, so a cancel can drop the HTTP request.
+    provider_tasks: BTreeMap<CallId, AbortHandle>,
 }
 
 /// Descriptors a client may pass ahead of the `attach` requests that claim
@@ -133,26 +130,16 @@ where
     let writer = tokio::spawn(async move {
         while let Some(data) = rx.recv().await {
             let ok = wr.write_all(&data).await.is_ok() && wr.flush().await.is_ok();
-            backlog.bytes.fetch_sub(data.len(), Ordering::AcqRel);
-            backlog.drained.notify_waiters();
+            backlog.sent(data.len());
             if !ok {
                 break;
             }
         }
+        // Nothing drains any more: the reader must not wait on us.
+        backlog.close();
         let _ = wr.shutdown().await;
     });
     (tx, writer)
-}
-
-/// Wait while the client has more unsent responses than it may.
-async fn throttle(backlog: &Backlog) {
-    while backlog.bytes.load(Ordering::Acquire) > MAX_UNSENT_BYTES {
-        let drained = backlog.drained.notified();
-        if backlog.bytes.load(Ordering::Acquire) <= MAX_UNSENT_BYTES {
-            break;
-        }
-        drained.await;
-    }
 }
 
 /// A connection over any byte stream (turmoil's, in the simulator).
@@ -166,13 +153,13 @@ where
     T: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (mut rd, wr) = tokio::io::split(stream);
-    let backlog = Arc::new(Backlog::default());
+    let backlog = Arc::new(Backlog::new(MAX_UNSENT_BYTES));
     let (tx, writer) = spawn_writer(wr, backlog.clone());
     let bl = backlog.clone();
     let reader = tokio::spawn(async move {
         let mut buf = vec![0; READ_CHUNK];
         loop {
-            throttle(&bl).await;
+            bl.room().await;
             match rd.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
@@ -208,14 +195,14 @@ fn recv_with_fds(fd: std::os::fd::BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Re
 /// A connection over a Unix socket, which may carry descriptors (`attach`).
 fn spawn_unix_conn(stream: UnixStream, client: ClientId, events: mpsc::Sender<Event>) -> Conn {
     let (rd, wr) = stream.into_split();
-    let backlog = Arc::new(Backlog::default());
+    let backlog = Arc::new(Backlog::new(MAX_UNSENT_BYTES));
     let (tx, writer) = spawn_writer(wr, backlog.clone());
     let bl = backlog.clone();
     let reader = tokio::spawn(async move {
         let mut buf = vec![0; READ_CHUNK];
         let sock: &UnixStream = rd.as_ref();
         loop {
-            throttle(&bl).await;
+            bl.room().await;
             if sock.readable().await.is_err() {
                 break;
             }
@@ -243,7 +230,7 @@ fn spawn_unix_conn(stream: UnixStream, client: ClientId, events: mpsc::Sender<Ev
 
 impl Conn {
     fn send(&self, data: Vec<u8>) {
-        self.backlog.bytes.fetch_add(data.len(), Ordering::AcqRel);
+        self.backlog.queued(data.len());
         let _ = self.tx.send(data);
     }
 }
@@ -262,7 +249,8 @@ impl Session {
             upstream: None,
             observer,
             broker: BrokerShell::default(),
-            provider_calls: BTreeMap::new(),
+            inflight: Arc::default(),
+            provider_tasks: BTreeMap::new(),
         }
     }
 
@@ -274,7 +262,7 @@ impl Session {
 
     /// Provider calls in flight.
     pub fn provider_calls(&self) -> usize {
-        self.provider_calls.len()
+        self.inflight.len()
     }
 
     /// Where the machine's next timer falls, on tokio's clock.
@@ -383,12 +371,10 @@ impl Session {
                 Event::UpstreamBytes(data) => Input::UpstreamBytes { data },
                 Event::UpstreamEof => Input::UpstreamEof,
                 Event::EffectDone(id, result) => Input::EffectDone { id, result },
-                Event::ProviderDone(call, result) => {
-                    // Only calls still in flight: one dropped by
-                    // `CancelProvider` has had its result fed already.
-                    if self.provider_calls.remove(&call).is_none() {
-                        continue;
-                    }
+                Event::ProviderDone(call) => {
+                    self.provider_tasks.remove(&call);
+                    // Nothing when a cancel settled the call first.
+                    let Some(result) = self.inflight.take(call) else { continue };
                     Input::ProviderDone { call, result }
                 }
             };
@@ -419,9 +405,12 @@ impl Session {
     /// is left to answer) and tell the broker, so each gets its telemetry
     /// record.
     pub fn end_provider_calls(&mut self) {
-        for (call, handle) in std::mem::take(&mut self.provider_calls) {
-            handle.abort();
-            let result = ProviderResult::Err { usage: None, message: SESSION_ENDED.into() };
+        for (_, task) in std::mem::take(&mut self.provider_tasks) {
+            task.abort();
+        }
+        for (call, result) in self.inflight.drain() {
+            let result =
+                result.unwrap_or_else(|| ProviderResult::Err { usage: None, message: SESSION_ENDED.into() });
             self.feed(Input::ProviderDone { call, result });
         }
     }
@@ -432,33 +421,39 @@ impl Session {
             return Some(Input::ProviderDone { call, result: ProviderResult::Err { usage: None, message } });
         };
         let events = self.events_tx.clone();
+        let inflight = self.inflight.clone();
+        inflight.start(call);
         let task = tokio::spawn(async move {
             let result = provider.complete(request).await;
-            let _ = events.send(Event::ProviderDone(call, result)).await;
+            if inflight.complete(call, result) {
+                let _ = events.send(Event::ProviderDone(call)).await;
+            }
         });
         // A call id the broker reuses would be a core bug; the older task
         // is dropped rather than leaked.
-        if let Some(old) = self.provider_calls.insert(call, task.abort_handle()) {
+        if let Some(old) = self.provider_tasks.insert(call, task.abort_handle()) {
             old.abort();
         }
         None
     }
 
     fn cancel_provider(&mut self, call: CallId) -> Option<Input> {
-        let handle = self.provider_calls.remove(&call)?;
-        if handle.is_finished() {
-            // Its result is already queued as an event: that real result
-            // (with its usage) is the one to report.
-            self.provider_calls.insert(call, handle);
-            return None;
-        }
-        // Dropping the task drops the HTTP request and closes its
-        // connection: the provider-side cancel.
-        handle.abort();
-        Some(Input::ProviderDone {
-            call,
-            result: ProviderResult::Err { usage: None, message: CANCELLED.into() },
-        })
+        let task = self.provider_tasks.remove(&call);
+        let result = match self.inflight.cancel(call) {
+            // Finished before the cancel: its usage was billed, so its real
+            // result is the one to report (its event will find nothing).
+            Cancel::Finished(result) => result,
+            Cancel::Running => {
+                // Dropping the task drops the HTTP request and closes its
+                // connection: the provider-side cancel.
+                if let Some(task) = task {
+                    task.abort();
+                }
+                ProviderResult::Err { usage: None, message: CANCELLED.into() }
+            }
+            Cancel::Unknown => return None,
+        };
+        Some(Input::ProviderDone { call, result })
     }
 
     /// Hand one input to the machine and carry out everything it asks for.

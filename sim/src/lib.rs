@@ -31,14 +31,13 @@ mod world;
 pub use swarm::{FaultKind, Swarm};
 
 use airlock_core::fsproxy::PlantedBug;
+use airlock_model::seeds::SeedQueue;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant as WallInstant};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -332,22 +331,19 @@ fn shrink(
 /// seed order and does not depend on `jobs`.
 pub fn run_many(opts: &SimOptions, progress: impl Fn(&SeedResult) + Sync) -> Summary {
     let start = WallInstant::now();
-    let next = AtomicU64::new(opts.seeds.start);
-    let results = Mutex::new(Vec::new());
+    let queue = SeedQueue::new(opts.seeds.clone());
     std::thread::scope(|s| {
         for _ in 0..opts.jobs.max(1) {
-            s.spawn(|| loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= opts.seeds.end {
-                    break;
+            s.spawn(|| {
+                while let Some(seed) = queue.claim() {
+                    let r = run_seed(seed, opts);
+                    progress(&r);
+                    queue.finish(r);
                 }
-                let r = run_seed(seed, opts);
-                progress(&r);
-                results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
             });
         }
     });
-    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut results = queue.into_results();
     results.sort_by_key(|r| r.seed);
     let mut summary = Summary { wall: start.elapsed(), ..Summary::default() };
     for r in results {
