@@ -11,6 +11,8 @@
 //! initial_units = 5.0                      # the session's budget in USD
 //! safety_factor = 0.9
 //! inject_remaining_context = false
+//! min_output_tokens = 16                   # the soft trim never goes below this
+//! default_max_tokens = 4096                # when a request names no max_tokens
 //! [broker.queue]
 //! max_wait_seconds = 30
 //! [broker.request]
@@ -52,10 +54,22 @@ pub struct BrokerSection {
     pub safety_factor: f64,
     #[serde(default)]
     pub inject_remaining_context: bool,
+    #[serde(default = "default_min_output_tokens")]
+    pub min_output_tokens: u32,
+    #[serde(default = "default_max_tokens")]
+    pub default_max_tokens: u32,
     #[serde(default)]
     pub queue: QueueSection,
     #[serde(default)]
     pub request: RequestSection,
+}
+
+fn default_min_output_tokens() -> u32 {
+    broker::DEFAULT_MIN_OUTPUT_TOKENS
+}
+
+fn default_max_tokens() -> u32 {
+    broker::DEFAULT_MAX_TOKENS
 }
 
 /// `[broker.queue]`.
@@ -195,7 +209,8 @@ fn resolve_broker(s: BrokerSection, dir: &Path) -> anyhow::Result<BrokerShellCon
         safety_factor: s.safety_factor,
         default_model: s.default_model,
         inject_remaining_context: s.inject_remaining_context,
-        ..BrokerConfig::default()
+        min_output_tokens: s.min_output_tokens,
+        default_max_tokens: s.default_max_tokens,
     };
     let setup = BrokerSetup { config, catalog, initial_units, session_id: session_id() };
     setup.validate().map_err(|e| anyhow::anyhow!("broker: {e}"))?;
@@ -257,6 +272,8 @@ telemetry = "t.jsonl"
 initial_units = 0.1
 safety_factor = 0.5
 inject_remaining_context = true
+min_output_tokens = 5
+default_max_tokens = 700
 [broker.queue]
 max_wait_seconds = 0.25
 [broker.request]
@@ -272,6 +289,8 @@ timeout_seconds = 2
         assert_eq!(b.setup.config.default_model, "m");
         assert_eq!(b.setup.config.safety_factor, 0.5);
         assert!(b.setup.config.inject_remaining_context);
+        assert_eq!(b.setup.config.min_output_tokens, 5);
+        assert_eq!(b.setup.config.default_max_tokens, 700);
         assert_eq!(b.setup.config.queue_max_wait, Duration::from_millis(250));
         assert_eq!(b.setup.config.request_timeout, Duration::from_secs(2));
         assert!(b.setup.catalog.get("m").is_some());

@@ -1,8 +1,7 @@
 //! `--report FILE`: what a session did, written when airlock exits.
 
 use airlock_core::broker::{Broker, BrokerErrorCode};
-use airlock_core::fsproxy::wire::ErrorCode;
-use airlock_core::fsproxy::FsProxy;
+use airlock_core::fsproxy::{FsProxy, Stats};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,21 +16,17 @@ pub struct ChildExit {
     pub status: i32,
 }
 
+/// The machine's own counters (`requests`, `responses`, `errors_by_code`,
+/// `handles_opened`, `handles_closed`, `handles_cleaned_up`, `clients`, …)
+/// and what only the end of the session can tell.
 #[derive(Debug, Serialize)]
 pub struct Report {
-    pub requests: u64,
-    pub responses: u64,
-    pub errors_by_code: BTreeMap<ErrorCode, u64>,
-    pub handles_opened: u64,
-    pub handles_closed: u64,
-    pub handles_cleaned_up: u64,
+    #[serde(flatten)]
+    pub stats: Stats,
     /// Handles still in the table at exit. Always 0 unless airlock has a bug.
     pub handles_leaked: u64,
     /// Host files still open at exit. Always 0 unless airlock has a bug.
     pub files_leaked: u64,
-    pub clients: u64,
-    pub frames_rejected: u64,
-    pub truncated_frames: u64,
     pub upstream: bool,
     pub child_exit: Option<ChildExit>,
     /// The session's LLM broker, when this level runs one.
@@ -78,19 +73,10 @@ impl BrokerReport {
 
 impl Report {
     pub fn new(proxy: &FsProxy, open_files: usize, child_exit: Option<ChildExit>) -> Self {
-        let s = proxy.stats();
         Report {
-            requests: s.requests,
-            responses: s.responses,
-            errors_by_code: s.errors_by_code.clone(),
-            handles_opened: s.handles_opened,
-            handles_closed: s.handles_closed,
-            handles_cleaned_up: s.handles_cleaned_up,
+            stats: proxy.stats().clone(),
             handles_leaked: proxy.open_handles() as u64,
             files_leaked: open_files as u64,
-            clients: s.clients,
-            frames_rejected: s.frames_rejected,
-            truncated_frames: s.truncated_frames,
             upstream: proxy.config().upstream,
             child_exit,
             broker: proxy.broker().map(BrokerReport::new),
