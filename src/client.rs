@@ -19,7 +19,7 @@ pub const DEFAULT_FD: RawFd = 3;
 /// Bytes per read or write request (the seed's read maximum).
 pub const CHUNK: usize = 4096;
 /// Requests a streaming transfer keeps in flight before waiting.
-pub const WINDOW: usize = 8;
+pub const WINDOW: usize = 32;
 
 #[derive(Debug)]
 pub enum ClientError {
