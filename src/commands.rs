@@ -124,17 +124,40 @@ impl ServeArgs {
         Ok((proxy, parts))
     }
 
+    /// The session a serving command drives, and the environment variables
+    /// to keep from its children.
+    fn session(
+        &self,
+        stdio: StdioRole,
+        upstream: bool,
+        command: &str,
+    ) -> anyhow::Result<(Session, Vec<OsString>)> {
+        let settings = self.settings()?;
+        let config = self.config(stdio, upstream)?;
+        let host = HostFs::new(&config.policy)?;
+        let (proxy, parts) = self.machine(config, &settings)?;
+        let observer = self.recorder(proxy.config(), command)?;
+        let mut session = Session::new(proxy, host, observer);
+        session.set_broker_shell(parts.shell);
+        Ok((session, parts.remove_env))
+    }
+
+    /// End `session`: flush its trace, write its report.
+    async fn close(&self, session: Session, exit: Option<ChildExit>) -> anyhow::Result<()> {
+        let (proxy, host, observer) = session.shutdown().await;
+        if let (Some(mut o), Some(path)) = (observer, &self.record) {
+            o.finish().with_context(|| format!("writing trace {}", path.display()))?;
+        }
+        if let Some(path) = &self.report {
+            Report::new(&proxy, host.open_files(), exit).write(path)?;
+        }
+        Ok(())
+    }
+
     fn recorder(&self, config: &Config, command: &str) -> anyhow::Result<Option<Box<dyn Observer>>> {
         let Some(path) = &self.record else { return Ok(None) };
         Ok(Some(Box::new(Recorder::create(path, config, command)?)))
     }
-}
-
-fn finish(observer: Option<Box<dyn Observer>>, args: &ServeArgs) -> anyhow::Result<()> {
-    if let (Some(mut o), Some(path)) = (observer, &args.record) {
-        o.finish().with_context(|| format!("writing trace {}", path.display()))?;
-    }
-    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -148,18 +171,12 @@ const CHILD: ClientId = ClientId(1);
 /// `airlock run`: the child's exit status, to exit with.
 pub fn run(args: &ServeArgs, argv: &[OsString]) -> anyhow::Result<i32> {
     runtime()?.block_on(async {
-        let settings = args.settings()?;
         let upstream = child::inherited_upstream()?;
-        let config = args.config(StdioRole::Local, upstream.is_some())?;
-        let host = HostFs::new(&config.policy)?;
-        let (proxy, parts) = args.machine(config, &settings)?;
-        let observer = args.recorder(proxy.config(), "run")?;
-        let mut session = Session::new(proxy, host, observer);
-        session.set_broker_shell(parts.shell);
+        let (mut session, remove_env) = args.session(StdioRole::Local, upstream.is_some(), "run")?;
         if let Some(up) = upstream {
             session.set_upstream(up);
         }
-        let spawned = child::spawn(argv, &parts.remove_env)?;
+        let spawned = child::spawn(argv, &remove_env)?;
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);
@@ -184,15 +201,11 @@ pub fn run(args: &ServeArgs, argv: &[OsString]) -> anyhow::Result<i32> {
         // processes that attached connections of their own and outlive it.
         session.depart_all();
         session.run_until(Session::all_finished).await;
-        let (proxy, host, observer) = session.shutdown().await;
-        finish(observer, args)?;
         let status = status.lock().ok().and_then(|g| *g);
         let code = status.map(exit_code).unwrap_or(1);
-        if let Some(path) = &args.report {
-            use std::os::unix::process::ExitStatusExt;
-            let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
-            Report::new(&proxy, host.open_files(), exit).write(path)?;
-        }
+        use std::os::unix::process::ExitStatusExt;
+        let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
+        args.close(session, exit).await?;
         Ok(code)
     })
 }
@@ -223,21 +236,11 @@ fn forward_signals(pid: Option<u32>) {
 /// `airlock serve --fd N`: the upstream role; returns when the client is gone.
 pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
     runtime()?.block_on(async {
-        let settings = args.settings()?;
-        let config = args.config(StdioRole::Reject, false)?;
-        let host = HostFs::new(&config.policy)?;
-        let (proxy, parts) = args.machine(config, &settings)?;
+        let (mut session, _) = args.session(StdioRole::Reject, false, "serve")?;
         let stream = child::adopt_socket(fd)?;
-        let observer = args.recorder(proxy.config(), "serve")?;
-        let mut session = Session::new(proxy, host, observer);
-        session.set_broker_shell(parts.shell);
         session.add_unix_client(CHILD, stream);
         session.run_until(Session::all_finished).await;
-        let (proxy, host, observer) = session.shutdown().await;
-        finish(observer, args)?;
-        if let Some(path) = &args.report {
-            Report::new(&proxy, host.open_files(), None).write(path)?;
-        }
+        args.close(session, None).await?;
         Ok(0)
     })
 }

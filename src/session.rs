@@ -260,11 +260,6 @@ impl Session {
         self.broker = shell;
     }
 
-    /// Provider calls in flight.
-    pub fn provider_calls(&self) -> usize {
-        self.inflight.len()
-    }
-
     /// Where the machine's next timer falls, on tokio's clock.
     fn wake_at(&self) -> Option<tokio::time::Instant> {
         let due = self.proxy.poll_timeout()?;

@@ -76,8 +76,4 @@ impl VirtualFs {
     pub fn contents(&self, name: &str) -> Option<&[u8]> {
         self.files.get(name).map(Vec::as_slice)
     }
-
-    pub fn total_bytes(&self) -> u64 {
-        self.total
-    }
 }
