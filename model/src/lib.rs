@@ -5,8 +5,9 @@
 //!
 //! The protocol machines themselves (handle tables, the broker's queue and
 //! its one-call gate) are single-threaded and deterministic in
-//! `airlock-core`, checked by the simulator; what is left to meet across
-//! tasks is here:
+//! `airlock-core`, checked by the simulator; `tests/gate.rs` has loom try
+//! every order in which concurrent tasks' inputs can reach the gate. What
+//! is left to meet across tasks is here:
 //!
 //! - [`backlog::Backlog`]: flow control between a connection's writer task
 //!   and its reader task (no lost wakeup; a dead writer never strands the
