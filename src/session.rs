@@ -361,8 +361,14 @@ impl Session {
                     Input::Descriptor { client }
                 }
                 Event::Bytes(client, data) => Input::Bytes { client, data },
-                Event::Eof(client) => Input::Eof { client },
-                Event::Died(client) => Input::Died { client },
+                Event::Eof(client) => {
+                    tracing::debug!(%client, "end of connection");
+                    Input::Eof { client }
+                }
+                Event::Died(client) => {
+                    tracing::debug!(%client, "process gone");
+                    Input::Died { client }
+                }
                 Event::UpstreamBytes(data) => Input::UpstreamBytes { data },
                 Event::UpstreamEof => Input::UpstreamEof,
                 Event::EffectDone(id, result) => Input::EffectDone { id, result },
@@ -483,6 +489,7 @@ impl Session {
                 None
             }
             Output::Close { client } => {
+                tracing::debug!(%client, open_handles = self.proxy.open_handles(), "session ended; handles released");
                 if let Some(conn) = self.conns.remove(&client) {
                     conn.reader.abort();
                     // The writer ends once it has flushed what is queued
@@ -496,15 +503,26 @@ impl Session {
                 let fd = self.passed.get_mut(&from).and_then(VecDeque::pop_front);
                 match fd.map(attach_stream) {
                     Some(Ok(stream)) => {
+                        tracing::debug!(%from, %client, "attached a connection of its own");
                         self.conns.insert(client, spawn_unix_conn(stream, client, self.events_tx.clone()));
                         None
                     }
                     // Not a usable socket: the new client is gone at once.
-                    Some(Err(_)) | None => Some(Input::Eof { client }),
+                    Some(Err(e)) => {
+                        tracing::warn!(%from, "attach: passed descriptor unusable: {e}");
+                        Some(Input::Eof { client })
+                    }
+                    None => Some(Input::Eof { client }),
                 }
             }
-            Output::StartProvider { call, request, deadline: _ } => self.start_provider(call, request),
-            Output::CancelProvider { call } => self.cancel_provider(call),
+            Output::StartProvider { call, request, deadline: _ } => {
+                tracing::debug!(%call, model = %request.model, max_tokens = request.max_tokens, "provider call");
+                self.start_provider(call, request)
+            }
+            Output::CancelProvider { call } => {
+                tracing::debug!(%call, "provider call dropped");
+                self.cancel_provider(call)
+            }
             Output::Telemetry { record } => {
                 if let Some(t) = &mut self.broker.telemetry {
                     t.write(&record);

@@ -16,7 +16,9 @@ pub struct SimArgs {
     /// The first seed; alone, run just this one and describe its swarm.
     #[arg(long, value_name = "S")]
     pub seed: Option<u64>,
-    /// The world: `default` (one proxy, several clients) or `nested`.
+    /// The world: `default` (one proxy, several clients), `nested` (an
+    /// intermediate proxy in front of the top one) or `broker` (LLM calls
+    /// through the broker with a simulated provider).
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub scenario: Scenario,
     /// Steps before each world winds down (default: the seed's choice).
