@@ -45,6 +45,10 @@ pub enum FaultKind {
     ProviderMalformed,
     /// A client fires a burst of CANCELs, for live and unknown tokens.
     CancelStorm,
+    /// A client passes a descriptor and asks to `attach` it, forking off a
+    /// new client with its own connection; or asks without one (E_ARG).
+    /// Drawn after every other knob, and not in broker worlds.
+    Attach,
 }
 
 impl FaultKind {
@@ -94,6 +98,7 @@ impl FaultKind {
             FaultKind::ProviderError => "provider_error",
             FaultKind::ProviderMalformed => "provider_malformed",
             FaultKind::CancelStorm => "cancel_storm",
+            FaultKind::Attach => "attach",
         }
     }
 
@@ -112,6 +117,7 @@ impl FaultKind {
             FaultKind::ProviderError => &[50_000, 200_000],
             FaultKind::ProviderMalformed => &[20_000, 100_000],
             FaultKind::CancelStorm => &[500, 5_000],
+            FaultKind::Attach => &[2_000, 10_000, 30_000],
         }
     }
 }
@@ -166,7 +172,7 @@ impl Swarm {
         }
         let small =
             |rng: &mut ChaCha8Rng, big: usize, small: usize| if rng.gen_bool(0.15) { small } else { big };
-        Swarm {
+        let mut swarm = Swarm {
             clients: rng.gen_range(if nested { 1..=4 } else { 2..=5 }),
             top_clients: if nested { rng.gen_range(0..=2) } else { 0 },
             ops_per_client: rng.gen_range(if nested {
@@ -183,7 +189,15 @@ impl Swarm {
             max_open_handles: small(&mut rng, airlock_core::fsproxy::DEFAULT_MAX_OPEN_HANDLES, 6),
             max_steps: 200_000,
             faults,
+        };
+        // Drawn last (and not in `ALL`), so every knob above is what it was
+        // before attach was modelled, and so are the worlds of seeds that
+        // leave it off.
+        if !broker && rng.gen_bool(0.5) {
+            let rates = FaultKind::Attach.rates();
+            swarm.faults.insert(FaultKind::Attach, rates[rng.gen_range(0..rates.len())]);
         }
+        swarm
     }
 
     pub fn rate(&self, kind: FaultKind) -> u32 {

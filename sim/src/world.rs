@@ -12,7 +12,7 @@ use crate::{Failure, Scenario};
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{
     Config, Effect, EffectId, EffectResult, FileId, FsErrorKind, FsProxy, Input, Output, PlantedBug,
-    StdioRole,
+    StdioRole, ATTACHED_CLIENT_BASE,
 };
 use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
@@ -32,6 +32,9 @@ const MIDDLE_CONN: ClientId = ClientId(1000);
 const CWD: &str = "/work/proj";
 /// Steps allowed after `max_steps` for the world to drain and shut down.
 const WIND_DOWN_STEPS: u64 = 100_000;
+/// Attaches with a descriptor a world's clients may ask for, in all: each
+/// one that is served adds a client.
+const ATTACH_BUDGET: usize = 6;
 
 /// What broke, before the step number is attached.
 #[derive(Debug)]
@@ -264,6 +267,12 @@ enum Kind {
     Invalid,
     /// LLMCMD, CANCEL or QUOTA (broker worlds).
     Broker(BOp),
+    /// `attach`, sent with a descriptor (`fd`) or without one.
+    Attach {
+        fd: bool,
+    },
+    /// The `attach` that created this client, answered on it.
+    Attached,
 }
 
 #[derive(Debug)]
@@ -302,6 +311,66 @@ struct Client {
     tokens_used: Vec<String>,
     /// Unanswered LLMCMDs and their cancel tokens.
     llm_tokens: BTreeMap<String, Option<String>>,
+    /// Where in `out` each frame carrying a descriptor starts: the
+    /// descriptor reaches the machine with the frame's first byte.
+    dpending: VecDeque<u64>,
+    /// Descriptors the machine has been handed and no attach has claimed.
+    fds_unclaimed: u64,
+    /// An attach with a descriptor was refused unserved, so its descriptor
+    /// lingers and could be claimed by a later attach without one.
+    stray_fd: bool,
+    /// An attached client's first frame must answer this attach.
+    attach_wait: Option<String>,
+}
+
+impl Client {
+    fn new(seed: u64, idx: usize, level: usize, id: ClientId, ops: usize) -> Self {
+        let mut crng = ChaCha8Rng::seed_from_u64(seed);
+        crng.set_stream(idx as u64);
+        Client {
+            id,
+            idx,
+            level,
+            tidy: crng.gen_bool(0.5),
+            rng: crng,
+            gone: false,
+            ops_left: ops,
+            stream_ended: false,
+            next_req: 0,
+            out: Pipe::default(),
+            frames: Frames::default(),
+            outstanding: BTreeMap::new(),
+            order: VecDeque::new(),
+            null_expected: 0,
+            handles: BTreeMap::new(),
+            closed: Vec::new(),
+            pending_opens: 0,
+            bpending: VecDeque::new(),
+            bnew: Vec::new(),
+            next_token: 0,
+            tokens_used: Vec::new(),
+            llm_tokens: BTreeMap::new(),
+            dpending: VecDeque::new(),
+            fds_unclaimed: 0,
+            stray_fd: false,
+            attach_wait: None,
+        }
+    }
+}
+
+/// Client `idx`'s own files, whose content is modelled exactly.
+fn add_private_files(files: &mut BTreeMap<String, FileModel>, idx: usize) {
+    for (key, loc) in [
+        (format!("/data/rw/c{idx}.dat"), None),
+        (format!("/work/proj/scratch/c{idx}.log"), None),
+        (format!("v/c{idx}.txt"), Some(format!("v/c{idx}.txt"))),
+    ] {
+        let loc = match loc {
+            Some(name) => Loc::Virtual(name),
+            None => Loc::Host(key.clone().into()),
+        };
+        files.insert(key, FileModel::new(Class::Private, loc));
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -350,6 +419,9 @@ pub struct Outcome {
 }
 
 pub struct World {
+    seed: u64,
+    /// Attaches with a descriptor clients may still ask for.
+    attach_budget: usize,
     swarm: Swarm,
     nested: bool,
     rng: ChaCha8Rng,
@@ -451,45 +523,12 @@ impl World {
         let total = swarm.clients + if nested { swarm.top_clients } else { 0 };
         for idx in 1..=total {
             let level = if idx <= swarm.clients { client_level } else { 0 };
-            let mut crng = ChaCha8Rng::seed_from_u64(seed);
-            crng.set_stream(idx as u64);
-            for (key, loc) in [
-                (format!("/data/rw/c{idx}.dat"), None),
-                (format!("/work/proj/scratch/c{idx}.log"), None),
-                (format!("v/c{idx}.txt"), Some(format!("v/c{idx}.txt"))),
-            ] {
-                let loc = match loc {
-                    Some(name) => Loc::Virtual(name),
-                    None => Loc::Host(key.clone().into()),
-                };
-                files.insert(key, FileModel::new(Class::Private, loc));
-            }
-            clients.push(Client {
-                id: ClientId(idx as u64),
-                idx,
-                level,
-                tidy: crng.gen_bool(0.5),
-                rng: crng,
-                gone: false,
-                ops_left: swarm.ops_per_client,
-                stream_ended: false,
-                next_req: 0,
-                out: Pipe::default(),
-                frames: Frames::default(),
-                outstanding: BTreeMap::new(),
-                order: VecDeque::new(),
-                null_expected: 0,
-                handles: BTreeMap::new(),
-                closed: Vec::new(),
-                pending_opens: 0,
-                bpending: VecDeque::new(),
-                bnew: Vec::new(),
-                next_token: 0,
-                tokens_used: Vec::new(),
-                llm_tokens: BTreeMap::new(),
-            });
+            add_private_files(&mut files, idx);
+            clients.push(Client::new(seed, idx, level, ClientId(idx as u64), swarm.ops_per_client));
         }
         let mut w = World {
+            seed,
+            attach_budget: ATTACH_BUDGET,
             swarm,
             nested,
             rng,
@@ -583,7 +622,8 @@ impl World {
                 self.actions.push(Action::Deliver(i));
             }
             let usable = c.handles.values().any(|h| !h.closing);
-            let wants = !c.stream_ended && (c.ops_left > 0 && !wind || c.tidy && usable);
+            let wants =
+                !c.stream_ended && c.attach_wait.is_none() && (c.ops_left > 0 && !wind || c.tidy && usable);
             if wants && c.outstanding.len() + c.null_expected < self.swarm.pipeline {
                 self.actions.push(Action::Issue(i));
             }
@@ -622,10 +662,7 @@ impl World {
             Action::Issue(i) => self.issue(i),
             Action::Deliver(i) => {
                 let n = self.chunk(|w| &w.clients[i].out);
-                let data = self.clients[i].out.take(n);
-                self.mark_delivered(i);
-                let (level, client) = (self.clients[i].level, self.clients[i].id);
-                self.feed(level, Input::Bytes { client, data });
+                self.deliver(i, n);
             }
             Action::Exit(i) => {
                 let died = self.rng.gen_bool(0.3);
@@ -763,11 +800,9 @@ impl World {
             // Whatever the process wrote before it went may still be read,
             // up to an arbitrary byte.
             let n = self.rng.gen_range(0..=self.clients[i].out.len);
-            let (level, client) = (self.clients[i].level, self.clients[i].id);
+            let client = self.clients[i].id;
             if n > 0 {
-                let data = self.clients[i].out.take(n);
-                self.mark_delivered(i);
-                self.feed(level, Input::Bytes { client, data });
+                self.deliver(i, n);
             }
             if self.clients[i].gone {
                 continue;
@@ -779,6 +814,22 @@ impl World {
             self.count(FaultKind::MiddleDeath);
             self.kill_middle(true);
         }
+    }
+
+    /// Hand the next `n` bytes client `i` wrote to its machine, each
+    /// descriptor it passed with a frame ahead of that frame's first byte.
+    fn deliver(&mut self, i: usize, n: usize) {
+        let start = self.clients[i].out.taken;
+        let data = self.clients[i].out.take(n);
+        self.mark_delivered(i);
+        let (level, client) = (self.clients[i].level, self.clients[i].id);
+        let end = start + data.len() as u64;
+        while self.clients[i].dpending.front().is_some_and(|&s| s < end) {
+            self.clients[i].dpending.pop_front();
+            self.clients[i].fds_unclaimed += 1;
+            self.feed(level, Input::Descriptor { client });
+        }
+        self.feed(level, Input::Bytes { client, data });
     }
 
     /// The intermediate process goes away: its clients lose their pipes and
@@ -823,6 +874,7 @@ impl World {
         }
         c.gone = true;
         c.out.clear();
+        c.dpending.clear();
         let first = loop {
             let Some(id) = c.order.front() else { break None };
             match c.outstanding.get(id) {
@@ -922,13 +974,9 @@ impl World {
                 }
                 Ok(())
             }
-            Output::Attach { from, client } => Err(at(
-                // Simulated clients pass no descriptors, so nothing may be
-                // attached on their behalf.
-                violation("no_attach_without_descriptor", format!("attach of {client} without a descriptor")),
-                level,
-                from,
-            )),
+            Output::Attach { from, client } => {
+                self.on_attach(level, from, client).map_err(|v| at(v, level, from))
+            }
             Output::Close { client } => {
                 if !self.closed_by_machine.insert((level, client)) {
                     return Err(at(violation("close_once", "closed twice".into()), level, client));
@@ -1023,6 +1071,44 @@ impl World {
                 Ok(())
             }
         }
+    }
+
+    /// The machine serves a descriptor `from` passed as the new client
+    /// `new`: a new simulated process, whose first frame must answer the
+    /// attach `from` sent.
+    fn on_attach(&mut self, level: usize, from: ClientId, new: ClientId) -> Check {
+        if self.gone.contains(&(level, from)) {
+            return Err(violation(
+                "nothing_sent_to_departed",
+                format!("attach of {new} for a departed client"),
+            ));
+        }
+        let i =
+            self.client_at(level, from).filter(|&i| self.clients[i].fds_unclaimed > 0).ok_or_else(|| {
+                violation("no_attach_without_descriptor", format!("attach of {new} without a descriptor"))
+            })?;
+        if new.0 < ATTACHED_CLIENT_BASE || new == MIDDLE_CONN || self.client_at(level, new).is_some() {
+            return Err(violation("attach_fresh_client", format!("attach reuses client id {new}")));
+        }
+        let c = &mut self.clients[i];
+        c.fds_unclaimed -= 1;
+        // Requests are served in order, and those refused unserved were
+        // answered already: the oldest attach outstanding is the one served.
+        let id = c
+            .order
+            .iter()
+            .find(|id| matches!(c.outstanding.get(*id), Some(Sent { kind: Kind::Attach { fd: true }, .. })))
+            .cloned()
+            .ok_or_else(|| violation("no_attach_without_descriptor", format!("attach of {new} unasked")))?;
+        c.outstanding.remove(&id);
+        let idx = self.clients.len() + 1;
+        add_private_files(&mut self.files, idx);
+        let mut c = Client::new(self.seed, idx, level, new, (self.swarm.ops_per_client / 2).max(1));
+        c.order.push_back(id.clone());
+        c.outstanding.insert(id.clone(), Sent { kind: Kind::Attached, must_fail: None });
+        c.attach_wait = Some(id);
+        self.clients.push(c);
+        Ok(())
     }
 
     fn complete_effect(&mut self) -> Check {
@@ -1327,6 +1413,12 @@ impl World {
             self.broker_issue(i);
             return;
         }
+        // Drawn only when attach is on, so worlds without it draw as before.
+        let attach = self.swarm.rate(FaultKind::Attach);
+        if attach > 0 && c.rng.gen_range(0..PPM) < attach && self.issue_attach(i) {
+            return;
+        }
+        let c = &mut self.clients[i];
         if c.rng.gen_range(0..PPM) < invalid_ppm {
             invalid(c, stdio_local);
         } else {
@@ -1343,6 +1435,38 @@ impl World {
                 f.sent.insert(data.clone());
             }
         }
+    }
+
+    /// Client `i` asks to attach, passing a descriptor with the request
+    /// (a child process getting a connection of its own) or, now and then,
+    /// without one (which must fail). The two never overlap, so which
+    /// attach claims which descriptor stays known. False: nothing sent.
+    fn issue_attach(&mut self, i: usize) -> bool {
+        let budget = self.attach_budget;
+        let c = &mut self.clients[i];
+        let with_fd = budget > 0 && c.rng.gen_bool(0.8);
+        let (mut has_fd, mut has_bare) = (false, false);
+        for s in c.outstanding.values() {
+            match s.kind {
+                Kind::Attach { fd: true } => has_fd = true,
+                Kind::Attach { fd: false } => has_bare = true,
+                _ => {}
+            }
+        }
+        let must_fail = if with_fd && !has_bare {
+            self.attach_budget -= 1;
+            c.dpending.push_back(c.out.pushed);
+            None
+        } else if !with_fd && !has_fd && !c.stray_fd && c.fds_unclaimed == 0 {
+            Some("attach_needs_descriptor")
+        } else {
+            return false;
+        };
+        let id = next_id(c);
+        let payload = serde_json::to_vec(&json!({ "id": id, "op": "attach" })).unwrap_or_default();
+        send(c, id, payload, Kind::Attach { fd: must_fail.is_none() }, must_fail);
+        self.count(FaultKind::Attach);
+        true
     }
 
     fn on_response(&mut self, i: usize, payload: &[u8]) -> Check {
@@ -1386,6 +1510,14 @@ impl World {
             }
             Some(_) => return Err(violation("response_shape", format!("id is not a string: {v}"))),
         };
+        if let Some(first) = c.attach_wait.take() {
+            if first != id {
+                return Err(violation(
+                    "attach_response_first",
+                    format!("attached client's first frame answers {id}, not its attach {first}: {v}"),
+                ));
+            }
+        }
         let Some(sent) = c.outstanding.remove(&id) else {
             return Err(violation(
                 "one_response_per_request",
@@ -1563,6 +1695,30 @@ impl World {
                             format!("stdio write of {len} acknowledged {written:?}"),
                         ));
                     }
+                }
+            }
+            // Answered on the sharer only when unserved (a full queue); its
+            // descriptor then lingers.
+            Kind::Attach { fd: true } => {
+                if ok || code != "E_RANGE" {
+                    return Err(violation(
+                        "attach_answered_on_new_client",
+                        format!("attach {id} with a descriptor answered on the sharer: {v}"),
+                    ));
+                }
+                c.stray_fd = true;
+            }
+            Kind::Attach { fd: false } => {
+                if code != "E_ARG" && code != "E_RANGE" {
+                    return Err(violation(
+                        "attach_needs_descriptor",
+                        format!("attach {id} without one: {v}"),
+                    ));
+                }
+            }
+            Kind::Attached => {
+                if !ok {
+                    return Err(violation("attach_response_first", format!("attach {id} answered {v}")));
                 }
             }
             Kind::Invalid | Kind::Broker(_) => {}

@@ -216,3 +216,33 @@ fn planted_bug_is_found_shrunk_traced_and_replayed() {
 fn planted_bug_is_found_in_nested_worlds() {
     planted_bug_is_caught(Scenario::Nested);
 }
+
+/// Seeds with attach on pass descriptors, get clients attached (whose ids
+/// are fresh), and their traces replay. The checkers see to the rest: the
+/// attach answered first on the new client, E_ARG without a descriptor.
+#[test]
+fn attach_worlds_attach_clients() {
+    let (mut descriptors, mut attached, mut worlds) = (0, 0, 0);
+    for scenario in [Scenario::Default, Scenario::Nested] {
+        let o = opts(scenario, 0..1, 1);
+        for seed in 0..40 {
+            if airlock_sim::swarm_for(seed, &o).rate(FaultKind::Attach) == 0 {
+                continue;
+            }
+            worlds += 1;
+            let (res, trace) = record_trace(seed, &o);
+            assert!(res.passed(), "{}", res.swarm_description());
+            replay(trace.as_slice()).unwrap_or_else(|e| panic!("seed {seed} [{scenario}]: {e}"));
+            let text = String::from_utf8(trace).unwrap();
+            descriptors += text.matches(r#""input":"descriptor""#).count();
+            for line in text.lines().filter(|l| l.contains(r#""output":"attach""#)) {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                let new = v["output"]["client"].as_u64().unwrap();
+                assert!(new >= airlock_core::fsproxy::ATTACHED_CLIENT_BASE, "{line}");
+                attached += 1;
+            }
+        }
+    }
+    assert!(worlds >= 10, "only {worlds} worlds attach");
+    assert!(attached >= 10 && descriptors >= attached, "{attached} attached, {descriptors} descriptors");
+}
