@@ -16,17 +16,10 @@ use airlock_core::broker::check::{Checker, Setup, Step};
 use airlock_core::broker::Usage;
 use airlock_model::sync::{lock, thread, Arc, Mutex};
 
+mod common;
+
 fn check(model: impl Fn() + Sync + Send + 'static) {
-    #[cfg(loom)]
-    {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(2);
-        builder.check(model);
-    }
-    #[cfg(not(loom))]
-    for _ in 0..200 {
-        model();
-    }
+    common::check(2, 200, model);
 }
 
 fn usage() -> Option<Usage> {

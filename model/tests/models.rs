@@ -11,17 +11,10 @@ use airlock_model::inflight::{Cancel, Inflight};
 use airlock_model::seeds::SeedQueue;
 use airlock_model::sync::{thread, Arc, AtomicUsize, Ordering};
 
+mod common;
+
 fn check(model: impl Fn() + Sync + Send + 'static) {
-    #[cfg(loom)]
-    {
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(3);
-        builder.check(model);
-    }
-    #[cfg(not(loom))]
-    for _ in 0..500 {
-        model();
-    }
+    common::check(3, 500, model);
 }
 
 #[cfg(loom)]
