@@ -875,15 +875,18 @@ impl World {
         c.gone = true;
         c.out.clear();
         c.dpending.clear();
-        let first = loop {
-            let Some(id) = c.order.front() else { break None };
-            match c.outstanding.get(id) {
-                Some(s) => break Some(s.kind.clone()),
-                None => {
-                    c.order.pop_front();
-                }
-            }
-        };
+        // The first request the machine had not yet answered may still
+        // take effect. Invalid requests are passed over: they change
+        // nothing, and one answered with no readable id (a corrupt frame)
+        // stays outstanding here for good, though the machine has long
+        // moved on to the requests behind it.
+        let first = c
+            .order
+            .iter()
+            .filter_map(|id| c.outstanding.get(id))
+            .map(|s| &s.kind)
+            .find(|k| !matches!(k, Kind::Invalid))
+            .cloned();
         let handles = std::mem::take(&mut c.handles);
         let (level, client) = (c.level, c.id);
         match first {
