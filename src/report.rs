@@ -1,9 +1,8 @@
 //! `--report FILE`: what a session did, written when airlock exits.
 
-use airlock_core::broker::{Broker, BrokerErrorCode};
+use airlock_core::broker::{Broker, BrokerStats};
 use airlock_core::fsproxy::{FsProxy, Stats};
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 #[derive(Debug, Serialize)]
@@ -34,8 +33,9 @@ pub struct Report {
     pub broker: Option<BrokerReport>,
 }
 
-/// What the broker did. Amounts are USD (for reading; the broker keeps
-/// them exactly, in pico-USD).
+/// What the broker did: its own counters (`submitted`, `started`,
+/// `succeeded`, `errors_by_code`, `trims`, …; `charged` in pico-USD) and the
+/// budget in USD, for reading.
 #[derive(Debug, Serialize)]
 pub struct BrokerReport {
     pub session_id: String,
@@ -43,30 +43,19 @@ pub struct BrokerReport {
     pub remaining_units: f64,
     /// The sum of every charge, before the clamp at zero.
     pub charged_units: f64,
-    pub submitted: u64,
-    pub started: u64,
-    pub succeeded: u64,
-    pub errors_by_code: BTreeMap<BrokerErrorCode, u64>,
-    pub trims: u64,
-    pub dropped_owner_gone: u64,
-    pub late_results: u64,
+    #[serde(flatten)]
+    pub stats: BrokerStats,
 }
 
 impl BrokerReport {
     pub fn new(b: &Broker) -> Self {
-        let s = b.stats();
+        let stats = b.stats().clone();
         BrokerReport {
             session_id: b.quota().session_id,
             initial_units: b.initial().as_usd_f64(),
             remaining_units: b.remaining().as_usd_f64(),
-            charged_units: s.charged.as_usd_f64(),
-            submitted: s.submitted,
-            started: s.started,
-            succeeded: s.succeeded,
-            errors_by_code: s.errors_by_code.clone(),
-            trims: s.trims,
-            dropped_owner_gone: s.dropped_owner_gone,
-            late_results: s.late_results,
+            charged_units: stats.charged.as_usd_f64(),
+            stats,
         }
     }
 }
