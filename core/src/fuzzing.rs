@@ -269,6 +269,11 @@ impl Shell {
         self.input(Input::Connected { client });
     }
 
+    /// Send the JSON `request` framed, as `client`.
+    pub fn send_json(&mut self, client: ClientId, request: &serde_json::Value) {
+        self.send(client, request.to_string().as_bytes());
+    }
+
     /// Send `payload` framed, as `client`.
     pub fn send(&mut self, client: ClientId, payload: &[u8]) {
         self.input(Input::Bytes { client, data: frame::encode(payload) });

@@ -24,7 +24,7 @@ fn shell() -> Shell {
 /// Send `req` as `client` and return the one response it gets.
 fn call(s: &mut Shell, client: ClientId, req: Value) -> Value {
     let before = s.responses(client).len();
-    s.send(client, req.to_string().as_bytes());
+    s.send_json(client, &req);
     let mut got = s.responses(client).split_off(before);
     assert_eq!(got.len(), 1, "{req} got {got:?}");
     got.remove(0)
@@ -395,7 +395,7 @@ fn oversized_prefix_answers_once_then_closes_and_cleans_up() {
     s.auto = true;
     assert_eq!(data_of(&read(&mut s, B, other, 5)).0, b"hello");
     // Nothing more reaches the closed client.
-    s.send(A, json!({"id": "late", "op": "QUOTA"}).to_string().as_bytes());
+    s.send_json(A, &json!({"id": "late", "op": "QUOTA"}));
     assert_eq!(s.responses(A).len(), 3);
 }
 
@@ -468,8 +468,8 @@ fn death_while_an_effect_is_in_flight_waits_then_closes() {
     let mut s = shell();
     let h = handle_of(&open(&mut s, A, "/rw/notes.txt", "rw"));
     s.auto = false;
-    s.send(A, json!({"id": "w", "op": "write", "params": {"h": h, "data": "TkVX"}}).to_string().as_bytes());
-    s.send(A, json!({"id": "q", "op": "read", "params": {"h": h, "max": 9}}).to_string().as_bytes());
+    s.send_json(A, &json!({"id": "w", "op": "write", "params": {"h": h, "data": "TkVX"}}));
+    s.send_json(A, &json!({"id": "q", "op": "read", "params": {"h": h, "max": 9}}));
     assert!(matches!(effects_of(&s)[..], [Effect::Write { .. }]));
     let responses = s.responses(A).len();
     s.input(Input::Died { client: A });
@@ -492,12 +492,7 @@ fn open_completing_after_death_is_closed_at_once() {
     for depart in [Input::Died { client: A }, Input::Eof { client: A }] {
         let mut s = shell();
         s.auto = false;
-        s.send(
-            A,
-            json!({"id": "o", "op": "open", "params": {"path": "/rw/new.txt", "mode": "w"}})
-                .to_string()
-                .as_bytes(),
-        );
+        s.send_json(A, &json!({"id": "o", "op": "open", "params": {"path": "/rw/new.txt", "mode": "w"}}));
         assert!(matches!(effects_of(&s)[..], [Effect::Open { .. }]));
         s.input(depart.clone());
         assert_eq!(s.effects.len(), 1, "nothing to close yet");
@@ -516,12 +511,7 @@ fn open_completing_after_death_is_closed_at_once() {
 fn failed_open_after_death_needs_no_close() {
     let mut s = shell();
     s.auto = false;
-    s.send(
-        A,
-        json!({"id": "o", "op": "open", "params": {"path": "/rw/new.txt", "mode": "w"}})
-            .to_string()
-            .as_bytes(),
-    );
+    s.send_json(A, &json!({"id": "o", "op": "open", "params": {"path": "/rw/new.txt", "mode": "w"}}));
     s.input(Input::Died { client: A });
     s.complete(0, true);
     assert!(s.effects.is_empty());
@@ -536,12 +526,7 @@ fn effect_failures_map_to_error_codes() {
     let cases =
         [(FsErrorKind::NotFound, "E_NOENT"), (FsErrorKind::Denied, "E_PERM"), (FsErrorKind::Other, "E_IO")];
     for (kind, want) in cases {
-        s.send(
-            A,
-            json!({"id": want, "op": "open", "params": {"path": "/rw/x", "mode": "w"}})
-                .to_string()
-                .as_bytes(),
-        );
+        s.send_json(A, &json!({"id": want, "op": "open", "params": {"path": "/rw/x", "mode": "w"}}));
         let (id, _) = s.effects.remove(0);
         s.input(Input::EffectDone { id, result: EffectResult::Failed { kind, message: "no".into() } });
         let resp = s.responses(A).pop().unwrap_or_default();
@@ -596,7 +581,7 @@ fn stdio_read_pending_does_not_hold_up_cleanup() {
     let mut s = shell();
     handle_of(&open(&mut s, A, "/ro/hello.txt", "r"));
     s.auto = false;
-    s.send(A, json!({"id": "in", "op": "read", "params": {"h": 0, "max": 10}}).to_string().as_bytes());
+    s.send_json(A, &json!({"id": "in", "op": "read", "params": {"h": 0, "max": 10}}));
     assert!(matches!(effects_of(&s)[..], [Effect::ReadStdin { max: 10 }]));
     assert!(s.proxy.quiescent());
     s.input(Input::Died { client: A });
@@ -639,18 +624,8 @@ fn handle_limit_counts_opens_under_way() {
     config.max_open_handles = 2;
     let mut s = shell_with(config);
     s.auto = false;
-    s.send(
-        A,
-        json!({"id": "1", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}})
-            .to_string()
-            .as_bytes(),
-    );
-    s.send(
-        B,
-        json!({"id": "2", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}})
-            .to_string()
-            .as_bytes(),
-    );
+    s.send_json(A, &json!({"id": "1", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}}));
+    s.send_json(B, &json!({"id": "2", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}}));
     let c = ClientId(3);
     s.connect(c);
     assert_eq!(code(&open(&mut s, c, "v.txt", "w")), "E_RANGE");
@@ -708,7 +683,7 @@ fn attach_serves_the_passed_descriptor_as_a_client_of_its_own() {
     let mut s = shell();
     s.input(Input::Descriptor { client: A });
     let before = s.responses(A).len();
-    s.send(A, json!({"id": "a", "op": "attach"}).to_string().as_bytes());
+    s.send_json(A, &json!({"id": "a", "op": "attach"}));
     // Answered on the new connection, never on the shared one.
     assert_eq!(s.responses(A).len(), before);
     let new = match s.events.iter().rev().find(|e| matches!(e, Event::Attached(..))) {
@@ -759,16 +734,8 @@ fn reply_upstream(s: &mut Shell, resp: Value) {
 #[test]
 fn forwarding_maps_ids_and_handles() {
     let mut s = intermediate();
-    s.send(
-        A,
-        json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "rw"}})
-            .to_string()
-            .as_bytes(),
-    );
-    s.send(
-        B,
-        json!({"id": "b1", "op": "open", "params": {"path": "scratch", "mode": "w"}}).to_string().as_bytes(),
-    );
+    s.send_json(A, &json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "rw"}}));
+    s.send_json(B, &json!({"id": "b1", "op": "open", "params": {"path": "scratch", "mode": "w"}}));
     let up = upstream_requests(&mut s);
     assert_eq!(
         up,
@@ -784,8 +751,8 @@ fn forwarding_maps_ids_and_handles() {
     assert_eq!(s.responses(B), vec![json!({"id": "b1", "ok": true, "result": {"handle": 3}})]);
     assert_eq!(s.responses(A), vec![json!({"id": "a1", "ok": true, "result": {"handle": 4}})]);
 
-    s.send(A, json!({"id": "a2", "op": "read", "params": {"h": 4, "max": 10}}).to_string().as_bytes());
-    s.send(A, json!({"id": "a3", "op": "write", "params": {"h": 4, "data": "aGk="}}).to_string().as_bytes());
+    s.send_json(A, &json!({"id": "a2", "op": "read", "params": {"h": 4, "max": 10}}));
+    s.send_json(A, &json!({"id": "a3", "op": "write", "params": {"h": 4, "data": "aGk="}}));
     // A's second request waits for its first.
     let up = upstream_requests(&mut s);
     assert_eq!(up, vec![json!({"id": "u2", "op": "read", "params": {"h": 40, "max": 10}})]);
@@ -818,7 +785,7 @@ fn forwarding_maps_ids_and_handles() {
 #[test]
 fn bad_upstream_response_is_e_io() {
     let mut s = intermediate();
-    s.send(A, json!({"id": "a", "op": "open", "params": {"path": "x", "mode": "w"}}).to_string().as_bytes());
+    s.send_json(A, &json!({"id": "a", "op": "open", "params": {"path": "x", "mode": "w"}}));
     reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"nohandle": 1}}));
     let resp = s.responses(A).pop().unwrap_or_default();
     assert_eq!(resp["id"], json!("a"));
@@ -829,16 +796,11 @@ fn bad_upstream_response_is_e_io() {
 #[test]
 fn upstream_eof_answers_pending_requests_with_e_io() {
     let mut s = intermediate();
-    s.send(
-        A,
-        json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "r"}})
-            .to_string()
-            .as_bytes(),
-    );
+    s.send_json(A, &json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "r"}}));
     reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"handle": 9}}));
-    s.send(A, json!({"id": "a2", "op": "read", "params": {"h": 3, "max": 1}}).to_string().as_bytes());
-    s.send(A, json!({"id": "a3", "op": "read", "params": {"h": 3, "max": 1}}).to_string().as_bytes());
-    s.send(B, json!({"id": "b1", "op": "open", "params": {"path": "y", "mode": "w"}}).to_string().as_bytes());
+    s.send_json(A, &json!({"id": "a2", "op": "read", "params": {"h": 3, "max": 1}}));
+    s.send_json(A, &json!({"id": "a3", "op": "read", "params": {"h": 3, "max": 1}}));
+    s.send_json(B, &json!({"id": "b1", "op": "open", "params": {"path": "y", "mode": "w"}}));
     assert_eq!(upstream_requests(&mut s).len(), 3);
     s.input(Input::UpstreamEof);
     let a: Vec<(Value, String)> = s.responses(A).iter().map(|r| (r["id"].clone(), code_or_ok(r))).collect();
@@ -899,7 +861,7 @@ impl Chain {
 
     fn call(&mut self, client: ClientId, req: Value) -> Value {
         let before = self.mid.responses(client).len();
-        self.mid.send(client, req.to_string().as_bytes());
+        self.mid.send_json(client, &req);
         self.pump();
         let mut got = self.mid.responses(client).split_off(before);
         assert_eq!(got.len(), 1, "{req}: {got:?}");
@@ -981,7 +943,7 @@ fn intermediate_death_closes_everything_on_the_top_level() {
 #[test]
 fn upstream_open_answered_after_death_is_closed_upstream() {
     let mut s = intermediate();
-    s.send(A, json!({"id": "a", "op": "open", "params": {"path": "x", "mode": "w"}}).to_string().as_bytes());
+    s.send_json(A, &json!({"id": "a", "op": "open", "params": {"path": "x", "mode": "w"}}));
     s.input(Input::Eof { client: A });
     assert_eq!(upstream_requests(&mut s).len(), 1);
     reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"handle": 12}}));
@@ -1063,7 +1025,7 @@ proptest! {
                     let known: Vec<u64> = s.responses(clients[c]).iter()
                         .filter_map(|r| r.pointer("/result/handle").and_then(Value::as_u64)).collect();
                     let req = request(&id, kind, arg, &known);
-                    s.send(clients[c], req.to_string().as_bytes());
+                    s.send_json(clients[c], &req);
                     if !gone[c] {
                         sent[c].push(Some(id));
                     }
@@ -1175,7 +1137,7 @@ fn cancel(id: &str, token: &str) -> Value {
 
 /// Send without expecting an answer yet.
 fn submit(s: &mut Shell, client: ClientId, req: Value) {
-    s.send(client, req.to_string().as_bytes());
+    s.send_json(client, &req);
 }
 
 /// Send `req` and return its answer, whatever else the send produced.
@@ -1505,7 +1467,7 @@ fn chained_llmcmd_is_served_by_the_top_broker() {
     let mut top = Shell::new(broker_config(), test_fs());
     top.connect(UP);
     let mut c = Chain { mid: broker_intermediate(), top };
-    c.mid.send(A, llm("a1", json!({"cancel_token": "k", "max_tokens": 7})).to_string().as_bytes());
+    c.mid.send_json(A, &llm("a1", json!({"cancel_token": "k", "max_tokens": 7})));
     c.pump();
     assert_eq!(c.top.started, vec![CallId(0)]);
     assert_eq!(c.top.provider_calls[0].1.max_tokens, 7);
@@ -1519,9 +1481,9 @@ fn chained_llmcmd_is_served_by_the_top_broker() {
     let r = only_answer(&c.mid, A, "a1");
     assert_eq!(r["result"]["usage"]["completion_tokens"], json!(4));
     // A second child's call, cancelled through the chain.
-    c.mid.send(B, llm("b1", json!({"cancel_token": "k"})).to_string().as_bytes());
+    c.mid.send_json(B, &llm("b1", json!({"cancel_token": "k"})));
     c.pump();
-    c.mid.send(B, cancel("bc", "k").to_string().as_bytes());
+    c.mid.send_json(B, &cancel("bc", "k"));
     c.pump();
     let r = only_answer(&c.mid, B, "bc");
     assert_eq!(r["result"]["state"], json!("after_start"));
