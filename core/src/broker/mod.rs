@@ -39,6 +39,7 @@
 //! started call is charged, whenever it arrives.
 
 pub mod check;
+pub mod openai;
 mod pricing;
 pub mod quota;
 pub mod wire;
