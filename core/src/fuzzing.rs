@@ -670,7 +670,7 @@ fn broker_command(shell: &mut Shell, client: ClientId, arg: u8, id: u64) {
             });
             let result = if arg % 8 == 5 {
                 ProviderResult::Ok {
-                    messages: vec![serde_json::json!({"role": "assistant"})],
+                    messages: crate::broker::RawJson::from_value(&serde_json::json!([{"role": "assistant"}])),
                     usage,
                     model: "m".into(),
                 }

@@ -263,7 +263,9 @@ impl Checker {
                 };
                 let result = if matches!(step, Step::ProviderOk { .. }) {
                     ProviderResult::Ok {
-                        messages: vec![serde_json::json!({"role": "assistant", "content": "ok"})],
+                        messages: super::RawJson::from_value(
+                            &serde_json::json!([{"role": "assistant", "content": "ok"}]),
+                        ),
                         usage: *usage,
                         model: "m".into(),
                     }
@@ -368,13 +370,17 @@ impl Checker {
                     c.replied = true;
                     let code = outcome.as_ref().err().map(|e| e.code);
                     match code {
-                        Some(BrokerErrorCode::InvalidRequest) => {
+                        Some(BrokerErrorCode::InvalidRequest | BrokerErrorCode::QueueFull) => {
                             assert!(c.started.is_none(), "{call} refused after it started");
                             if let Some(a) = c.admission.take() {
                                 self.pending.remove(&a);
                             }
                         }
-                        Some(BrokerErrorCode::QueueTimeout | BrokerErrorCode::CancelledBeforeStart) => {
+                        Some(
+                            BrokerErrorCode::QueueTimeout
+                            | BrokerErrorCode::CancelledBeforeStart
+                            | BrokerErrorCode::BudgetExhausted,
+                        ) => {
                             assert!(c.started.is_none(), "{call} answered {code:?} after it started");
                             if code == Some(BrokerErrorCode::QueueTimeout) {
                                 assert!(

@@ -42,6 +42,8 @@ pub mod check;
 pub mod openai;
 mod pricing;
 pub mod quota;
+pub mod raw;
+pub mod secret;
 pub mod wire;
 
 #[cfg(test)]
@@ -49,12 +51,14 @@ mod tests;
 
 pub use pricing::{CatalogError, Price, PricingCatalog, Weights, SAMPLE_CATALOG_JSON};
 pub use quota::{Money, Trim, Usage, UsageError};
+pub use raw::{RawJson, ReadLimits};
+pub use secret::{Redactor, SecretError};
 pub use wire::{CancelOutcome, LlmCmdParams, LlmRequest, LlmResult, ParamError, QuotaSnapshot};
 
 use crate::handles::ClientId;
 use crate::time::Instant;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Map;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
@@ -73,6 +77,14 @@ pub const DEFAULT_MIN_OUTPUT_TOKENS: u32 = 16;
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// `default_model` (seed 002).
 pub const DEFAULT_MODEL: &str = "gpt-4o-mini";
+/// `[broker.queue] max_pending`: calls waiting for the lock at most.
+pub const DEFAULT_MAX_PENDING: usize = 64;
+/// `[broker.queue] max_pending_bytes`: bytes the waiting calls hold at
+/// most (see [`Broker::pending_bytes`] for what is counted).
+pub const DEFAULT_MAX_PENDING_BYTES: u64 = 8 << 20;
+/// What one waiting call costs beyond its text: its queue entry, indexes
+/// and bookkeeping, rounded up.
+pub const WAITER_OVERHEAD_BYTES: u64 = 512;
 /// The quota covers the whole session; there is no rolling window.
 pub const QUOTA_WINDOW: &str = "session";
 
@@ -87,6 +99,26 @@ pub struct BrokerConfig {
     pub default_model: String,
     /// Prepend a system message stating the remaining budget.
     pub inject_remaining_context: bool,
+    /// Calls waiting for the lock at most; more are refused `queue_full`.
+    #[serde(default = "default_max_pending")]
+    pub max_pending: usize,
+    /// Bytes the waiting calls hold at most; a call that would pass it is
+    /// refused `queue_full`.
+    #[serde(default = "default_max_pending_bytes")]
+    pub max_pending_bytes: u64,
+    /// Refuse (`budget_exhausted`, no provider call) a call whose
+    /// worst-case cost the remaining budget cannot cover. Off by default:
+    /// the seed makes no preflight denials.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enforce_budget: bool,
+}
+
+fn default_max_pending() -> usize {
+    DEFAULT_MAX_PENDING
+}
+
+fn default_max_pending_bytes() -> u64 {
+    DEFAULT_MAX_PENDING_BYTES
 }
 
 impl Default for BrokerConfig {
@@ -99,6 +131,9 @@ impl Default for BrokerConfig {
             default_max_tokens: DEFAULT_MAX_TOKENS,
             default_model: DEFAULT_MODEL.into(),
             inject_remaining_context: false,
+            max_pending: DEFAULT_MAX_PENDING,
+            max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
+            enforce_budget: false,
         }
     }
 }
@@ -111,6 +146,8 @@ pub enum ConfigError {
     SafetyFactor(f64),
     ZeroDefaultMaxTokens,
     DefaultModelNotPriced(String),
+    ZeroMaxPending,
+    ZeroMaxPendingBytes,
 }
 
 impl fmt::Display for ConfigError {
@@ -123,6 +160,8 @@ impl fmt::Display for ConfigError {
             ConfigError::DefaultModelNotPriced(m) => {
                 write!(f, "default_model {m:?} is not in the pricing catalog")
             }
+            ConfigError::ZeroMaxPending => f.write_str("queue.max_pending must be positive"),
+            ConfigError::ZeroMaxPendingBytes => f.write_str("queue.max_pending_bytes must be positive"),
         }
     }
 }
@@ -186,16 +225,23 @@ pub enum BrokerErrorCode {
     ProviderError,
     #[serde(rename = "E_ARG")]
     InvalidRequest,
+    /// The queue is at `max_pending` calls or `max_pending_bytes`.
+    QueueFull,
+    /// `enforce_budget` is on and the remaining budget cannot cover the
+    /// call's worst-case cost.
+    BudgetExhausted,
 }
 
 impl BrokerErrorCode {
-    pub const ALL: [BrokerErrorCode; 6] = [
+    pub const ALL: [BrokerErrorCode; 8] = [
         BrokerErrorCode::QueueTimeout,
         BrokerErrorCode::CancelledBeforeStart,
         BrokerErrorCode::CancelledAfterStart,
         BrokerErrorCode::ProviderTimeout,
         BrokerErrorCode::ProviderError,
         BrokerErrorCode::InvalidRequest,
+        BrokerErrorCode::QueueFull,
+        BrokerErrorCode::BudgetExhausted,
     ];
 
     /// The wire's `error.code`.
@@ -207,6 +253,8 @@ impl BrokerErrorCode {
             BrokerErrorCode::ProviderTimeout => "provider_timeout",
             BrokerErrorCode::ProviderError => "provider_error",
             BrokerErrorCode::InvalidRequest => "E_ARG",
+            BrokerErrorCode::QueueFull => "queue_full",
+            BrokerErrorCode::BudgetExhausted => "budget_exhausted",
         }
     }
 
@@ -238,7 +286,8 @@ impl BrokerError {
 #[serde(rename_all = "snake_case", tag = "result")]
 pub enum ProviderResult {
     Ok {
-        messages: Vec<Value>,
+        /// A JSON array of message objects, as text.
+        messages: RawJson,
         /// `None` when the response carried no usage: nothing is charged.
         usage: Option<Usage>,
         model: String,
@@ -283,15 +332,26 @@ pub enum BrokerInput {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProviderRequest {
     pub model: String,
-    pub messages: Vec<Value>,
+    /// A JSON array of message objects, as text.
+    pub messages: RawJson,
     /// After the soft trim.
     pub max_tokens: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// A JSON array, as text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<Value>>,
+    pub tools: Option<RawJson>,
+    /// A JSON object, as text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Map<String, Value>>,
+    pub metadata: Option<RawJson>,
+}
+
+impl ProviderRequest {
+    /// Bytes of what is sent as the prompt (messages and tools): the
+    /// bound [`quota::prompt_token_bound`] is taken of.
+    pub fn prompt_bytes(&self) -> u64 {
+        (self.messages.len() + self.tools.as_ref().map_or(0, RawJson::len)) as u64
+    }
 }
 
 /// The seed's per-request telemetry fields, one record per call (and one
@@ -376,6 +436,8 @@ struct Waiter {
     enqueued: Instant,
     deadline: Instant,
     queue_len: u64,
+    /// What it holds, counted against `max_pending_bytes`.
+    bytes: u64,
 }
 
 #[derive(Debug)]
@@ -391,6 +453,8 @@ struct Running {
     deadline: Instant,
     queue_len: u64,
     trim: Trim,
+    /// Its worst-case cost, reserved under `enforce_budget`.
+    reserve: Money,
 }
 
 /// A call given up on, whose `ProviderDone` may still bring usage.
@@ -399,6 +463,17 @@ struct Abandoned {
     owner: ClientId,
     model: String,
     weights: Weights,
+    reserve: Money,
+}
+
+/// Bugs the simulator plants in the broker (see `fsproxy::PlantedBug`).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BrokerBug {
+    /// `max_pending_bytes` is not checked.
+    NoPendingByteBound,
+    /// `enforce_budget` is ignored.
+    IgnoreEnforceBudget,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -429,8 +504,16 @@ pub struct Broker {
     by_owner: BTreeSet<(ClientId, u64)>,
     running: Option<Running>,
     abandoned: BTreeMap<CallId, Abandoned>,
+    /// Sum of the abandoned calls' reserves: usage that may still come.
+    reserved: Money,
+    /// Sum of the waiters' `bytes`.
+    pending_bytes: u64,
     outputs: VecDeque<BrokerOutput>,
     stats: BrokerStats,
+    /// Scrubs every provider result before a child can see it. Set at run
+    /// time, never serialized.
+    redactor: Redactor,
+    bug: Option<BrokerBug>,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -462,6 +545,12 @@ impl Broker {
         if catalog.get(&config.default_model).is_none() {
             return Err(ConfigError::DefaultModelNotPriced(config.default_model.clone()));
         }
+        if config.max_pending == 0 {
+            return Err(ConfigError::ZeroMaxPending);
+        }
+        if config.max_pending_bytes == 0 {
+            return Err(ConfigError::ZeroMaxPendingBytes);
+        }
         Ok(Broker {
             safety_ppm: quota::factor_ppm(f),
             config,
@@ -477,9 +566,36 @@ impl Broker {
             by_owner: BTreeSet::new(),
             running: None,
             abandoned: BTreeMap::new(),
+            reserved: Money::ZERO,
+            pending_bytes: 0,
             outputs: VecDeque::new(),
             stats: BrokerStats::default(),
+            redactor: Redactor::new(),
+            bug: None,
         })
+    }
+
+    /// Scrub every provider result with `redactor` before it is answered.
+    pub fn set_redactor(&mut self, redactor: Redactor) {
+        self.redactor = redactor;
+    }
+
+    #[doc(hidden)]
+    pub fn plant_bug(&mut self, bug: BrokerBug) {
+        self.bug = Some(bug);
+    }
+
+    /// Bytes the waiting calls hold: the text of their messages, tools and
+    /// metadata (kept as compact JSON text, never as a parsed tree), their
+    /// model names and cancel tokens, plus [`WAITER_OVERHEAD_BYTES`] each.
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
+    }
+
+    /// Under `enforce_budget`: the worst-case cost of abandoned calls
+    /// whose usage has not come in yet, held back from new calls.
+    pub fn reserved(&self) -> Money {
+        self.reserved
     }
 
     pub fn config(&self) -> &BrokerConfig {
@@ -612,8 +728,10 @@ impl Broker {
             return;
         }
         self.expire_waiters(now);
-        let Some(seq) = self.queue.first_key_value().map(|(s, _)| *s) else { return };
-        if let Some(w) = self.remove_waiter(seq) {
+        while self.running.is_none() {
+            let Some(seq) = self.queue.first_key_value().map(|(s, _)| *s) else { return };
+            let Some(w) = self.remove_waiter(seq) else { return };
+            // Refused calls answer at once and the next waiter is tried.
             self.start(now, w);
         }
     }
@@ -629,10 +747,23 @@ impl Broker {
         self.stats.submitted += 1;
         let model = request.model.clone().unwrap_or_else(|| self.config.default_model.clone());
         let refused = |message: String| BrokerError::new(BrokerErrorCode::InvalidRequest, message);
+        let bytes = request.held_bytes()
+            + model.len() as u64
+            + cancel_token.as_ref().map_or(0, |t| t.len() as u64)
+            + WAITER_OVERHEAD_BYTES;
+        let full = |message: String| BrokerError::new(BrokerErrorCode::QueueFull, message);
+        let byte_bound = self.bug != Some(BrokerBug::NoPendingByteBound);
         let checked = if self.calls.contains_key(&call) || self.abandoned.contains_key(&call) {
             Err(refused(format!("{call} is already in use")))
         } else if cancel_token.as_ref().is_some_and(|t| self.tokens.contains_key(&(owner, t.clone()))) {
             Err(refused("cancel_token is already in use by another call of this client".into()))
+        } else if self.queue.len() >= self.config.max_pending {
+            Err(full(format!("{} calls already wait for the broker lock (queue.max_pending)", self.queue.len())))
+        } else if byte_bound && self.pending_bytes.saturating_add(bytes) > self.config.max_pending_bytes {
+            Err(full(format!(
+                "a call of {bytes} bytes would take the waiting calls past {} bytes (queue.max_pending_bytes; {} held)",
+                self.config.max_pending_bytes, self.pending_bytes
+            )))
         } else {
             self.weights_of(&model)
         };
@@ -662,12 +793,15 @@ impl Broker {
             enqueued: now,
             deadline: now.saturating_add(self.config.queue_max_wait),
             queue_len: self.queue.len() as u64,
+            bytes,
         };
+        self.pending_bytes += bytes;
         self.queue.insert(seq, waiter);
     }
 
     fn remove_waiter(&mut self, seq: u64) -> Option<Waiter> {
         let w = self.queue.remove(&seq)?;
+        self.pending_bytes -= w.bytes;
         self.by_owner.remove(&(w.owner, seq));
         self.calls.remove(&w.call);
         if let Some(t) = &w.cancel_token {
@@ -676,14 +810,12 @@ impl Broker {
         Some(w)
     }
 
+    /// Start `w`, or, under `enforce_budget`, refuse it when its
+    /// worst-case cost does not fit.
     fn start(&mut self, now: Instant, w: Waiter) {
         let safe = quota::safe_output_tokens(self.remaining, w.weights.output, self.safety_ppm);
         let requested = w.request.max_tokens.unwrap_or(self.config.default_max_tokens);
-        let trim = quota::soft_trim(requested, safe, self.config.min_output_tokens);
-        if trim.trim_applied {
-            self.stats.trims += 1;
-        }
-        self.stats.started += 1;
+        let mut trim = quota::soft_trim(requested, safe, self.config.min_output_tokens);
         let mut messages = w.request.messages;
         if self.config.inject_remaining_context {
             let affordable = match safe {
@@ -694,10 +826,13 @@ impl Broker {
                 "LLM budget remaining for this session: {:.6} USD ({affordable}).",
                 self.remaining.as_usd_f64()
             );
-            messages.insert(0, serde_json::json!({"role": "system", "content": note}));
+            let note = serde_json::json!({"role": "system", "content": note});
+            // Validated as an array when it was submitted.
+            if let Some(m) = messages.prepend(&note) {
+                messages = m;
+            }
         }
-        let deadline = now.saturating_add(self.config.request_timeout);
-        let request = ProviderRequest {
+        let mut request = ProviderRequest {
             model: w.model.clone(),
             messages,
             max_tokens: trim.effective,
@@ -705,6 +840,37 @@ impl Broker {
             tools: w.request.tools,
             metadata: w.request.metadata,
         };
+        let mut reserve = Money::ZERO;
+        if self.config.enforce_budget && self.bug != Some(BrokerBug::IgnoreEnforceBudget) {
+            let available = self.remaining.saturating_sub(self.reserved);
+            let prompt = quota::prompt_token_bound(request.prompt_bytes());
+            match quota::fit_budget(available, prompt, trim.effective, self.config.min_output_tokens, &w.weights) {
+                Some((effective, cost)) => {
+                    if effective < trim.effective {
+                        trim.effective = effective;
+                        trim.trim_applied = true;
+                        request.max_tokens = effective;
+                    }
+                    reserve = cost;
+                }
+                None => {
+                    let message = format!(
+                        "the remaining budget ({}) cannot cover this call: up to {prompt} prompt tokens \
+                         and {} output tokens of {} (broker.enforce_budget)",
+                        available,
+                        trim.effective.min(self.config.min_output_tokens),
+                        w.model
+                    );
+                    let e = BrokerError::new(BrokerErrorCode::BudgetExhausted, message);
+                    return self.finish_parts(now, w.call, w.owner, w.model, w.enqueued, w.queue_len, e, true);
+                }
+            }
+        }
+        if trim.trim_applied {
+            self.stats.trims += 1;
+        }
+        self.stats.started += 1;
+        let deadline = now.saturating_add(self.config.request_timeout);
         self.outputs.push_back(BrokerOutput::StartProvider { call: w.call, request, deadline });
         self.calls.insert(w.call, Place::Running);
         if let Some(t) = &w.cancel_token {
@@ -722,6 +888,7 @@ impl Broker {
             deadline,
             queue_len: w.queue_len,
             trim,
+            reserve,
         });
     }
 
@@ -744,12 +911,15 @@ impl Broker {
     }
 
     fn provider_done(&mut self, now: Instant, call: CallId, result: ProviderResult) {
+        // Whatever the shell did, nothing a child sees carries a secret.
+        let result = self.redactor.scrub_result(result);
         if self.running.as_ref().is_some_and(|r| r.call == call) {
             if let Some(r) = self.take_running() {
                 self.complete(now, r, result);
             }
         } else if let Some(a) = self.abandoned.remove(&call) {
             self.stats.late_results += 1;
+            self.reserved = self.reserved.saturating_sub(a.reserve);
             let usage = match &result {
                 ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => *usage,
             };
@@ -832,25 +1002,33 @@ impl Broker {
             self.reply(r.call, r.owner, Err(BrokerError::new(code, message)));
         }
         self.outputs.push_back(BrokerOutput::Telemetry(record));
-        self.abandoned.insert(r.call, Abandoned { owner: r.owner, model: r.model, weights: r.weights });
+        self.reserved = Money::from_pico(self.reserved.as_pico().saturating_add(r.reserve.as_pico()));
+        self.abandoned
+            .insert(r.call, Abandoned { owner: r.owner, model: r.model, weights: r.weights, reserve: r.reserve });
     }
 
     /// Answer (or, for a departed owner, drop) a call that never started.
     fn finish_unstarted(&mut self, now: Instant, w: Waiter, error: BrokerError, reply: bool) {
-        let wait = millis(now.saturating_duration_since(w.enqueued));
-        let record = self.record(
-            w.call,
-            w.owner,
-            w.model,
-            w.queue_len,
-            wait,
-            None,
-            None,
-            Some(error.code),
-            Money::ZERO,
-        );
+        self.finish_parts(now, w.call, w.owner, w.model, w.enqueued, w.queue_len, error, reply);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish_parts(
+        &mut self,
+        now: Instant,
+        call: CallId,
+        owner: ClientId,
+        model: String,
+        enqueued: Instant,
+        queue_len: u64,
+        error: BrokerError,
+        reply: bool,
+    ) {
+        let wait = millis(now.saturating_duration_since(enqueued));
+        let record =
+            self.record(call, owner, model, queue_len, wait, None, None, Some(error.code), Money::ZERO);
         if reply {
-            self.reply(w.call, w.owner, Err(error));
+            self.reply(call, owner, Err(error));
         } else {
             self.count_error(error.code);
         }

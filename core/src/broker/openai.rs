@@ -3,75 +3,227 @@
 //! so what counts as a malformed reply — and what a failed one is charged —
 //! is decided once, here, for the shell and anything that drives the core.
 
+use super::raw::{RawJson, ReadLimits};
+use super::secret::Redactor;
 use super::{ProviderRequest, ProviderResult, Usage};
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+use std::fmt;
 
 /// How much of a non-JSON error body is quoted in the error message.
 pub const ERROR_SNIPPET_CHARS: usize = 200;
+/// Longest provider error message passed on, in characters.
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 4096;
+/// Choices read from one reply; a chat completion asks for one.
+pub const MAX_CHOICES: usize = 128;
+/// Largest `usage` or `error` object read, in bytes of JSON: both are a
+/// handful of fields, and they are the only parts parsed into a tree.
+pub const MAX_SMALL_OBJECT_BYTES: usize = 64 << 10;
 
 fn error(message: String) -> ProviderResult {
     ProviderResult::Err { usage: None, message }
 }
 
-/// The chat-completions request: `{model, messages, max_tokens,
-/// temperature?, tools?}`. The child's `metadata` stays with airlock: the
-/// OpenAI API accepts `metadata` only with `store: true`, and other
-/// compatible servers refuse unknown fields.
-pub fn request_body(request: &ProviderRequest) -> Value {
-    let mut body = Map::new();
-    body.insert("model".into(), request.model.clone().into());
-    body.insert("messages".into(), Value::Array(request.messages.clone()));
-    body.insert("max_tokens".into(), request.max_tokens.into());
+/// The chat-completions request, as JSON text: `{model, messages,
+/// max_tokens, temperature?, tools?}`. The messages and tools are spliced
+/// in as held. The child's `metadata` stays with airlock: the OpenAI API
+/// accepts `metadata` only with `store: true`, and other compatible
+/// servers refuse unknown fields.
+pub fn request_body(request: &ProviderRequest) -> String {
+    let mut head = Map::new();
+    head.insert("model".into(), request.model.clone().into());
+    head.insert("max_tokens".into(), request.max_tokens.into());
     if let Some(t) = request.temperature {
-        body.insert("temperature".into(), json!(t));
+        head.insert("temperature".into(), json!(t));
     }
+    let head = Value::Object(head).to_string();
+    let head = head.strip_suffix('}').unwrap_or(&head);
+    let mut body = String::with_capacity(head.len() + request.prompt_bytes() as usize + 32);
+    body.push_str(head);
+    body.push_str(",\"messages\":");
+    body.push_str(request.messages.as_str());
     if let Some(tools) = &request.tools {
-        body.insert("tools".into(), Value::Array(tools.clone()));
+        body.push_str(",\"tools\":");
+        body.push_str(tools.as_str());
     }
-    Value::Object(body)
+    body.push('}');
+    body
+}
+
+/// The top of a reply. Only what is used is kept: unknown fields are
+/// skipped without being built, the messages are borrowed as text.
+#[derive(Deserialize)]
+struct Reply<'a> {
+    #[serde(default, borrow, deserialize_with = "choices")]
+    choices: Option<Vec<Option<&'a RawValue>>>,
+    #[serde(default, borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    model: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    error: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    message: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    message: Option<&'a RawValue>,
+}
+
+/// `choices`: each one's `message`, at most [`MAX_CHOICES`] of them.
+fn choices<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<Option<&'de RawValue>>>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Option<Vec<Option<&'de RawValue>>>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array of choices")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(c) = seq.next_element::<Choice<'de>>()? {
+                if out.len() == MAX_CHOICES {
+                    return Err(de::Error::custom(format!("more than {MAX_CHOICES} choices")));
+                }
+                out.push(c.message);
+            }
+            Ok(Some(out))
+        }
+        // Anything else is "no choices array", as before.
+        fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// A small JSON value parsed into a tree, or `None` when it is larger
+/// than [`MAX_SMALL_OBJECT_BYTES`].
+fn small(raw: Option<&RawValue>) -> Option<Value> {
+    raw.filter(|r| r.get().len() <= MAX_SMALL_OBJECT_BYTES).and_then(|r| serde_json::from_str(r.get()).ok())
+}
+
+fn clip(mut s: String) -> String {
+    if let Some((i, _)) = s.char_indices().nth(MAX_ERROR_MESSAGE_CHARS) {
+        s.truncate(i);
+        s.push('…');
+    }
+    s
+}
+
+/// [`parse_response_with`] under the default [`ReadLimits`].
+pub fn parse_response(status: u16, body: &[u8], asked_model: &str, redactor: &Redactor) -> ProviderResult {
+    parse_response_with(status, body, asked_model, redactor, ReadLimits::default())
 }
 
 /// Read a response: `choices[*].message` are the messages, `usage` is read
 /// with [`Usage::from_openai`], `model` is the provider's (or the one asked
 /// for). A non-2xx status is an error with the body's `error.message` and
 /// any usage it reports; a body that is not the expected JSON is an error.
-pub fn parse_response(status: u16, body: &[u8], asked_model: &str) -> ProviderResult {
-    let parsed: Result<Value, _> = serde_json::from_slice(body);
+///
+/// Nothing is built as a tree but the small `usage` and `error` objects:
+/// the messages are re-encoded as text within `limits`, so what a reply
+/// costs is about its size whatever its shape. Every string a child can
+/// see — each decoded string of the messages (keys too), the model, the
+/// error message — goes through `redactor`, and the result is checked by
+/// it once more as a whole.
+pub fn parse_response_with(
+    status: u16,
+    body: &[u8],
+    asked_model: &str,
+    redactor: &Redactor,
+    limits: ReadLimits,
+) -> ProviderResult {
+    redactor.scrub_result(read(status, body, asked_model, redactor, limits))
+}
+
+fn read(status: u16, body: &[u8], asked_model: &str, redactor: &Redactor, limits: ReadLimits) -> ProviderResult {
+    let parsed: Result<Reply<'_>, _> = serde_json::from_slice(body);
     if !(200..300).contains(&status) {
         let (detail, usage) = match &parsed {
-            Ok(v) => {
-                let msg = v
-                    .pointer("/error/message")
-                    .and_then(Value::as_str)
-                    .or_else(|| v.get("error").and_then(Value::as_str))
-                    .or_else(|| v.get("message").and_then(Value::as_str))
+            Ok(r) => {
+                let error = small(r.error);
+                let msg = error
+                    .as_ref()
+                    .and_then(|e| e.pointer("/message").and_then(Value::as_str).or_else(|| e.as_str()))
                     .map(str::to_string)
+                    .or_else(|| small(r.message).and_then(|m| m.as_str().map(str::to_string)))
                     .unwrap_or_else(|| snippet(body));
-                (msg, v.get("usage").and_then(|u| Usage::from_openai(u).ok()))
+                (msg, small(r.usage).and_then(|u| Usage::from_openai(&u).ok()))
             }
             Err(_) => (snippet(body), None),
         };
-        return ProviderResult::Err { usage, message: format!("HTTP {status}: {detail}") };
+        let detail = redactor.scrub(&detail).into_owned();
+        return ProviderResult::Err { usage, message: clip(format!("HTTP {status}: {detail}")) };
     }
-    let v = match parsed {
-        Ok(v @ Value::Object(_)) => v,
-        Ok(_) => return error("malformed response: not a JSON object".into()),
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return match parsed {
+            Err(e) => error(format!("malformed response: {e}")),
+            Ok(_) => error("malformed response: not a JSON object".into()),
+        };
+    }
+    // Error texts may quote the body; the caller scrubs them with the rest.
+    let reply = match parsed {
+        Ok(r) => r,
         Err(e) => return error(format!("malformed response: {e}")),
     };
-    let usage = match v.get("usage") {
-        None | Some(Value::Null) => None,
-        Some(u) => match Usage::from_openai(u) {
-            Ok(u) => Some(u),
-            Err(e) => return error(format!("malformed response: {e}")),
+    let usage = match reply.usage {
+        None => None,
+        Some(u) if u.get() == "null" => None,
+        Some(u) => match small(Some(u)) {
+            Some(v) => match Usage::from_openai(&v) {
+                Ok(u) => Some(u),
+                Err(e) => return error(format!("malformed response: {e}")),
+            },
+            None => return error("malformed response: usage is not a small JSON object".into()),
         },
     };
-    let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+    let Some(choices) = reply.choices else {
         return ProviderResult::Err { usage, message: "malformed response: no choices array".into() };
     };
-    let mut messages = Vec::with_capacity(choices.len());
-    for (i, c) in choices.iter().enumerate() {
-        match c.get("message") {
-            Some(m @ Value::Object(_)) => messages.push(m.clone()),
+    let mut text = String::from("[");
+    let mut room = limits;
+    for (i, m) in choices.iter().enumerate() {
+        match m {
+            Some(m) if m.get().starts_with('{') => {
+                match RawJson::read_counted(m.get(), room, Some(redactor)) {
+                    Ok((raw, used)) => {
+                        room.max_values = room.max_values.saturating_sub(used);
+                        if i > 0 {
+                            text.push(',');
+                        }
+                        text.push_str(raw.as_str());
+                    }
+                    Err(e) => {
+                        return ProviderResult::Err {
+                            usage,
+                            message: format!("malformed response: choices[{i}].message: {e}"),
+                        }
+                    }
+                }
+            }
             _ => {
                 return ProviderResult::Err {
                     usage,
@@ -80,7 +232,15 @@ pub fn parse_response(status: u16, body: &[u8], asked_model: &str) -> ProviderRe
             }
         }
     }
-    let model = v.get("model").and_then(Value::as_str).unwrap_or(asked_model).to_string();
+    text.push(']');
+    let messages = match RawJson::from_text(text) {
+        Ok(m) => m,
+        Err(e) => return ProviderResult::Err { usage, message: format!("malformed response: {e}") },
+    };
+    let model = small(reply.model)
+        .and_then(|m| m.as_str().map(str::to_string))
+        .unwrap_or_else(|| asked_model.to_string());
+    let model = redactor.scrub(&model).into_owned();
     ProviderResult::Ok { messages, usage, model }
 }
 
@@ -105,16 +265,16 @@ mod tests {
     fn req() -> ProviderRequest {
         ProviderRequest {
             model: "m".into(),
-            messages: vec![json!({"role": "user", "content": "hi"})],
+            messages: RawJson::from_value(&json!([{"role": "user", "content": "hi"}])),
             max_tokens: 7,
             temperature: Some(0.5),
             tools: None,
-            metadata: Some(Map::from_iter([("k".to_string(), json!("v"))])),
+            metadata: Some(RawJson::from_value(&json!({"k": "v"}))),
         }
     }
     #[test]
     fn body_has_the_openai_fields_and_not_metadata() {
-        let b = request_body(&req());
+        let b: Value = serde_json::from_str(&request_body(&req())).unwrap();
         assert_eq!(
             b,
             json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "temperature": 0.5})
@@ -125,9 +285,9 @@ mod tests {
     fn success_is_read() {
         let body = br#"{"model":"m-2024","choices":[{"index":0,"message":{"role":"assistant","content":"yo"}}],
             "usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":4}}}"#;
-        match parse_response(200, body, "m") {
+        match parse_response(200, body, "m", &Redactor::new()) {
             ProviderResult::Ok { messages, usage, model } => {
-                assert_eq!(messages, vec![json!({"role": "assistant", "content": "yo"})]);
+                assert_eq!(messages.to_value(), json!([{"role": "assistant", "content": "yo"}]));
                 assert_eq!(model, "m-2024");
                 let u = usage.unwrap();
                 assert_eq!((u.prompt_tokens, u.cached_tokens, u.completion_tokens), (10, 4, 3));
@@ -139,14 +299,14 @@ mod tests {
     #[test]
     fn errors_carry_status_message_and_usage() {
         let body = br#"{"error":{"message":"rate limited","type":"x"},"usage":{"prompt_tokens":5,"completion_tokens":0}}"#;
-        match parse_response(429, body, "m") {
+        match parse_response(429, body, "m", &Redactor::new()) {
             ProviderResult::Err { usage, message } => {
                 assert_eq!(message, "HTTP 429: rate limited");
                 assert_eq!(usage.unwrap().prompt_tokens, 5);
             }
             other => panic!("{other:?}"),
         }
-        match parse_response(502, b"<html>bad gateway</html>", "m") {
+        match parse_response(502, b"<html>bad gateway</html>", "m", &Redactor::new()) {
             ProviderResult::Err { usage: None, message } => {
                 assert_eq!(message, "HTTP 502: <html>bad gateway</html>")
             }
@@ -163,15 +323,80 @@ mod tests {
             br#"{"choices":[{"nope":1}]}"#,
             br#"{"choices":[],"usage":"x"}"#,
         ] {
-            assert!(matches!(parse_response(200, body, "m"), ProviderResult::Err { .. }), "{body:?}");
+            assert!(matches!(parse_response(200, body, "m", &Redactor::new()), ProviderResult::Err { .. }), "{body:?}");
         }
+    }
+
+    const KEY: &str = "sk-live-0123456789abcdef";
+
+    fn key() -> Redactor {
+        Redactor::with_secret(KEY).unwrap()
+    }
+
+    /// Every string of a result, decoded, and its error message.
+    fn visible(r: &ProviderResult) -> String {
+        match r {
+            ProviderResult::Ok { messages, model, .. } => format!("{} {} {model}", messages.as_str(), messages.to_value()),
+            ProviderResult::Err { message, .. } => message.clone(),
+        }
+    }
+
+    #[test]
+    fn the_key_never_survives_a_reply_in_any_encoding() {
+        let esc: String = KEY.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
+        let half = format!("sk-live-\\u0030123456789abcdef");
+        let bodies = [
+            (200, format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":"{KEY}"}}}}]}}"#)),
+            (200, format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":"{esc}"}}}}]}}"#)),
+            (200, format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":"x{half}y"}}}}]}}"#)),
+            (200, format!(r#"{{"model":"{esc}","choices":[{{"message":{{"{esc}":1,"role":"assistant"}}}}]}}"#)),
+            (
+                200,
+                format!(
+                    r#"{{"choices":[{{"message":{{"role":"assistant","tool_calls":[{{"function":{{"arguments":"{{\"k\":\"{}\"}}"}}}}]}}}}]}}"#,
+                    esc.replace('\\', "\\\\")
+                ),
+            ),
+            (401, format!(r#"{{"error":{{"message":"invalid key {esc}"}}}}"#)),
+            (401, format!("Incorrect API key provided: {KEY}")),
+            (200, format!(r#"{{"choices":[{{"message":{{"role":"assistant"}}}}],"usage":"{esc}"}}"#)),
+        ];
+        for (status, body) in bodies {
+            let r = parse_response(status, body.as_bytes(), "m", &key());
+            let seen = visible(&r);
+            assert!(!key().reveals(&seen) && !seen.contains(KEY), "{body} -> {seen}");
+            // The same reply without the redactor shows the key (the test is not vacuous).
+            let bare = visible(&parse_response(status, body.as_bytes(), "m", &Redactor::new()));
+            assert!(key().reveals(&bare), "{body} -> {bare}");
+        }
+    }
+
+    #[test]
+    fn a_many_valued_reply_is_refused_by_count_and_never_built() {
+        let many = format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":[{}0]}}}}]}}"#, "0,".repeat(5000));
+        let limits = ReadLimits { max_values: 1000, max_depth: 8 };
+        match parse_response_with(200, many.as_bytes(), "m", &Redactor::new(), limits) {
+            ProviderResult::Err { message, .. } => assert!(message.contains("more than 1000"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+        let choices = format!(r#"{{"choices":[{}{{}}]}}"#, "{},".repeat(MAX_CHOICES));
+        match parse_response(200, choices.as_bytes(), "m", &Redactor::new()) {
+            ProviderResult::Err { message, .. } => assert!(message.contains("choices"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+        // Unknown fields of any size are skipped.
+        let skipped = format!(r#"{{"junk":[{}0],"choices":[{{"message":{{"role":"assistant"}}}}]}}"#, "[0],".repeat(5000));
+        assert!(matches!(
+            parse_response_with(200, skipped.as_bytes(), "m", &Redactor::new(), limits),
+            ProviderResult::Ok { .. }
+        ));
     }
 
     proptest! {
         /// Whatever a provider sends, reading it never panics.
         #[test]
         fn any_reply_is_read_without_panic(status in 100u16..600, body in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = parse_response(status, &body, "m");
+            let _ = parse_response(status, &body, "m", &Redactor::new());
         }
     }
 }

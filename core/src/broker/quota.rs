@@ -257,3 +257,45 @@ pub fn soft_trim(requested: u32, safe_out: Option<u64>, floor: u32) -> Trim {
         floor_applied: safe < u64::from(floor) && safe < u64::from(requested),
     }
 }
+
+/// An upper bound on the prompt tokens of a request whose messages and
+/// tools are `bytes` bytes of JSON text: one token per byte. Tokenizers of
+/// current models are byte-level BPE, where every token covers at least
+/// one byte, and the JSON around each message (`{"role":…,"content":…}`,
+/// at least 28 bytes) outweighs the few tokens a chat template adds per
+/// message. About four times what English text really costs: a bound to
+/// refuse on, never a forecast.
+pub fn prompt_token_bound(bytes: u64) -> u64 {
+    bytes
+}
+
+/// Under `enforce_budget`: whether a call fits in `available`, and how.
+/// Its worst case is `prompt_tokens` at the dearer of the input and cached
+/// prices plus its completion at the output price. The completion is cut
+/// to what is left after the prompt (never below
+/// `min(max_tokens, min_output)`, and never to zero); `None` when not even
+/// that fits. Returns the `max_tokens` to send and the worst-case cost.
+pub fn fit_budget(
+    available: Money,
+    prompt_tokens: u64,
+    max_tokens: u32,
+    min_output: u32,
+    weights: &Weights,
+) -> Option<(u32, Money)> {
+    let input = u128::from(weights.input.micros().max(weights.cached.micros()));
+    let prompt_cost = u128::from(prompt_tokens) * input;
+    let left = u128::from(available.as_pico()).checked_sub(prompt_cost)?;
+    let output = u128::from(weights.output.micros());
+    let effective = if output == 0 {
+        max_tokens
+    } else {
+        let floor = u128::from(max_tokens.min(min_output).max(1));
+        let affordable = left / output;
+        if affordable < floor {
+            return None;
+        }
+        u32::try_from(affordable.min(u128::from(max_tokens))).unwrap_or(max_tokens)
+    };
+    let cost = prompt_cost + u128::from(effective) * output;
+    Some((effective, Money(u64::try_from(cost).unwrap_or(u64::MAX))))
+}

@@ -54,7 +54,7 @@ fn submit(
 
 fn ok(usage: Option<Usage>) -> ProviderResult {
     ProviderResult::Ok {
-        messages: vec![json!({"role": "assistant", "content": "x"})],
+        messages: RawJson::from_value(&json!([{"role": "assistant", "content": "x"}])),
         usage,
         model: "gpt-4o-mini".into(),
     }
@@ -526,7 +526,7 @@ fn trim_applies_in_the_machine_and_shows_in_metadata() {
     let res = r[0].1.as_ref().expect("success");
     assert_eq!(res.metadata.get("trim_applied"), Some(&json!(true)));
     assert_eq!(res.metadata.get("effective_max_tokens"), Some(&json!(900)));
-    let wire = res.to_wire();
+    let wire = res.to_wire().to_value();
     assert_eq!(wire["usage"], json!({"prompt_tokens": 0, "completion_tokens": 900, "total_tokens": 900}));
     // 900 × 0.6 = 540 USD per 1M: 0.00006 left, 100 tokens, 90 after the factor.
     submit(&mut b, t(2), 1, A, req_max(100), None);
@@ -551,9 +551,10 @@ fn remaining_context_is_injected_when_asked() {
     submit(&mut b, t(0), 0, A, req(), None);
     let out = drain(&mut b);
     let Some(BrokerOutput::StartProvider { request, .. }) = out.first() else { panic!("{out:?}") };
-    assert_eq!(request.messages.len(), 2);
-    assert_eq!(request.messages[0]["role"], "system");
-    let note = request.messages[0]["content"].as_str().unwrap_or_default();
+    let messages = request.messages.to_value();
+    assert_eq!(messages.as_array().map(Vec::len), Some(2));
+    assert_eq!(messages[0]["role"], "system");
+    let note = messages[0]["content"].as_str().unwrap_or_default();
     assert!(note.contains("0.000600 USD") && note.contains("900"), "{note}");
 }
 
@@ -668,7 +669,8 @@ fn inputs_and_outputs_round_trip_through_serde() {
 
 #[test]
 fn many_waiters_keep_fifo_and_bounded_timers() {
-    let mut b = broker("1000");
+    let config = BrokerConfig { max_pending: 5000, ..Default::default() };
+    let mut b = Broker::new(config, PricingCatalog::builtin(), usd("1000"), "s").expect("config");
     for i in 0..5000 {
         submit(&mut b, Instant::from_micros(i), i, ClientId(i % 7), req(), Some(&format!("k{i}")));
     }
@@ -769,6 +771,145 @@ proptest! {
                 prop_assert!(u128::from(t.effective) * u128::from(out) * 1_000_000 <= u128::from(remaining) * 900_000);
             }
             prop_assert!(u64::from(t.effective) <= s.max(u64::from(floor)));
+        }
+    }
+}
+
+// ---- queue bounds, budget enforcement, secrets ------------------------------
+
+fn big_req(bytes: usize) -> LlmRequest {
+    LlmRequest::new(vec![json!({"role": "user", "content": "x".repeat(bytes)})])
+}
+
+#[test]
+fn the_queue_is_bounded_by_count_and_by_bytes() {
+    let config = BrokerConfig { max_pending: 3, max_pending_bytes: 10_000, ..Default::default() };
+    let mut b = Broker::new(config, PricingCatalog::builtin(), usd("1000"), "s").expect("config");
+    // Call 0 runs; 1..=3 wait; 4 is one too many.
+    for i in 0..5 {
+        submit(&mut b, t(0), i, A, req(), None);
+    }
+    let out = drain(&mut b);
+    assert_eq!(started(&out).len(), 1);
+    assert_eq!(codes(&out), [(CallId(4), Some(BrokerErrorCode::QueueFull))]);
+    assert_eq!(b.queued(), 3);
+    assert!(b.pending_bytes() <= 10_000);
+    // Bytes: a call that would pass the byte bound is refused even with
+    // room in the count.
+    b.handle(t(1), BrokerInput::OwnerGone { owner: A });
+    drain(&mut b);
+    assert_eq!((b.queued(), b.pending_bytes()), (0, 0));
+    submit(&mut b, t(2), 10, B, big_req(6_000), None);
+    submit(&mut b, t(2), 11, B, big_req(6_000), None);
+    let out = drain(&mut b);
+    let r = codes(&out);
+    assert_eq!(r, [(CallId(11), Some(BrokerErrorCode::QueueFull))], "{out:?}");
+    let Err(e) = &replies(&out)[0].1 else { panic!() };
+    assert!(e.message.contains("max_pending_bytes"), "{}", e.message);
+    assert!(b.pending_bytes() > 6_000 && b.pending_bytes() <= 10_000);
+    // A refused call never reaches the provider.
+    assert!(!started(&out).iter().any(|(c, _)| *c == CallId(11)));
+}
+
+#[test]
+fn planted_missing_byte_bound_lets_bytes_pile_up() {
+    let config = BrokerConfig { max_pending: 100, max_pending_bytes: 10_000, ..Default::default() };
+    let mut b = Broker::new(config, PricingCatalog::builtin(), usd("1000"), "s").expect("config");
+    b.plant_bug(BrokerBug::NoPendingByteBound);
+    for i in 0..5 {
+        submit(&mut b, t(0), i, A, big_req(6_000), None);
+    }
+    assert!(b.pending_bytes() > 10_000);
+}
+
+#[test]
+fn enforce_budget_refuses_what_it_cannot_cover_and_trims_what_it_can() {
+    // gpt-4o-mini: input 0.15, output 0.6 USD per 1M tokens.
+    let enforce = BrokerConfig { enforce_budget: true, ..Default::default() };
+    let mut b = Broker::new(enforce.clone(), PricingCatalog::builtin(), usd("0.0001"), "s").expect("config");
+    let r = req_max(1000);
+    let prompt = r.messages.len() as u64;
+    submit(&mut b, t(0), 0, A, r, None);
+    let out = drain(&mut b);
+    // 0.0001 USD = 100_000_000 pico; prompt ≤ `prompt` tokens at 150_000
+    // pico each; the rest at 600_000 per output token.
+    let left = 100_000_000 - prompt * 150_000;
+    // The soft trim (0.9 of the remaining, all for output) bites first here.
+    let soft = 100_000_000 * 9 / 10 / 600_000;
+    assert_eq!(started(&out), [(CallId(0), (left / 600_000).min(soft).min(1000) as u32)]);
+    b.handle(t(1), BrokerInput::ProviderDone { call: CallId(0), result: ok(Some(usage(prompt, 0, 100))) });
+    drain(&mut b);
+    // Nothing left: refused, no provider call.
+    let mut b = Broker::new(enforce, PricingCatalog::builtin(), Money::ZERO, "s").expect("config");
+    submit(&mut b, t(0), 0, A, req(), None);
+    let out = drain(&mut b);
+    assert!(started(&out).is_empty(), "{out:?}");
+    assert_eq!(codes(&out), [(CallId(0), Some(BrokerErrorCode::BudgetExhausted))]);
+    // The default (the seed): no preflight denial.
+    let mut b = broker("0");
+    submit(&mut b, t(0), 0, A, req(), None);
+    assert_eq!(started(&drain(&mut b)).len(), 1);
+}
+
+#[test]
+fn abandoned_calls_keep_their_reserve_until_their_usage_comes() {
+    let enforce = BrokerConfig { enforce_budget: true, ..Default::default() };
+    let mut b = Broker::new(enforce, PricingCatalog::builtin(), usd("0.001"), "s").expect("config");
+    submit(&mut b, t(0), 0, A, req_max(1000), Some("k"));
+    drain(&mut b);
+    b.handle(t(1), BrokerInput::Cancel { request: CallId(99), owner: A, token: "k".into() });
+    drain(&mut b);
+    assert!(b.reserved() > Money::ZERO);
+    b.handle(t(2), BrokerInput::ProviderDone { call: CallId(0), result: ok(None) });
+    drain(&mut b);
+    assert_eq!(b.reserved(), Money::ZERO);
+}
+
+#[test]
+fn the_key_is_scrubbed_from_every_result_the_broker_answers() {
+    let mut b = broker("1");
+    b.set_redactor(Redactor::with_secret("sk-abcdef012345").unwrap());
+    submit(&mut b, t(0), 0, A, req(), None);
+    submit(&mut b, t(0), 1, A, req(), None);
+    drain(&mut b);
+    let leaky = RawJson::from_text(r#"[{"role":"assistant","content":"\u0073k-abcdef012345"}]"#.into()).unwrap();
+    let result = ProviderResult::Ok { messages: leaky, usage: None, model: "sk-abcdef012345".into() };
+    b.handle(t(1), BrokerInput::ProviderDone { call: CallId(0), result });
+    let err = ProviderResult::Err { usage: None, message: "bad key sk-abcdef012345".into() };
+    b.handle(t(2), BrokerInput::ProviderDone { call: CallId(1), result: err });
+    let out = drain(&mut b);
+    let text = format!("{:?}", replies(&out));
+    assert!(!text.contains("abcdef012345") && text.contains("[redacted]"), "{text}");
+}
+
+proptest! {
+    /// Under `enforce_budget`, with usage no larger than the call's bound
+    /// (prompt ≤ its bytes, completion ≤ the `max_tokens` sent), the quota
+    /// never clamps: no admitted call costs more than what was left.
+    #[test]
+    fn enforced_budget_never_clamps_with_honest_usage(
+        budget in 0u64..2_000_000_000,
+        calls in proptest::collection::vec((1u32..5000, 0u64..100, any::<bool>()), 1..20),
+    ) {
+        let enforce = BrokerConfig { enforce_budget: true, ..Default::default() };
+        let mut b = Broker::new(enforce, PricingCatalog::builtin(), Money::from_pico(budget), "s").expect("config");
+        let mut charged = 0u64;
+        for (i, (max, pct, cancel)) in calls.into_iter().enumerate() {
+            let i = i as u64;
+            submit(&mut b, t(i * 10), i, A, req_max(max), Some(&format!("k{i}")));
+            let out = drain(&mut b);
+            let Some((_, sent)) = started(&out).first().copied() else { continue };
+            let Some(BrokerOutput::StartProvider { request, .. }) = out.iter().find(|o| matches!(o, BrokerOutput::StartProvider { .. })) else { continue };
+            let prompt = request.prompt_bytes() * pct / 100;
+            let u = usage(prompt, 0, u64::from(sent) * pct / 100);
+            if cancel {
+                b.handle(t(i * 10 + 1), BrokerInput::Cancel { request: CallId(1000 + i), owner: A, token: format!("k{i}") });
+                drain(&mut b);
+            }
+            b.handle(t(i * 10 + 2), BrokerInput::ProviderDone { call: CallId(i), result: ok(Some(u)) });
+            drain(&mut b);
+            charged += 150_000 * u.prompt_tokens + 600_000 * u.completion_tokens;
+            prop_assert!(charged <= budget, "charged {} of {}", charged, budget);
         }
     }
 }

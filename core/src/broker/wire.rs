@@ -7,6 +7,7 @@
 
 use super::pricing::Weights;
 use super::quota::{Money, Usage};
+use super::raw::RawJson;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
@@ -36,12 +37,14 @@ fn only_keys(params: &Map<String, Value>, allowed: &[&str]) -> Result<(), ParamE
     }
 }
 
-/// An LLM call as a child asked for it, validated.
+/// An LLM call as a child asked for it, validated. Its JSON parts are held
+/// as compact text (see [`RawJson`]): a queued call costs about its wire
+/// bytes, not the fifty-fold of a parsed tree.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LlmRequest {
-    /// Chat messages, each an object with a string `role`; passed to the
-    /// provider as they are.
-    pub messages: Vec<Value>,
+    /// Chat messages, a JSON array of objects each with a string `role`;
+    /// passed to the provider as they are.
+    pub messages: RawJson,
     /// `None`: the broker's `default_model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -49,16 +52,31 @@ pub struct LlmRequest {
     pub max_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f64>,
+    /// A JSON array.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<Value>>,
+    pub tools: Option<RawJson>,
+    /// A JSON object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metadata: Option<Map<String, Value>>,
+    pub metadata: Option<RawJson>,
 }
 
 impl LlmRequest {
     /// A request of `messages` with every option left out.
     pub fn new(messages: Vec<Value>) -> Self {
-        LlmRequest { messages, model: None, max_tokens: None, temperature: None, tools: None, metadata: None }
+        LlmRequest {
+            messages: RawJson::from_value(&Value::Array(messages)),
+            model: None,
+            max_tokens: None,
+            temperature: None,
+            tools: None,
+            metadata: None,
+        }
+    }
+
+    /// Bytes of JSON text it holds.
+    pub fn held_bytes(&self) -> u64 {
+        let opt = |r: &Option<RawJson>| r.as_ref().map_or(0, RawJson::len);
+        (self.messages.len() + opt(&self.tools) + opt(&self.metadata)) as u64
     }
 }
 
@@ -78,9 +96,9 @@ pub fn parse_llmcmd(params: &Map<String, Value>) -> Result<LlmCmdParams, ParamEr
         params,
         &["messages", "model", "max_tokens", "temperature", "tools", "metadata", "cancel_token"],
     )?;
-    let messages = match params.get("messages") {
+    let (messages_value, messages) = match params.get("messages") {
         Some(Value::Array(m)) if m.is_empty() => return err("messages is empty"),
-        Some(Value::Array(m)) => m,
+        Some(v @ Value::Array(m)) => (v, m),
         Some(_) => return err("messages is not an array"),
         None => return err("missing messages"),
     };
@@ -114,19 +132,20 @@ pub fn parse_llmcmd(params: &Map<String, Value>) -> Result<LlmCmdParams, ParamEr
     };
     let tools = match params.get("tools") {
         None | Some(Value::Null) => None,
-        Some(Value::Array(t)) => Some(t.clone()),
+        Some(t @ Value::Array(_)) => Some(RawJson::from_value(t)),
         Some(_) => return err("tools is not an array"),
     };
     let metadata = match params.get("metadata") {
         None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => Some(m.clone()),
+        Some(m @ Value::Object(_)) => Some(RawJson::from_value(m)),
         Some(_) => return err("metadata is not an object"),
     };
     let cancel_token = match params.get("cancel_token") {
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_token(v)?),
     };
-    let request = LlmRequest { messages: messages.clone(), model, max_tokens, temperature, tools, metadata };
+    let messages = RawJson::from_value(messages_value);
+    let request = LlmRequest { messages, model, max_tokens, temperature, tools, metadata };
     Ok(LlmCmdParams { request, cancel_token })
 }
 
@@ -163,7 +182,8 @@ pub fn parse_quota(params: &Map<String, Value>) -> Result<Option<String>, ParamE
 /// A successful call, as the child receives it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LlmResult {
-    pub messages: Vec<Value>,
+    /// A JSON array of message objects, as text.
+    pub messages: RawJson,
     /// `None` when the provider reported none (and nothing was charged).
     pub usage: Option<Usage>,
     pub model: String,
@@ -174,14 +194,19 @@ pub struct LlmResult {
 }
 
 impl LlmResult {
-    /// The `LLMCMD` result object: `{messages, usage, model, metadata}`.
-    pub fn to_wire(&self) -> Map<String, Value> {
+    /// The `LLMCMD` result object, `{messages, metadata, model, usage}`,
+    /// as text: the messages are spliced in as they are held, never parsed
+    /// into a tree.
+    pub fn to_wire(&self) -> RawJson {
         let mut m = Map::new();
-        m.insert("messages".into(), Value::Array(self.messages.clone()));
         m.insert("usage".into(), serde_json::to_value(self.usage).unwrap_or(Value::Null));
         m.insert("model".into(), self.model.clone().into());
         m.insert("metadata".into(), Value::Object(self.metadata.clone()));
-        m
+        // Keys in `Map` order, where "messages" comes first.
+        let rest = Value::Object(m).to_string();
+        let rest = rest.strip_prefix('{').unwrap_or(&rest);
+        let text = format!("{{\"messages\":{},{rest}", self.messages.as_str());
+        RawJson::from_text(text).unwrap_or_else(|_| RawJson::from_value(&Value::Null))
     }
 }
 

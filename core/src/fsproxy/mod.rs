@@ -96,6 +96,21 @@ pub enum PlantedBug {
     CleanupForgetsLastHandle,
     /// An `LLMCMD` is answered twice when its provider call succeeds.
     BrokerReplyTwice,
+    /// The broker queue counts calls but not the bytes they hold.
+    BrokerNoPendingByteBound,
+    /// Secrets are scrubbed from the raw reply text only, as written,
+    /// never from what JSON decoding makes of it.
+    BrokerScrubBeforeDecodeOnly,
+    /// `enforce_budget` is ignored.
+    BrokerIgnoresEnforceBudget,
+}
+
+impl PlantedBug {
+    /// Whether a redactor made for a machine with this bug should match
+    /// raw text only (the simulator's provider codec uses it too).
+    pub fn scrubs_before_decode_only(bug: Option<PlantedBug>) -> bool {
+        bug == Some(PlantedBug::BrokerScrubBeforeDecodeOnly)
+    }
 }
 
 impl Config {
@@ -459,7 +474,16 @@ impl FsProxy {
         }
     }
 
-    fn build(config: Config, broker: Option<Broker>) -> Self {
+    fn build(config: Config, mut broker: Option<Broker>) -> Self {
+        if let Some(b) = broker.as_mut() {
+            match config.planted_bug {
+                Some(PlantedBug::BrokerNoPendingByteBound) => b.plant_bug(broker::BrokerBug::NoPendingByteBound),
+                Some(PlantedBug::BrokerIgnoresEnforceBudget) => {
+                    b.plant_bug(broker::BrokerBug::IgnoreEnforceBudget)
+                }
+                _ => {}
+            }
+        }
         FsProxy {
             broker,
             now: Instant::ZERO,
@@ -497,6 +521,21 @@ impl FsProxy {
     /// quota, stats).
     pub fn broker(&self) -> Option<&Broker> {
         self.broker.as_ref()
+    }
+
+    /// Hand the broker the secrets no child may see (the provider's API
+    /// key): every provider result is scrubbed with `redactor` before it is
+    /// answered. Given at run time and never serialized, so no config or
+    /// trace holds a key.
+    pub fn set_redactor(&mut self, redactor: broker::Redactor) {
+        let redactor = if PlantedBug::scrubs_before_decode_only(self.config.planted_bug) {
+            redactor.planted_literal_only()
+        } else {
+            redactor
+        };
+        if let Some(b) = self.broker.as_mut() {
+            b.set_redactor(redactor);
+        }
     }
 
     /// Requests waiting on the broker or on a forwarded broker op.
@@ -591,7 +630,7 @@ impl FsProxy {
                 BrokerOutput::Reply { call, outcome, .. } => {
                     let Some((client, id)) = self.calls.remove(&call) else { continue };
                     let outcome = match outcome {
-                        Ok(r) => Ok(Success::Value(r.to_wire())),
+                        Ok(r) => Ok(Success::Json(r.to_wire())),
                         Err(e) => Err(Failure::new(e.code.into(), e.message)),
                     };
                     if self.config.planted_bug == Some(PlantedBug::BrokerReplyTwice) && outcome.is_ok() {

@@ -1149,7 +1149,7 @@ fn ask(s: &mut Shell, client: ClientId, req: Value) -> Value {
 
 fn ok_result(prompt: u64, cached: u64, completion: u64) -> ProviderResult {
     ProviderResult::Ok {
-        messages: vec![json!({"role": "assistant", "content": "hello"})],
+        messages: crate::broker::RawJson::from_value(&json!([{"role": "assistant", "content": "hello"}])),
         usage: Some(Usage {
             prompt_tokens: prompt,
             cached_tokens: cached,
@@ -1183,7 +1183,7 @@ fn llmcmd_round_trip_charges_reported_usage() {
     let (call, request, deadline) = s.provider_calls[0].clone();
     assert_eq!(request.model, "gpt-4o-mini");
     assert_eq!(request.max_tokens, 100);
-    assert_eq!(request.messages, vec![json!({"role": "user", "content": "hi"})]);
+    assert_eq!(request.messages.to_value(), json!([{"role": "user", "content": "hi"}]));
     assert_eq!(deadline, s.clock().saturating_add(Duration::from_secs(60)));
     assert_eq!(s.proxy.poll_timeout(), Some(deadline));
     s.provider_done(call, ok_result(1000, 400, 50));

@@ -1,7 +1,7 @@
 //! FS proxy messages (seed 000, JSON primary): parsing requests, encoding
 //! responses, and the reverse for a proxy that forwards upstream.
 
-use crate::broker::BrokerErrorCode;
+use crate::broker::{BrokerErrorCode, RawJson};
 use crate::handles::Handle;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -43,10 +43,14 @@ pub enum ErrorCode {
     ProviderTimeout,
     #[serde(rename = "provider_error")]
     ProviderError,
+    #[serde(rename = "queue_full")]
+    QueueFull,
+    #[serde(rename = "budget_exhausted")]
+    BudgetExhausted,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::Arg,
         ErrorCode::NoEnt,
         ErrorCode::Perm,
@@ -59,6 +63,8 @@ impl ErrorCode {
         ErrorCode::CancelledAfterStart,
         ErrorCode::ProviderTimeout,
         ErrorCode::ProviderError,
+        ErrorCode::QueueFull,
+        ErrorCode::BudgetExhausted,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -75,6 +81,8 @@ impl ErrorCode {
             ErrorCode::CancelledAfterStart => "cancelled_after_start",
             ErrorCode::ProviderTimeout => "provider_timeout",
             ErrorCode::ProviderError => "provider_error",
+            ErrorCode::QueueFull => "queue_full",
+            ErrorCode::BudgetExhausted => "budget_exhausted",
         }
     }
 
@@ -87,6 +95,8 @@ impl ErrorCode {
                 | ErrorCode::CancelledAfterStart
                 | ErrorCode::ProviderTimeout
                 | ErrorCode::ProviderError
+                | ErrorCode::QueueFull
+                | ErrorCode::BudgetExhausted
         )
     }
 
@@ -106,6 +116,8 @@ impl From<BrokerErrorCode> for ErrorCode {
             BrokerErrorCode::ProviderTimeout => ErrorCode::ProviderTimeout,
             BrokerErrorCode::ProviderError => ErrorCode::ProviderError,
             BrokerErrorCode::InvalidRequest => ErrorCode::Arg,
+            BrokerErrorCode::QueueFull => ErrorCode::QueueFull,
+            BrokerErrorCode::BudgetExhausted => ErrorCode::BudgetExhausted,
         }
     }
 }
@@ -386,6 +398,9 @@ pub enum Success {
     Attached,
     /// A reserved op's result, as the broker built it.
     Value(Map<String, Value>),
+    /// A reserved op's result held as JSON text (an `LLMCMD` answer, which
+    /// may be large: it is never parsed into a tree).
+    Json(RawJson),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -418,9 +433,21 @@ struct WireResponse<'a> {
     id: Option<&'a str>,
     ok: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<Value>,
+    result: Option<WireResult<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<WireError<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WireResult<'a> {
+    Value(Value),
+    Json(&'a RawJson),
+}
+
+fn encode_raw(id: Option<&str>, raw: &RawJson) -> Vec<u8> {
+    let wire = WireResponse { id, ok: true, result: Some(WireResult::Json(raw)), error: None };
+    serde_json::to_vec(&wire).unwrap_or_default()
 }
 
 pub fn encode_response(resp: &Response) -> Vec<u8> {
@@ -434,7 +461,9 @@ pub fn encode_response(resp: &Response) -> Vec<u8> {
                 Success::Written { written } => Some(serde_json::json!({ "written": written })),
                 Success::Closed | Success::Attached => None,
                 Success::Value(m) => Some(Value::Object(m.clone())),
-            };
+                Success::Json(raw) => return encode_raw(resp.id.as_deref(), raw),
+            }
+            .map(WireResult::Value);
             (true, result, None)
         }
         Err(f) => (false, None, Some(WireError { code: f.code.as_str(), message: &f.message })),
