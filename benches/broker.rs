@@ -41,7 +41,7 @@ impl Bench {
             now: 0,
             request: LlmRequest::new(vec![serde_json::json!({"role": "user", "content": "hi"})]),
             result: ProviderResult::Ok {
-                messages: Vec::new(),
+                messages: airlock_core::broker::RawJson::from_value(&serde_json::json!([])),
                 usage: Some(usage),
                 model: "gpt-4o-mini".into(),
             },

@@ -104,6 +104,7 @@ impl ServeArgs {
     /// keeps the key from its children.
     fn machine(&self, mut config: Config, settings: &Settings) -> anyhow::Result<(FsProxy, BrokerParts)> {
         let mut parts = BrokerParts { shell: BrokerShell::default(), remove_env: Vec::new() };
+        let mut redactor_for_proxy = None;
         if let Some(b) = &settings.broker {
             config.broker = Some(b.setup.clone());
             parts.remove_env.push(OsString::from(&b.api_key_env));
@@ -112,15 +113,21 @@ impl ServeArgs {
                     "this airlock runs under another: its [broker] is ignored, LLMCMD goes upstream"
                 );
             } else {
-                let key = std::env::var(&b.api_key_env).ok();
-                let provider: Arc<dyn Provider> = Arc::new(HttpProvider::new(&b.base_url, key)?);
+                let key = std::env::var(&b.api_key_env).ok().filter(|k| !k.is_empty());
+                let redactor = key_redactor(&b.api_key_env, key.as_deref())?;
+                let provider: Arc<dyn Provider> =
+                    Arc::new(HttpProvider::new(&b.base_url, key, redactor.clone())?);
+                redactor_for_proxy = Some(redactor);
                 parts.shell.provider = Some(provider);
                 if let Some(path) = &b.telemetry {
                     parts.shell.telemetry = Some(TelemetryWriter::open(path)?);
                 }
             }
         }
-        let proxy = FsProxy::try_new(config).map_err(|e| anyhow::anyhow!("broker: {e}"))?;
+        let mut proxy = FsProxy::try_new(config).map_err(|e| anyhow::anyhow!("broker: {e}"))?;
+        if let Some(r) = redactor_for_proxy {
+            proxy.set_redactor(r);
+        }
         Ok((proxy, parts))
     }
 
@@ -285,5 +292,23 @@ pub fn fs(cmd: &FsCommand) -> anyhow::Result<i32> {
             eprintln!("airlock fs: {path}: {e}");
             Ok(1)
         }
+    }
+}
+
+/// The redactor that keeps the provider key from children (see
+/// `airlock_core::broker::secret`). A key shorter than the redactor's
+/// minimum is sent but not scrubbed (scrubbing a few letters everywhere
+/// would mangle replies and protect nothing); a key with `"` or `\\`,
+/// which no provider issues, is refused rather than guarded badly.
+fn key_redactor(var: &str, key: Option<&str>) -> anyhow::Result<airlock_core::broker::Redactor> {
+    use airlock_core::broker::{Redactor, SecretError};
+    let Some(key) = key else { return Ok(Redactor::new()) };
+    match Redactor::with_secret(key) {
+        Ok(r) => Ok(r),
+        Err(SecretError::TooShort) => {
+            tracing::warn!("${var} is too short to be scrubbed from provider replies");
+            Ok(Redactor::new())
+        }
+        Err(e) => anyhow::bail!("${var}: the API key {e}, so it could not be kept from children"),
     }
 }

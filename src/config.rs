@@ -13,8 +13,11 @@
 //! inject_remaining_context = false
 //! min_output_tokens = 16                   # the soft trim never goes below this
 //! default_max_tokens = 4096                # when a request names no max_tokens
+//! enforce_budget = false                   # true: refuse calls the budget cannot cover
 //! [broker.queue]
 //! max_wait_seconds = 30
+//! max_pending = 64                         # calls waiting for the lock at most
+//! max_pending_bytes = 8388608              # bytes they hold at most
 //! [broker.request]
 //! timeout_seconds = 60
 //! ```
@@ -59,6 +62,8 @@ pub struct BrokerSection {
     #[serde(default = "default_max_tokens")]
     pub default_max_tokens: u32,
     #[serde(default)]
+    pub enforce_budget: bool,
+    #[serde(default)]
     pub queue: QueueSection,
     #[serde(default)]
     pub request: RequestSection,
@@ -79,6 +84,18 @@ pub struct QueueSection {
     /// Seconds; fractions allowed.
     #[serde(default = "default_max_wait")]
     pub max_wait_seconds: f64,
+    #[serde(default = "default_max_pending")]
+    pub max_pending: usize,
+    #[serde(default = "default_max_pending_bytes")]
+    pub max_pending_bytes: u64,
+}
+
+fn default_max_pending() -> usize {
+    broker::DEFAULT_MAX_PENDING
+}
+
+fn default_max_pending_bytes() -> u64 {
+    broker::DEFAULT_MAX_PENDING_BYTES
 }
 
 /// `[broker.request]`.
@@ -92,7 +109,11 @@ pub struct RequestSection {
 
 impl Default for QueueSection {
     fn default() -> Self {
-        QueueSection { max_wait_seconds: default_max_wait() }
+        QueueSection {
+            max_wait_seconds: default_max_wait(),
+            max_pending: default_max_pending(),
+            max_pending_bytes: default_max_pending_bytes(),
+        }
     }
 }
 
@@ -211,6 +232,9 @@ fn resolve_broker(s: BrokerSection, dir: &Path) -> anyhow::Result<BrokerShellCon
         inject_remaining_context: s.inject_remaining_context,
         min_output_tokens: s.min_output_tokens,
         default_max_tokens: s.default_max_tokens,
+        max_pending: s.queue.max_pending,
+        max_pending_bytes: s.queue.max_pending_bytes,
+        enforce_budget: s.enforce_budget,
     };
     let setup = BrokerSetup { config, catalog, initial_units, session_id: session_id() };
     setup.validate().map_err(|e| anyhow::anyhow!("broker: {e}"))?;
@@ -274,8 +298,11 @@ safety_factor = 0.5
 inject_remaining_context = true
 min_output_tokens = 5
 default_max_tokens = 700
+enforce_budget = true
 [broker.queue]
 max_wait_seconds = 0.25
+max_pending = 3
+max_pending_bytes = 4096
 [broker.request]
 timeout_seconds = 2
 "#,
@@ -292,6 +319,8 @@ timeout_seconds = 2
         assert_eq!(b.setup.config.min_output_tokens, 5);
         assert_eq!(b.setup.config.default_max_tokens, 700);
         assert_eq!(b.setup.config.queue_max_wait, Duration::from_millis(250));
+        assert!(b.setup.config.enforce_budget);
+        assert_eq!((b.setup.config.max_pending, b.setup.config.max_pending_bytes), (3, 4096));
         assert_eq!(b.setup.config.request_timeout, Duration::from_secs(2));
         assert!(b.setup.catalog.get("m").is_some());
     }
@@ -302,6 +331,10 @@ timeout_seconds = 2
         assert!(e.contains("safety_factr"), "{e}");
         let e = err("[broker]\nbase_url = \"http://x\"\n[broker.queue]\nmax_wait = 3\n");
         assert!(e.contains("max_wait"), "{e}");
+        let e = err("[broker]\nbase_url = \"http://x\"\n[broker.queue]\nmax_pending = 0\n");
+        assert!(e.contains("max_pending"), "{e}");
+        let e = err("[broker]\nbase_url = \"http://x\"\n[broker.queue]\nmax_pending_bytes = -1\n");
+        assert!(e.contains("max_pending_bytes"), "{e}");
         let e = err("[broker]\nbase_url = \"http://x\"\nsafety_factor = \"high\"\n");
         assert!(e.contains("safety_factor"), "{e}");
         let e = err("[brokr]\n");

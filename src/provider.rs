@@ -8,7 +8,7 @@
 //! then drops the task, which drops the request and its connection.
 
 use airlock_core::broker::openai::{parse_response, request_body};
-use airlock_core::broker::{ProviderRequest, ProviderResult};
+use airlock_core::broker::{ProviderRequest, ProviderResult, Redactor};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -20,9 +20,6 @@ use std::pin::Pin;
 /// Largest response body read from a provider: a hostile or broken
 /// provider cannot make airlock buffer more than this.
 pub const MAX_RESPONSE_BYTES: usize = 16 << 20;
-/// Keys shorter than this are not scrubbed from replies (replacing a
-/// one-letter "key" everywhere would mangle the text and protect nothing).
-const MIN_SCRUBBED_KEY_LEN: usize = 8;
 
 /// Something that answers provider calls: the HTTP client in production,
 /// a scripted one in tests.
@@ -35,6 +32,9 @@ pub trait Provider: Send + Sync + 'static {
 pub struct HttpProvider {
     url: hyper::Uri,
     api_key: Option<String>,
+    /// Guards the key: every result is scrubbed by the core's rules
+    /// before it leaves this client (and so before a trace records it).
+    redactor: Redactor,
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -50,8 +50,8 @@ impl std::fmt::Debug for HttpProvider {
 
 impl HttpProvider {
     /// `base_url` without a trailing slash; `api_key` sent as a bearer
-    /// token when present.
-    pub fn new(base_url: &str, api_key: Option<String>) -> anyhow::Result<Self> {
+    /// token when present, and kept from every result by `redactor`.
+    pub fn new(base_url: &str, api_key: Option<String>, redactor: Redactor) -> anyhow::Result<Self> {
         let url: hyper::Uri = format!("{}/chat/completions", base_url.trim_end_matches('/'))
             .parse()
             .map_err(|e| anyhow::anyhow!("broker.base_url {base_url:?}: {e}"))?;
@@ -61,10 +61,15 @@ impl HttpProvider {
             .enable_http1()
             .build();
         let client = Client::builder(TokioExecutor::new()).build(https);
-        Ok(HttpProvider { url, api_key: api_key.filter(|k| !k.is_empty()), client })
+        Ok(HttpProvider { url, api_key: api_key.filter(|k| !k.is_empty()), redactor, client })
     }
 
     async fn call(&self, request: &ProviderRequest) -> ProviderResult {
+        // Errors made here (hyper's, say) are scrubbed like replies.
+        self.redactor.scrub_result(self.exchange(request).await)
+    }
+
+    async fn exchange(&self, request: &ProviderRequest) -> ProviderResult {
         let body = request_body(request);
         let mut req = hyper::Request::post(self.url.clone())
             .header(hyper::header::CONTENT_TYPE, "application/json")
@@ -72,7 +77,7 @@ impl HttpProvider {
         if let Some(key) = &self.api_key {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
         }
-        let req = match req.body(Full::new(Bytes::from(body.to_string()))) {
+        let req = match req.body(Full::new(Bytes::from(body))) {
             Ok(r) => r,
             Err(e) => return error(format!("building the request: {e}")),
         };
@@ -85,8 +90,7 @@ impl HttpProvider {
             Ok(b) => b.to_bytes(),
             Err(e) => return error(format!("reading the response (HTTP {status}): {e}")),
         };
-        let bytes = scrub(bytes, self.api_key.as_deref());
-        parse_response(status.as_u16(), &bytes, &request.model)
+        parse_response(status.as_u16(), &bytes, &request.model, &self.redactor)
     }
 }
 
@@ -115,29 +119,6 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// A provider that echoes the key back (an "invalid key sk-…" message, say)
-/// must not hand it to a child: every occurrence is replaced before the
-/// body is read.
-fn scrub(body: Bytes, key: Option<&str>) -> Bytes {
-    let Some(key) = key.filter(|k| k.len() >= MIN_SCRUBBED_KEY_LEN) else { return body };
-    let needle = key.as_bytes();
-    if !body.windows(needle.len()).any(|w| w == needle) {
-        return body;
-    }
-    let mut out = Vec::with_capacity(body.len());
-    let mut i = 0;
-    while i < body.len() {
-        if body[i..].starts_with(needle) {
-            out.extend_from_slice(b"[redacted]");
-            i += needle.len();
-        } else {
-            out.push(body[i]);
-            i += 1;
-        }
-    }
-    Bytes::from(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,18 +126,9 @@ mod tests {
     #[test]
     fn https_and_http_urls_build_a_client() {
         for url in ["https://api.openai.com/v1", "http://127.0.0.1:8080/v1/"] {
-            let p = HttpProvider::new(url, Some("k".into())).unwrap();
+            let p = HttpProvider::new(url, Some("k".into()), Redactor::new()).unwrap();
             assert!(p.url.path().ends_with("/v1/chat/completions"), "{p:?}");
         }
-        assert!(HttpProvider::new("http://bad host/v1", None).is_err());
-    }
-
-    #[test]
-    fn the_key_is_scrubbed_from_replies() {
-        let key = "sk-secret-123456";
-        let out = scrub(Bytes::from_static(b"bad key sk-secret-123456, sk-secret-123456!"), Some(key));
-        assert_eq!(&out[..], b"bad key [redacted], [redacted]!");
-        let short = scrub(Bytes::from_static(b"abc"), Some("a"));
-        assert_eq!(&short[..], b"abc");
+        assert!(HttpProvider::new("http://bad host/v1", None, Redactor::new()).is_err());
     }
 }

@@ -49,10 +49,16 @@ pub enum FaultKind {
     /// new client with its own connection; or asks without one (E_ARG).
     /// Drawn after every other knob, and not in broker worlds.
     Attach,
+    /// A client floods the broker with `LLMCMD`s, some of them big.
+    QueueFlood,
+    /// The provider's reply carries the API key, in any shape JSON allows.
+    ProviderLeak,
+    /// The provider's reply is thousands of small JSON values.
+    ProviderHuge,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::SplitDelivery,
         FaultKind::CoalescedDelivery,
         FaultKind::CorruptFrame,
@@ -68,6 +74,9 @@ impl FaultKind {
         FaultKind::ProviderError,
         FaultKind::ProviderMalformed,
         FaultKind::CancelStorm,
+        FaultKind::QueueFlood,
+        FaultKind::ProviderLeak,
+        FaultKind::ProviderHuge,
     ];
 
     /// Faults of the simulated LLM provider and its clients.
@@ -78,6 +87,9 @@ impl FaultKind {
                 | FaultKind::ProviderError
                 | FaultKind::ProviderMalformed
                 | FaultKind::CancelStorm
+                | FaultKind::QueueFlood
+                | FaultKind::ProviderLeak
+                | FaultKind::ProviderHuge
         )
     }
 
@@ -99,6 +111,9 @@ impl FaultKind {
             FaultKind::ProviderMalformed => "provider_malformed",
             FaultKind::CancelStorm => "cancel_storm",
             FaultKind::Attach => "attach",
+            FaultKind::QueueFlood => "queue_flood",
+            FaultKind::ProviderLeak => "provider_leak",
+            FaultKind::ProviderHuge => "provider_huge",
         }
     }
 
@@ -118,6 +133,9 @@ impl FaultKind {
             FaultKind::ProviderMalformed => &[20_000, 100_000],
             FaultKind::CancelStorm => &[500, 5_000],
             FaultKind::Attach => &[2_000, 10_000, 30_000],
+            FaultKind::QueueFlood => &[1_000, 5_000],
+            FaultKind::ProviderLeak => &[100_000, 400_000],
+            FaultKind::ProviderHuge => &[20_000, 100_000],
         }
     }
 }

@@ -551,8 +551,11 @@ impl World {
             actions: Vec::new(),
             fixture,
             finished: false,
-            broker: broker_setup.as_ref().map(BrokerSim::new),
+            broker: broker_setup.as_ref().map(|s| BrokerSim::new(s, bug)),
         };
+        if w.broker.is_some() {
+            w.levels[0].m.set_redactor(broker::world_redactor(bug));
+        }
         if nested {
             w.feed(0, Input::Connected { client: MIDDLE_CONN });
         }
@@ -787,6 +790,9 @@ impl World {
         if self.fires(FaultKind::CancelStorm) {
             self.cancel_storm();
         }
+        if self.fires(FaultKind::QueueFlood) {
+            self.queue_flood();
+        }
         for kind in [FaultKind::Eof, FaultKind::ProcessDeath] {
             if !self.fires(kind) {
                 continue;
@@ -972,6 +978,7 @@ impl World {
                 let i = self.client_at(level, client).ok_or_else(|| {
                     violation("nothing_sent_to_departed", format!("level {level} sent to unknown {client}"))
                 })?;
+                self.broker_check_sent(&data).map_err(|v| at(v, level, client))?;
                 for payload in self.clients[i].frames.push(&data) {
                     self.on_response(i, &payload).map_err(|v| at(v, level, client))?;
                 }
@@ -1480,7 +1487,7 @@ impl World {
             .and_then(Value::as_bool)
             .ok_or_else(|| violation("response_shape", format!("{v}")))?;
         let code = v.get("error").and_then(|e| e.get("code")).and_then(Value::as_str).unwrap_or("");
-        const CODES: [&str; 12] = [
+        const CODES: [&str; 14] = [
             "E_ARG",
             "E_NOENT",
             "E_PERM",
@@ -1493,6 +1500,8 @@ impl World {
             "cancelled_after_start",
             "provider_timeout",
             "provider_error",
+            "queue_full",
+            "budget_exhausted",
         ];
         if !ok && !CODES.contains(&code) {
             return Err(violation("response_shape", format!("unknown error code in {v}")));

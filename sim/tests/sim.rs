@@ -246,3 +246,58 @@ fn attach_worlds_attach_clients() {
     assert!(worlds >= 10, "only {worlds} worlds attach");
     assert!(attached >= 10 && descriptors >= attached, "{attached} attached, {descriptors} descriptors");
 }
+
+/// The broker's planted bugs — a queue bound that counts calls but not
+/// bytes, a key scrubbed from the raw reply only, `enforce_budget`
+/// ignored — are each found by the broker scenario within 1,000 seeds,
+/// under the invariant that names them, shrunk, and traced; the trace
+/// replays against the broken machine.
+fn broker_planted_bug_is_found(bug: PlantedBug, invariant: &str) -> u64 {
+    let dir = scratch_dir(&format!("planted-broker-{bug:?}"));
+    let o = SimOptions { trace_dir: Some(dir.clone()), ..opts(Scenario::Broker, 0..1, 1) };
+    let res = (0..1000)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 1,000 seeds"));
+    let failure = res.failure.clone().unwrap();
+    assert_eq!(failure.invariant, invariant, "{}", res.swarm_description());
+    let shrunk = res.shrunk.clone().expect("a failure is shrunk");
+    assert!(shrunk.clients <= res.swarm.clients && shrunk.ops_per_client <= res.swarm.ops_per_client);
+    let path = res.trace.clone().expect("a failing seed writes its trace");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let report = replay(text.as_bytes()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(report.header.config.planted_bug, Some(bug));
+    // The correct machine passes the same world.
+    assert!(airlock_sim::run_seed(res.seed, &opts(Scenario::Broker, 0..1, 1)).passed());
+    // `AIRLOCK_PLANTED_TRACE_DIR=traces/planted` refreshes the kept copies.
+    if let Some(keep) = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR") {
+        let name = format!("{bug:?}-seed-{}-broker.jsonl", res.seed);
+        std::fs::write(PathBuf::from(keep).join(name), &text).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    res.seed
+}
+
+#[test]
+fn planted_missing_queue_byte_bound_is_found() {
+    broker_planted_bug_is_found(PlantedBug::BrokerNoPendingByteBound, "bounded_resources");
+}
+
+#[test]
+fn planted_scrub_before_decode_only_is_found() {
+    broker_planted_bug_is_found(PlantedBug::BrokerScrubBeforeDecodeOnly, "secret_leaked");
+}
+
+#[test]
+fn planted_ignored_enforce_budget_is_found() {
+    broker_planted_bug_is_found(PlantedBug::BrokerIgnoresEnforceBudget, "budget");
+}
+
+#[test]
+fn broker_worlds_flood_and_lie() {
+    let summary = run_many(&opts(Scenario::Broker, 0..60, 2), |_| {});
+    assert!(summary.failed.is_empty());
+    for kind in [FaultKind::QueueFlood, FaultKind::ProviderLeak, FaultKind::ProviderHuge] {
+        assert!(summary.faults.get(&kind).is_some_and(|n| *n > 0), "{kind} never injected: {:?}", summary.faults);
+    }
+}

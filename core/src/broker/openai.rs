@@ -156,7 +156,8 @@ pub fn parse_response_with(
     redactor: &Redactor,
     limits: ReadLimits,
 ) -> ProviderResult {
-    redactor.scrub_result(read(status, body, asked_model, redactor, limits))
+    let body = redactor.scrub_raw_body(body);
+    redactor.scrub_result(read(status, &body, asked_model, redactor, limits))
 }
 
 fn read(status: u16, body: &[u8], asked_model: &str, redactor: &Redactor, limits: ReadLimits) -> ProviderResult {

@@ -139,8 +139,10 @@ fn next_unit(text: &str, i: usize) -> (char, usize) {
 #[derive(Clone, Default)]
 pub struct Redactor {
     secrets: Vec<Secret>,
-    /// The planted bug `ScrubBeforeDecodeOnly`: match the raw text only.
-    literal_only: bool,
+    /// The planted bug `BrokerScrubBeforeDecodeOnly`: the old design,
+    /// where the raw reply body was scrubbed as written and nothing after
+    /// JSON decoding was.
+    raw_only: bool,
 }
 
 impl fmt::Debug for Redactor {
@@ -177,23 +179,45 @@ impl Redactor {
         self.secrets.is_empty()
     }
 
-    /// Reintroduce the bug of matching raw text only (for the simulator's
-    /// planted-bug tests).
+    /// Reintroduce the old bug: scrub the raw reply body verbatim, and
+    /// nothing decoded from it (for the simulator's planted-bug tests).
     #[doc(hidden)]
-    pub fn planted_literal_only(mut self) -> Self {
-        self.literal_only = true;
+    pub fn planted_raw_only(mut self) -> Self {
+        self.raw_only = true;
         self
+    }
+
+    /// The raw reply body, before decoding. The design scrubs decoded
+    /// strings instead, so this is the identity, except under the planted
+    /// bug, which replaces verbatim copies here and nowhere else.
+    pub fn scrub_raw_body<'b>(&self, body: &'b [u8]) -> Cow<'b, [u8]> {
+        if !self.raw_only || self.secrets.is_empty() {
+            return Cow::Borrowed(body);
+        }
+        let mut out = body.to_vec();
+        for s in &self.secrets {
+            let needle = s.text.as_bytes();
+            let mut i = 0;
+            let mut next = Vec::with_capacity(out.len());
+            while i < out.len() {
+                if out[i..].starts_with(needle) {
+                    next.extend_from_slice(REDACTED.as_bytes());
+                    i += needle.len();
+                } else {
+                    next.push(out[i]);
+                    i += 1;
+                }
+            }
+            out = next;
+        }
+        Cow::Owned(out)
     }
 
     /// Spans to replace, sorted and merged.
     fn spans(&self, text: &str) -> Vec<Range<usize>> {
         let mut spans = Vec::new();
         for s in &self.secrets {
-            if self.literal_only {
-                spans.extend(text.match_indices(&s.text).map(|(i, m)| i..i + m.len()));
-            } else {
-                s.spans(text, &mut spans);
-            }
+            s.spans(text, &mut spans);
         }
         spans.sort_by_key(|r| (r.start, r.end));
         let mut merged: Vec<Range<usize>> = Vec::with_capacity(spans.len());
@@ -213,7 +237,7 @@ impl Redactor {
 
     /// `text` with every secret replaced by [`REDACTED`].
     pub fn scrub<'t>(&self, text: &'t str) -> Cow<'t, str> {
-        if self.secrets.is_empty() {
+        if self.secrets.is_empty() || self.raw_only {
             return Cow::Borrowed(text);
         }
         let spans = self.spans(text);
@@ -305,10 +329,12 @@ mod tests {
     }
 
     #[test]
-    fn literal_only_misses_escapes() {
-        let bug = r().planted_literal_only();
-        assert_eq!(bug.scrub("a sk-test-Secret42"), "a [redacted]");
-        assert!(!bug.reveals(r"\u0073k-test-Secret42"));
+    fn the_planted_raw_only_scrub_misses_escapes() {
+        let bug = r().planted_raw_only();
+        assert_eq!(&bug.scrub_raw_body(b"a sk-test-Secret42")[..], b"a [redacted]");
+        assert_eq!(&bug.scrub_raw_body(br"a \u0073k-test-Secret42")[..], br"a \u0073k-test-Secret42");
+        assert_eq!(bug.scrub("sk-test-Secret42"), "sk-test-Secret42");
+        assert_eq!(&r().scrub_raw_body(b"sk-test-Secret42")[..], b"sk-test-Secret42");
     }
 
     #[test]

@@ -529,7 +529,7 @@ impl FsProxy {
     /// trace holds a key.
     pub fn set_redactor(&mut self, redactor: broker::Redactor) {
         let redactor = if PlantedBug::scrubs_before_decode_only(self.config.planted_bug) {
-            redactor.planted_literal_only()
+            redactor.planted_raw_only()
         } else {
             redactor
         };

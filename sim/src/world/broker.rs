@@ -19,13 +19,35 @@
 //! 6. every broker op is answered within `queue_max_wait +
 //!    request_timeout` (plus a step of slack) of simulated time after its
 //!    frame reached the machine, not counting clock jumps (a shell that
-//!    stalls cannot fire its timers on time).
+//!    stalls cannot fire its timers on time);
+//! 11. the calls waiting for the lock never number more than
+//!    `max_pending`, and never hold more than `max_pending_bytes` — by the
+//!    machine's count, and by this file's own lower bound (the compact
+//!    JSON of each waiting call's messages); a call answered `queue_full`
+//!    or `budget_exhausted` never reaches the provider;
+//! 4. the provider's API key never reaches a child: every frame sent to a
+//!    client is searched for it as raw text and, for broker answers, in
+//!    every decoded string (escape-aware, so `\u`-escaped copies, copies
+//!    split by an escape and copies escaped again inside JSON-in-a-string
+//!    count), while the simulated provider leaks it in all those shapes,
+//!    in error messages, tool-call arguments, the model name, object keys
+//!    and huge many-valued replies; replies pass the real codec
+//!    (`openai::parse_response_with`) as they would in the shell;
+//! 5b. with `enforce_budget` on, and a provider whose reported usage stays
+//!    within what the call was sent with (prompt tokens at most its bytes,
+//!    completion at most its `max_tokens`, which is what the design
+//!    promises about), every call started has a worst case that fits the
+//!    remaining budget less the worst case of calls given up on whose
+//!    usage may still come, and so the quota never clamps at zero.
 
 use super::{at, next_id, req, send, violation, Check, Client, Kind, World};
 use crate::swarm::FaultKind;
+use airlock_core::broker::openai::parse_response_with;
 use airlock_core::broker::{
-    BrokerConfig, BrokerSetup, CallId, Money, PricingCatalog, ProviderRequest, ProviderResult, Usage,
+    BrokerConfig, BrokerSetup, CallId, Money, PricingCatalog, ProviderRequest, ProviderResult, ReadLimits,
+    Redactor, Usage,
 };
+use airlock_core::fsproxy::PlantedBug;
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::Input;
 use base64::engine::general_purpose::STANDARD;
@@ -56,11 +78,28 @@ pub(super) const MAX_STEP_US: u64 = 2_000;
 /// step at or after their deadline.
 const SLACK_US: u64 = 2 * MAX_STEP_US;
 
+/// The simulated provider's API key: the machine and the codec are handed
+/// a redactor for it at run time; it is in no config and no trace.
+pub const SIM_KEY: &str = "sk-sim-5ecret-K3y-0123456789";
+/// The simulated shell's reply limits: small, so huge replies pass them.
+const SIM_REPLY_LIMITS: ReadLimits = ReadLimits { max_values: 4_000, max_depth: 16 };
+
+/// The redactor the world hands the machine and its provider codec (with
+/// the planted bug, the old raw-only scrub).
+pub(super) fn world_redactor(bug: Option<PlantedBug>) -> Redactor {
+    let r = Redactor::with_secret(SIM_KEY).unwrap_or_default();
+    if PlantedBug::scrubs_before_decode_only(bug) {
+        r.planted_raw_only()
+    } else {
+        r
+    }
+}
+
 /// The broker a broker world's machine runs: short timers, so timeouts
 /// happen within a run; a budget from none to plenty, so the trim and the
-/// clamp at zero are reached.
+/// clamp at zero are reached; queue bounds from tight to the defaults.
 pub(super) fn setup(rng: &mut ChaCha8Rng) -> BrokerSetup {
-    let config = BrokerConfig {
+    let mut config = BrokerConfig {
         queue_max_wait: Duration::from_millis(rng.gen_range(20..200)),
         request_timeout: Duration::from_millis(rng.gen_range(50..500)),
         default_model: DEFAULT_MODEL.into(),
@@ -68,11 +107,16 @@ pub(super) fn setup(rng: &mut ChaCha8Rng) -> BrokerSetup {
         ..BrokerConfig::default()
     };
     const BUDGETS: [u64; 5] = [0, 1_000_000, 100_000_000, 10_000_000_000, 1_000_000_000_000];
+    let initial_units = Money::from_pico(BUDGETS[rng.gen_range(0..BUDGETS.len())]);
+    config.max_pending = [2, 4, 16, airlock_core::broker::DEFAULT_MAX_PENDING][rng.gen_range(0..4)];
+    config.max_pending_bytes =
+        [4 << 10, 16 << 10, 64 << 10, airlock_core::broker::DEFAULT_MAX_PENDING_BYTES][rng.gen_range(0..4)];
+    config.enforce_budget = rng.gen_bool(0.5);
     BrokerSetup {
         config,
         // The constant above is valid JSON; a test runs the scenario.
         catalog: PricingCatalog::from_json(CATALOG).unwrap_or_default(),
-        initial_units: Money::from_pico(BUDGETS[rng.gen_range(0..BUDGETS.len())]),
+        initial_units,
         session_id: "sim".into(),
     }
 }
@@ -92,7 +136,9 @@ fn charge(model: &str, u: &Usage) -> Option<u64> {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum BOp {
-    Llm { known: bool },
+    /// `bytes`: the compact JSON of its messages, a lower bound of what
+    /// the broker holds while it waits.
+    Llm { known: bool, bytes: u64 },
     Cancel,
     Quota { known: bool },
 }
@@ -119,6 +165,8 @@ struct Prov {
     /// report is being handled.
     done: bool,
     result: ProviderResult,
+    /// Its worst-case cost in pico-USD (enforce_budget worlds).
+    worst: u64,
 }
 
 #[derive(Debug, Default)]
@@ -136,17 +184,42 @@ pub(super) struct BrokerSim {
     /// Simulated time skipped by clock jumps.
     pub jumped: u64,
     pub started: u64,
+    max_pending: usize,
+    max_pending_bytes: u64,
+    enforce: bool,
+    /// What the machine and the codec scrub with (planted bugs included).
+    redactor: Redactor,
+    /// The checker's own, always whole.
+    oracle: Redactor,
 }
 
 impl BrokerSim {
-    pub(super) fn new(setup: &BrokerSetup) -> Self {
+    pub(super) fn new(setup: &BrokerSetup, bug: Option<PlantedBug>) -> Self {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         BrokerSim {
             qmw: micros(setup.config.queue_max_wait),
             rt: micros(setup.config.request_timeout),
             initial: setup.initial_units.as_pico(),
+            max_pending: setup.config.max_pending,
+            max_pending_bytes: setup.config.max_pending_bytes,
+            enforce: setup.config.enforce_budget,
+            redactor: world_redactor(bug),
+            oracle: Redactor::with_secret(SIM_KEY).unwrap_or_default(),
             ..BrokerSim::default()
         }
+    }
+
+    /// The worst case of a call as sent, with this file's own prices: one
+    /// token per prompt byte at the dearer input price, `max_tokens` at
+    /// the output price.
+    fn worst_case(request: &ProviderRequest) -> Option<u64> {
+        let (input, cached, output) = prices(&request.model)?;
+        Some(request.prompt_bytes() * input.max(cached) + u64::from(request.max_tokens) * output)
+    }
+
+    /// Worst cases of calls given up on whose usage has not come in.
+    fn reserved(&self) -> u64 {
+        self.prov.values().filter(|p| p.cancelled && !p.done).map(|p| p.worst).sum()
     }
 
     fn expected_remaining(&self) -> u64 {
@@ -166,7 +239,8 @@ impl BrokerSim {
 /// The request id an `LLMCMD` carries in its last message, so the checker
 /// can tell which request a provider call is for.
 fn marker(request: &ProviderRequest) -> Option<String> {
-    request.messages.last()?.get("content")?.as_str().map(str::to_owned)
+    let messages = request.messages.to_value();
+    messages.as_array()?.last()?.get("content")?.as_str().map(str::to_owned)
 }
 
 impl World {
@@ -187,7 +261,7 @@ impl World {
             p.done = true;
             p.due = None;
             let (model, result) = (p.model.clone(), p.result.clone());
-            let p = Prov { model, due: None, cancelled: false, done: true, result };
+            let p = Prov { model, due: None, cancelled: false, done: true, result, worst: 0 };
             let usage = match &p.result {
                 ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => *usage,
             };
@@ -233,7 +307,7 @@ impl World {
             c.bpending.pop_front();
             if let Some(r) = b.reqs.get_mut(&key) {
                 r.delivered = Some((self.now, b.jumped));
-                if r.op == (BOp::Llm { known: true }) {
+                if matches!(r.op, BOp::Llm { known: true, .. }) {
                     r.seq = Some(b.next_seq);
                     b.waiting.insert(b.next_seq, key);
                     b.next_seq += 1;
@@ -355,38 +429,73 @@ impl World {
         if let Some(r) = b.reqs.get_mut(&key) {
             r.started = true;
         }
+        let worst = BrokerSim::worst_case(&request).unwrap_or(0);
+        if b.enforce {
+            let available = b.expected_remaining().saturating_sub(b.reserved());
+            if worst > available {
+                return Err(violation(
+                    "budget",
+                    format!(
+                        "{call} for {id} started with enforce_budget: worst case {worst} pico-USD, \
+                         {available} available"
+                    ),
+                ));
+            }
+        }
         if hang {
             *self.faults.entry(FaultKind::ProviderHang).or_default() += 1;
         }
         let latency = self.rng.gen_range(0..=b_rt(&self.broker) * 13 / 10);
-        let usage = self.draw_usage(request.max_tokens);
-        let result = if malformed {
+        let usage = self.draw_usage(request.max_tokens, request.prompt_bytes());
+        let leak = self.fires(FaultKind::ProviderLeak);
+        let huge = self.fires(FaultKind::ProviderHuge);
+        let (status, body) = if malformed {
             *self.faults.entry(FaultKind::ProviderMalformed).or_default() += 1;
-            ProviderResult::Err {
-                usage: None,
-                message: "malformed provider reply: expected value at line 1".into(),
-            }
+            (200, "{\"choices\": [malformed provider reply".to_string())
         } else if error {
             *self.faults.entry(FaultKind::ProviderError).or_default() += 1;
             let usage = if self.rng.gen_bool(0.5) { Some(usage) } else { None };
-            ProviderResult::Err { usage, message: "HTTP 500 from provider".into() }
+            let mut body = json!({ "error": { "message": "HTTP 500 from provider", "type": "server_error" } });
+            if let Some(u) = usage {
+                body["usage"] = usage_json(&u);
+            }
+            (500, body.to_string())
         } else {
             let usage = if self.rng.gen_bool(0.95) { Some(usage) } else { None };
-            ProviderResult::Ok {
-                messages: vec![json!({ "role": "assistant", "content": format!("re {id}") })],
-                usage,
-                model: request.model.clone(),
+            let message = json!({ "role": "assistant", "content": format!("re {id}") });
+            let mut body = json!({ "model": request.model, "choices": [{ "index": 0, "message": message }] });
+            if let Some(u) = usage {
+                body["usage"] = usage_json(&u);
             }
+            (200, body.to_string())
         };
+        let (status, body) = if huge {
+            self.count(FaultKind::ProviderHuge);
+            let n = self.rng.gen_range(100..8_000);
+            (200, huge_reply(n, &request.model, leak))
+        } else if leak {
+            self.count(FaultKind::ProviderLeak);
+            let how = self.rng.gen_range(0..LEAKS);
+            leaky_reply(how, status, &body, &mut self.rng)
+        } else {
+            (status, body)
+        };
+        let redactor = self.broker.as_ref().map(|b| b.redactor.clone()).unwrap_or_default();
+        let result = parse_response_with(status, body.as_bytes(), &request.model, &redactor, SIM_REPLY_LIMITS);
         let due = if hang { None } else { Some(now + latency) };
         self.bsim()
             .prov
-            .insert(call, Prov { model: request.model, due, cancelled: false, done: false, result });
+            .insert(call, Prov { model: request.model, due, cancelled: false, done: false, result, worst });
         Ok(())
     }
 
-    fn draw_usage(&mut self, max_tokens: u32) -> Usage {
-        let prompt = self.rng.gen_range(1..5_000u64);
+    /// Usage as a provider reports it. With `enforce_budget`, within what
+    /// the call was sent with (`prompt_bytes` prompt tokens at most), the
+    /// honest provider the budget promise is about.
+    fn draw_usage(&mut self, max_tokens: u32, prompt_bytes: u64) -> Usage {
+        let enforce = self.broker.as_ref().is_some_and(|b| b.enforce);
+        let top = if enforce { prompt_bytes.clamp(1, 5_000) } else { 5_000 };
+        let prompt = self.rng.gen_range(1..=top);
         let cached = if self.rng.gen_bool(0.5) { self.rng.gen_range(0..=prompt) } else { 0 };
         let completion = self.rng.gen_range(0..=u64::from(max_tokens));
         Usage {
@@ -443,20 +552,50 @@ impl World {
                 format!("{id} answered before it arrived: {v}"),
             ));
         }
+        let mut seen = Vec::new();
+        strings(v, &mut seen);
+        if seen.iter().any(|s| b.oracle.reveals(s)) {
+            return Err(violation("secret_leaked", format!("{id}: the API key is in a decoded string")));
+        }
+        let enforce = b.enforce;
         let bad = |what: String| Err(violation("broker_answer", format!("{id}: {what}: {v}")));
+        let brief = || {
+            let mut s = v.to_string();
+            s.truncate(300);
+            s
+        };
         match op {
-            BOp::Llm { known: false } => {
-                if code != "E_ARG" {
+            BOp::Llm { known: false, .. } => {
+                // A flood may fill the queue before the model is looked at.
+                if code != "E_ARG" && code != "queue_full" {
                     return bad("an unknown model must be E_ARG".into());
                 }
             }
-            BOp::Llm { known: true } => match (ok, code) {
+            BOp::Llm { known: true, .. } => match (ok, code) {
                 (true, _) if !r.started => return bad("succeeded without a provider call".into()),
                 (true, _) => {
-                    if v.pointer("/result/messages").and_then(Value::as_array).is_none() {
+                    let Some(messages) = v.pointer("/result/messages") else {
+                        return bad("result without messages".into());
+                    };
+                    if !messages.is_array() {
                         return bad("result without messages".into());
                     }
+                    if count_values(messages) > SIM_REPLY_LIMITS.max_values + 1 {
+                        return Err(violation(
+                            "bounded_resources",
+                            format!("{id}: a reply of more than {} values reached a child: {}", SIM_REPLY_LIMITS.max_values, brief()),
+                        ));
+                    }
                 }
+                (false, "queue_full") if r.started => return bad("queue_full, yet it started".into()),
+                (false, "queue_full") => {}
+                (false, "budget_exhausted") if r.started => {
+                    return bad("budget_exhausted, yet it started".into())
+                }
+                (false, "budget_exhausted") if !enforce => {
+                    return bad("a preflight denial without enforce_budget".into())
+                }
+                (false, "budget_exhausted") => {}
                 (false, "queue_timeout" | "cancelled_before_start") if r.started => {
                     return bad("answered as never started, yet it started".into())
                 }
@@ -493,6 +632,38 @@ impl World {
     pub(super) fn broker_check(&self) -> Check {
         let Some(b) = &self.broker else { return Ok(()) };
         let m = &self.levels[0].m;
+        // Bounded queue: by the machine's own count, and by this checker's
+        // lower bound of what the waiting calls hold.
+        let (held_n, held_bytes) = m.broker().map_or((0, 0), |x| (x.queued(), x.pending_bytes()));
+        let mine: u64 = b
+            .waiting
+            .values()
+            .filter_map(|k| match b.reqs.get(k).map(|r| r.op) {
+                Some(BOp::Llm { bytes, .. }) => Some(bytes),
+                _ => None,
+            })
+            .sum();
+        if held_n > b.max_pending || b.waiting.len() > b.max_pending {
+            return Err(violation(
+                "bounded_resources",
+                format!("{held_n} calls wait ({} by the checker), max_pending {}", b.waiting.len(), b.max_pending),
+            ));
+        }
+        if held_bytes > b.max_pending_bytes || mine > b.max_pending_bytes {
+            return Err(violation(
+                "bounded_resources",
+                format!(
+                    "waiting calls hold {held_bytes} bytes (at least {mine} by the checker), max_pending_bytes {}",
+                    b.max_pending_bytes
+                ),
+            ));
+        }
+        if b.enforce && b.charged > b.initial {
+            return Err(violation(
+                "budget",
+                format!("enforce_budget, honest usage, yet {} pico-USD charged of {}", b.charged, b.initial),
+            ));
+        }
         let remaining = m.broker().map(|x| x.remaining().as_pico());
         if remaining != Some(b.expected_remaining()) {
             return Err(violation(
@@ -548,10 +719,21 @@ fn track(c: &mut Client, id: String) {
 }
 
 fn issue_llm(c: &mut Client) {
+    issue_llm_padded(c, 0);
+}
+
+/// An `LLMCMD` whose last message carries its id (the checkers' marker),
+/// after a message of `pad` bytes when `pad > 0`.
+fn issue_llm_padded(c: &mut Client, pad: usize) {
     let id = next_id(c);
     let model = MODELS[c.rng.gen_range(0..MODELS.len())];
     let known = model.map_or(true, |m| prices(m).is_some());
     let mut params = json!({ "messages": [{ "role": "user", "content": id.clone() }] });
+    if pad > 0 {
+        params["messages"] =
+            json!([{ "role": "user", "content": "p".repeat(pad) }, { "role": "user", "content": id.clone() }]);
+    }
+    let bytes = params["messages"].to_string().len() as u64;
     if let Some(m) = model {
         params["model"] = m.into();
     }
@@ -578,7 +760,7 @@ fn issue_llm(c: &mut Client) {
             c.tokens_used.remove(0);
         }
     }
-    send(c, id.clone(), req(&id, "LLMCMD", params), Kind::Broker(BOp::Llm { known }), None);
+    send(c, id.clone(), req(&id, "LLMCMD", params), Kind::Broker(BOp::Llm { known, bytes }), None);
     c.llm_tokens.insert(id.clone(), token);
     track(c, id);
 }
@@ -635,5 +817,138 @@ fn issue_file_op(c: &mut Client) {
     } else {
         let max = c.rng.gen_range(1..256);
         send(c, id.clone(), req(&id, "read", json!({ "h": h, "max": max })), Kind::Read { h, max }, None);
+    }
+}
+
+/// A usage object as an OpenAI-compatible provider reports it.
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+    })
+}
+
+/// The key as the text of a JSON string literal, in one of the shapes a
+/// JSON reader decodes back to the key: verbatim, every character
+/// `\u`-escaped, split by an escape, or escaped twice (what a string
+/// holding JSON holds, decoding to the key only on the second read).
+fn encoded_key(how: u32) -> String {
+    let esc = |c: char| format!("\\u{:04x}", c as u32);
+    match how % 4 {
+        0 => SIM_KEY.to_owned(),
+        1 => SIM_KEY.chars().map(esc).collect(),
+        2 => SIM_KEY.chars().enumerate().map(|(i, c)| if i == 9 { esc(c) } else { c.to_string() }).collect(),
+        _ => SIM_KEY.chars().map(|c| format!("\\\\u{:04x}", c as u32)).collect(),
+    }
+}
+
+/// Ways the lying provider leaks the key.
+const LEAKS: u32 = 8;
+
+/// A reply carrying the key: in the content, an object key, a tool call's
+/// arguments, the model name, an error message (JSON or plain text), or a
+/// usage field whose error message quotes it. Returns status and body.
+fn leaky_reply(how: u32, status: u16, body: &str, rng: &mut ChaCha8Rng) -> (u16, String) {
+    let enc = encoded_key(rng.gen_range(0..4));
+    let content = |extra: &str| {
+        format!(
+            r#"{{"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"leak {enc} here"{extra}}}}}]}}"#
+        )
+    };
+    match how {
+        0 => (200, content("")),
+        1 => (200, content(&format!(r#","meta":{{"{enc}":true}}"#))),
+        2 => {
+            // The arguments string holds JSON, so its key is escaped once
+            // more: `\"` around it, and a `\u` escape becomes `\\u`.
+            let inner = enc.replace('\\', "\\\\");
+            let args = format!(r#"{{\"token\":\"{inner}\"}}"#);
+            (
+                200,
+                content(&format!(
+                    r#","tool_calls":[{{"id":"t1","type":"function","function":{{"name":"f","arguments":"{args}"}}}}]"#
+                )),
+            )
+        }
+        3 => (200, format!(r#"{{"model":"{enc}","choices":[{{"message":{{"role":"assistant","content":"x"}}}}]}}"#)),
+        4 => (401, format!(r#"{{"error":{{"message":"Incorrect API key provided: {enc}","type":"auth"}}}}"#)),
+        5 => (401, format!("invalid api key {SIM_KEY}; body was {}", &body[..body.len().min(40)])),
+        6 => (
+            200,
+            format!(r#"{{"choices":[{{"message":{{"role":"assistant"}}}}],"usage":{{"prompt_tokens":"{enc}"}}}}"#),
+        ),
+        _ => (status, body.replacen("from provider", &format!("from provider ({enc})"), 1)),
+    }
+}
+
+/// A reply of `n` small values (a content array), with the key at its end
+/// when `leak`.
+fn huge_reply(n: usize, model: &str, leak: bool) -> String {
+    let mut values = String::with_capacity(n * 3);
+    for i in 0..n {
+        values.push_str(&(i % 10).to_string());
+        values.push(',');
+    }
+    let tail = if leak { format!("\"{}\"", encoded_key(n as u32)) } else { "0".into() };
+    format!(
+        r#"{{"model":"{model}","choices":[{{"message":{{"role":"assistant","content":[{values}{tail}]}}}}],"usage":{{"prompt_tokens":1,"completion_tokens":1}}}}"#
+    )
+}
+
+/// Every string in `v`, keys included.
+fn strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+        Value::Object(m) => {
+            for (k, x) in m {
+                out.push(k.clone());
+                strings(x, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn count_values(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(count_values).sum::<usize>(),
+        Value::Object(m) => 1 + m.iter().map(|(_, x)| 1 + count_values(x)).sum::<usize>(),
+        _ => 1,
+    }
+}
+
+impl World {
+    /// Bytes about to reach a child: the key must not be in them, as
+    /// written or in any escaped form.
+    pub(super) fn broker_check_sent(&self, data: &[u8]) -> Check {
+        let Some(b) = &self.broker else { return Ok(()) };
+        if b.oracle.reveals(&String::from_utf8_lossy(data)) {
+            return Err(violation("secret_leaked", "the API key is in bytes sent to a child".into()));
+        }
+        Ok(())
+    }
+
+    /// A flood of `LLMCMD`s from one client, some of them big, to fill
+    /// the queue past its count and its bytes.
+    pub(super) fn queue_flood(&mut self) {
+        let live: Vec<usize> = (0..self.clients.len()).filter(|&i| !self.clients[i].gone).collect();
+        if live.is_empty() {
+            return;
+        }
+        self.count(FaultKind::QueueFlood);
+        let i = live[self.rng.gen_range(0..live.len())];
+        let n = self.rng.gen_range(4..=24);
+        // Big, but within a frame, so the flood is refused by the broker
+        // and not by the frame decoder.
+        let most = self.swarm.max_frame.saturating_sub(1024).clamp(1, 12_000);
+        let c = &mut self.clients[i];
+        for _ in 0..n {
+            let pad = if c.rng.gen_bool(0.6) { c.rng.gen_range(1..=most) } else { 0 };
+            issue_llm_padded(c, pad);
+        }
+        self.register_broker_requests(i);
     }
 }
