@@ -7,7 +7,9 @@
 //! `key=value` words: `tag` (a name to find the request by), `delay` (ms
 //! before answering), `status`, `prompt`, `cached`, `completion` (the usage
 //! reported), `usage=none`, `echo_auth` (the error message quotes the
-//! Authorization header, as real providers do for a bad key).
+//! Authorization header, as real providers do for a bad key), `leak=N`
+//! (the reply carries the bearer key in shape N: see `leaky`), `huge=N`
+//! (a reply of N small JSON values).
 
 mod common;
 
@@ -196,14 +198,62 @@ async fn handle(
         r
     };
     let status = if path != "/v1/chat/completions" { 404 } else { status };
+    let key = auth.as_deref().and_then(|a| a.strip_prefix("Bearer ")).unwrap_or("");
+    let (status, text) = match (w.get("leak"), w.get("huge")) {
+        (Some(n), _) => leaky(n.parse().unwrap_or(0), key),
+        (None, Some(n)) => (200, huge(n.parse().unwrap_or(0))),
+        _ => (status, reply.to_string()),
+    };
     guard.answered = true;
     drop(guard);
     let resp = hyper::Response::builder()
         .status(status)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(reply.to_string())))
+        .body(Full::new(Bytes::from(text)))
         .unwrap();
     Ok(resp)
+}
+
+/// A reply that gives `key` back in shape `n`: verbatim in the content
+/// (0), every character `\u`-escaped (1), split by one escape (2), escaped
+/// twice inside a tool call's JSON arguments (3), in an error message (4),
+/// as an object key and the model name (5).
+fn leaky(n: u32, key: &str) -> (u16, String) {
+    let esc: String = key.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
+    let split: String =
+        key.chars().enumerate().map(|(i, c)| if i == 5 { format!("\\u{:04x}", c as u32) } else { c.to_string() }).collect();
+    let twice = esc.replace('\\', "\\\\");
+    let msg = |extra: &str, content: &str| {
+        format!(r#"{{"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"{extra}}}}}],"usage":{{"prompt_tokens":1,"completion_tokens":1}}}}"#)
+    };
+    match n {
+        0 => (200, msg("", &format!("here: {key}"))),
+        1 => (200, msg("", &format!("here: {esc}"))),
+        2 => (200, msg("", &format!("here: {split}"))),
+        3 => (
+            200,
+            msg(
+                &format!(
+                    r#","tool_calls":[{{"id":"c","type":"function","function":{{"name":"f","arguments":"{{\"k\":\"{twice}\"}}"}}}}]"#
+                ),
+                "",
+            ),
+        ),
+        4 => (401, format!(r#"{{"error":{{"message":"Incorrect API key provided: {esc}","type":"auth"}}}}"#)),
+        _ => (
+            200,
+            format!(r#"{{"model":"{split}","choices":[{{"message":{{"role":"assistant","{esc}":1,"content":"x"}}}}]}}"#),
+        ),
+    }
+}
+
+/// A reply whose one message holds `n` small values.
+fn huge(n: usize) -> String {
+    let mut values = "0,".repeat(n);
+    values.pop();
+    format!(
+        r#"{{"model":"m","choices":[{{"message":{{"role":"assistant","content":[{values}]}}}}],"usage":{{"prompt_tokens":1,"completion_tokens":1}}}}"#
+    )
 }
 
 // ---------------------------------------------------------------- runner --
@@ -211,6 +261,18 @@ async fn handle(
 /// Run `airlock run --config airlock.toml --report … [extra] -- cmd` in
 /// `dir` with `env` added, killed if it outlives `limit`.
 fn run_broker(dir: &Path, config: &str, extra: &[&str], cmd: &[String], env: &[(&str, &str)]) -> Run {
+    run_broker_peak(dir, config, extra, cmd, env).0
+}
+
+/// [`run_broker`], with airlock's peak resident memory in KiB (`VmHWM`,
+/// sampled while it runs).
+fn run_broker_peak(
+    dir: &Path,
+    config: &str,
+    extra: &[&str],
+    cmd: &[String],
+    env: &[(&str, &str)],
+) -> (Run, u64) {
     std::fs::write(dir.join("airlock.toml"), config).unwrap();
     let report = dir.join("report.json");
     let _ = std::fs::remove_file(&report);
@@ -232,18 +294,26 @@ fn run_broker(dir: &Path, config: &str, extra: &[&str], cmd: &[String], env: &[(
         command.env(k, v);
     }
     let start = Instant::now();
-    let output = output_within(command, Duration::from_secs(60));
+    let (output, peak) = output_within(command, Duration::from_secs(60));
     let elapsed = start.elapsed();
     let report = match std::fs::read_to_string(&report) {
         Ok(text) => serde_json::from_str(&text).expect("report is JSON"),
         Err(_) => Value::Null,
     };
-    Run { output, report, elapsed }
+    (Run { output, report, elapsed }, peak)
+}
+
+/// `VmHWM` of process `pid`, in KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `Command::output`, but killed (and the test failed) past `limit`.
-fn output_within(mut command: Command, limit: Duration) -> std::process::Output {
+fn output_within(mut command: Command, limit: Duration) -> (std::process::Output, u64) {
     let mut child = command.spawn().expect("airlock starts");
+    let mut peak = 0;
     let mut stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let out_t = std::thread::spawn(move || {
@@ -258,6 +328,9 @@ fn output_within(mut command: Command, limit: Duration) -> std::process::Output 
     });
     let deadline = Instant::now() + limit;
     let status = loop {
+        if let Some(kib) = peak_rss_kib(child.id()) {
+            peak = peak.max(kib);
+        }
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
@@ -268,7 +341,7 @@ fn output_within(mut command: Command, limit: Duration) -> std::process::Output 
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    std::process::Output { status, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }
+    (std::process::Output { status, stdout: out_t.join().unwrap(), stderr: err_t.join().unwrap() }, peak)
 }
 
 fn config(fake: &Fake, extra: &str) -> String {
@@ -722,4 +795,176 @@ out(call('QUOTA'))
     let inner: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("inner.json")).unwrap()).unwrap();
     assert!(inner.get("broker").is_none(), "the inner level runs no broker: {inner}");
+}
+
+// ------------------------------------------------ hardening (issue 7) --
+
+/// 33 frames of about 1 MiB each (thousands of small messages, the shape
+/// that costs fifty times its bytes as a parsed tree) queued behind a slow
+/// call: the queue takes what `max_pending_bytes` allows, the rest are
+/// refused `queue_full` at once and never reach the provider, and airlock's
+/// memory stays far below the 1.7 GB this once took.
+#[test]
+fn a_flood_of_big_llmcmds_is_refused_queue_full_with_bounded_memory() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (run, peak_kib) = run_broker_peak(
+        dir.path(),
+        &config(&fake, ""),
+        &[],
+        &python(
+            r#"
+import json, struct, os
+send({"id": "slow", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=slow delay=30000"}], "cancel_token": "s"}})
+small = [{"role": "user", "content": "x"}] * 30000
+for i in range(33):
+    msgs = small + [{"role": "user", "content": "tag=q%d" % i}]
+    payload = json.dumps({"id": "q%d" % i, "op": "LLMCMD", "params": {"messages": msgs}}).encode()
+    assert len(payload) < (1 << 20), len(payload)
+    send_raw(payload)
+# Frames are served in order: by the time this CANCEL is, every LLMCMD
+# above has been admitted or refused while "slow" held the lock.
+send({"id": "c", "op": "CANCEL", "params": {"cancel_token": "s"}})
+got = recv_ids(["slow", "c"] + ["q%d" % i for i in range(33)])
+del got["c"]
+codes = {k: (v.get("error") or {}).get("code", "ok") for k, v in got.items()}
+out({"codes": codes, "size": len(payload)})
+"#,
+        ),
+        &[],
+    );
+    ok(&run);
+    let l = &run.lines()[0];
+    let codes = l["codes"].as_object().unwrap();
+    let full: Vec<&String> = codes.iter().filter(|(_, c)| *c == "queue_full").map(|(k, _)| k).collect();
+    let okd: Vec<&String> = codes.iter().filter(|(_, c)| *c == "ok").map(|(k, _)| k).collect();
+    assert!(full.len() >= 20, "{l}");
+    assert_eq!(codes["slow"], "cancelled_after_start", "{l}");
+    assert_eq!(full.len() + okd.len(), 33, "{l}");
+    // Exactly the calls answered ok (and "slow") reached the provider;
+    // none refused did.
+    let seen: Vec<String> = fake.seen().into_iter().map(|s| s.tag).collect();
+    assert_eq!(seen.len(), okd.len() + 1, "{seen:?}");
+    for k in &full {
+        assert!(!seen.contains(k), "{k} was refused yet reached the provider");
+    }
+    eprintln!("flood: airlock peaked at {} MiB", peak_kib / 1024);
+    assert!(peak_kib < 256 * 1024, "airlock peaked at {} MiB", peak_kib / 1024);
+    assert_eq!(run.report["broker"]["errors_by_code"]["queue_full"], full.len(), "{}", run.report);
+}
+
+/// A reply near the 16 MiB body cap made of millions of small values is
+/// refused (more values than `DEFAULT_MAX_REPLY_VALUES`) without being
+/// built as a tree; one of a million values passes, as text. Either way
+/// airlock's memory stays a small multiple of the body, not the 380 MB
+/// (24×) this once took.
+#[test]
+fn a_huge_many_valued_reply_keeps_memory_bounded() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (run, peak_kib) = run_broker_peak(
+        dir.path(),
+        &config(&fake, ""),
+        &[],
+        &python(
+            r#"
+r = llm("tag=h huge=8000000")
+out({"code": (r.get("error") or {}).get("code"), "msg": (r.get("error") or {}).get("message", "")[:200]})
+r = llm("tag=h2 huge=1000000")
+n = len(r["result"]["messages"][0]["content"]) if r.get("ok") else r
+out({"n": n})
+"#,
+        ),
+        &[],
+    );
+    ok(&run);
+    let l = run.lines();
+    assert_eq!(l[0]["code"], "provider_error", "{}", l[0]);
+    assert!(l[0]["msg"].as_str().unwrap().contains("values"), "{}", l[0]);
+    assert_eq!(l[1]["n"], 1_000_000, "{}", l[1]);
+    eprintln!("huge reply: airlock peaked at {} MiB", peak_kib / 1024);
+    assert!(peak_kib < 128 * 1024, "airlock peaked at {} MiB", peak_kib / 1024);
+}
+
+/// Every shape of the key a lying provider sends back — verbatim, fully
+/// `\u`-escaped, split by an escape, escaped twice in tool-call
+/// arguments, in an error message, as an object key and the model name —
+/// reaches the child as `[redacted]`, in the raw frames and in every
+/// decoded string (decoding JSON found inside strings once more).
+#[test]
+fn escaped_and_split_keys_never_reach_the_child() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let key = "sk-test-0123456789abcdef";
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "api_key_env = \"AIRLOCK_TEST_KEY\"\n"),
+        &[],
+        &python(
+            r#"
+for n in range(6):
+    out(llm("tag=l%d leak=%d" % (n, n)))
+"#,
+        ),
+        &[("AIRLOCK_TEST_KEY", key)],
+    );
+    ok(&run);
+    let lines = run.lines();
+    assert_eq!(lines.len(), 6);
+    fn strings(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::String(s) => {
+                out.push(s.clone());
+                if let Ok(inner) = serde_json::from_str::<Value>(s) {
+                    strings(&inner, out);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+            Value::Object(m) => m.iter().for_each(|(k, x)| {
+                out.push(k.clone());
+                strings(x, out)
+            }),
+            _ => {}
+        }
+    }
+    let oracle = airlock_core::broker::Redactor::with_secret(key).unwrap();
+    for l in &lines {
+        let mut all = Vec::new();
+        strings(l, &mut all);
+        assert!(all.iter().all(|s| !s.contains(key) && !oracle.reveals(s)), "the key reached the child: {l}");
+        assert!(l.to_string().contains("[redacted]"), "nothing was redacted in {l}");
+    }
+    assert!(!oracle.reveals(&run.stdout()), "{}", run.stdout());
+    assert_eq!(fake.seen().len(), 6);
+}
+
+/// `enforce_budget = true`: a call the remaining budget cannot cover is
+/// refused `budget_exhausted` with no provider call; the default (the
+/// seed's "no preflight denials") lets the same call go out.
+#[test]
+fn enforce_budget_refuses_without_a_call_and_the_default_does_not() {
+    let script = r#"out(llm("tag=b", max_tokens=4000))"#;
+    // 0.00001 USD: the prompt's bound alone nearly takes it, leaving no
+    // room for even the 16-token floor at 0.6 USD per 1M output tokens.
+    let budget = "initial_units = 0.00001\n";
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, &format!("{budget}enforce_budget = true\n")),
+        &[],
+        &python(script),
+        &[],
+    );
+    ok(&run);
+    let l = &run.lines()[0];
+    assert_eq!(l["error"]["code"], "budget_exhausted", "{l}");
+    assert!(l["error"]["message"].as_str().unwrap().contains("enforce_budget"), "{l}");
+    assert!(fake.seen().is_empty(), "{:?}", fake.seen());
+
+    let fake = Fake::start();
+    let run = run_broker(dir.path(), &config(&fake, budget), &[], &python(script), &[]);
+    ok(&run);
+    assert_eq!(run.lines()[0]["ok"], true, "{}", run.lines()[0]);
+    assert_eq!(fake.seen().len(), 1);
 }
