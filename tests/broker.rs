@@ -220,11 +220,16 @@ async fn handle(
 /// as an object key and the model name (5).
 fn leaky(n: u32, key: &str) -> (u16, String) {
     let esc: String = key.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
-    let split: String =
-        key.chars().enumerate().map(|(i, c)| if i == 5 { format!("\\u{:04x}", c as u32) } else { c.to_string() }).collect();
+    let split: String = key
+        .chars()
+        .enumerate()
+        .map(|(i, c)| if i == 5 { format!("\\u{:04x}", c as u32) } else { c.to_string() })
+        .collect();
     let twice = esc.replace('\\', "\\\\");
     let msg = |extra: &str, content: &str| {
-        format!(r#"{{"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"{extra}}}}}],"usage":{{"prompt_tokens":1,"completion_tokens":1}}}}"#)
+        format!(
+            r#"{{"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"{extra}}}}}],"usage":{{"prompt_tokens":1,"completion_tokens":1}}}}"#
+        )
     };
     match n {
         0 => (200, msg("", &format!("here: {key}"))),
@@ -242,7 +247,9 @@ fn leaky(n: u32, key: &str) -> (u16, String) {
         4 => (401, format!(r#"{{"error":{{"message":"Incorrect API key provided: {esc}","type":"auth"}}}}"#)),
         _ => (
             200,
-            format!(r#"{{"model":"{split}","choices":[{{"message":{{"role":"assistant","{esc}":1,"content":"x"}}}}]}}"#),
+            format!(
+                r#"{{"model":"{split}","choices":[{{"message":{{"role":"assistant","{esc}":1,"content":"x"}}}}]}}"#
+            ),
         ),
     }
 }

@@ -54,7 +54,9 @@ fn transcript(config: Config, steps: &[Step]) -> String {
                 });
                 let result = if *ok {
                     ProviderResult::Ok {
-                        messages: airlock_core::broker::RawJson::from_value(&serde_json::json!([{"role": "assistant", "content": "4"}])),
+                        messages: airlock_core::broker::RawJson::from_value(
+                            &serde_json::json!([{"role": "assistant", "content": "4"}]),
+                        ),
                         usage,
                         model: "gpt-4o-mini".into(),
                     }

@@ -298,6 +298,10 @@ fn broker_worlds_flood_and_lie() {
     let summary = run_many(&opts(Scenario::Broker, 0..60, 2), |_| {});
     assert!(summary.failed.is_empty());
     for kind in [FaultKind::QueueFlood, FaultKind::ProviderLeak, FaultKind::ProviderHuge] {
-        assert!(summary.faults.get(&kind).is_some_and(|n| *n > 0), "{kind} never injected: {:?}", summary.faults);
+        assert!(
+            summary.faults.get(&kind).is_some_and(|n| *n > 0),
+            "{kind} never injected: {:?}",
+            summary.faults
+        );
     }
 }

@@ -758,7 +758,10 @@ impl Broker {
         } else if cancel_token.as_ref().is_some_and(|t| self.tokens.contains_key(&(owner, t.clone()))) {
             Err(refused("cancel_token is already in use by another call of this client".into()))
         } else if self.queue.len() >= self.config.max_pending {
-            Err(full(format!("{} calls already wait for the broker lock (queue.max_pending)", self.queue.len())))
+            Err(full(format!(
+                "{} calls already wait for the broker lock (queue.max_pending)",
+                self.queue.len()
+            )))
         } else if byte_bound && self.pending_bytes.saturating_add(bytes) > self.config.max_pending_bytes {
             Err(full(format!(
                 "a call of {bytes} bytes would take the waiting calls past {} bytes (queue.max_pending_bytes; {} held)",
@@ -844,7 +847,13 @@ impl Broker {
         if self.config.enforce_budget && self.bug != Some(BrokerBug::IgnoreEnforceBudget) {
             let available = self.remaining.saturating_sub(self.reserved);
             let prompt = quota::prompt_token_bound(request.prompt_bytes());
-            match quota::fit_budget(available, prompt, trim.effective, self.config.min_output_tokens, &w.weights) {
+            match quota::fit_budget(
+                available,
+                prompt,
+                trim.effective,
+                self.config.min_output_tokens,
+                &w.weights,
+            ) {
                 Some((effective, cost)) => {
                     if effective < trim.effective {
                         trim.effective = effective;
@@ -862,7 +871,16 @@ impl Broker {
                         w.model
                     );
                     let e = BrokerError::new(BrokerErrorCode::BudgetExhausted, message);
-                    return self.finish_parts(now, w.call, w.owner, w.model, w.enqueued, w.queue_len, e, true);
+                    return self.finish_parts(
+                        now,
+                        w.call,
+                        w.owner,
+                        w.model,
+                        w.enqueued,
+                        w.queue_len,
+                        e,
+                        true,
+                    );
                 }
             }
         }
@@ -1003,8 +1021,10 @@ impl Broker {
         }
         self.outputs.push_back(BrokerOutput::Telemetry(record));
         self.reserved = Money::from_pico(self.reserved.as_pico().saturating_add(r.reserve.as_pico()));
-        self.abandoned
-            .insert(r.call, Abandoned { owner: r.owner, model: r.model, weights: r.weights, reserve: r.reserve });
+        self.abandoned.insert(
+            r.call,
+            Abandoned { owner: r.owner, model: r.model, weights: r.weights, reserve: r.reserve },
+        );
     }
 
     /// Answer (or, for a departed owner, drop) a call that never started.

@@ -160,7 +160,13 @@ pub fn parse_response_with(
     redactor.scrub_result(read(status, &body, asked_model, redactor, limits))
 }
 
-fn read(status: u16, body: &[u8], asked_model: &str, redactor: &Redactor, limits: ReadLimits) -> ProviderResult {
+fn read(
+    status: u16,
+    body: &[u8],
+    asked_model: &str,
+    redactor: &Redactor,
+    limits: ReadLimits,
+) -> ProviderResult {
     let parsed: Result<Reply<'_>, _> = serde_json::from_slice(body);
     if !(200..300).contains(&status) {
         let (detail, usage) = match &parsed {
@@ -324,7 +330,10 @@ mod tests {
             br#"{"choices":[{"nope":1}]}"#,
             br#"{"choices":[],"usage":"x"}"#,
         ] {
-            assert!(matches!(parse_response(200, body, "m", &Redactor::new()), ProviderResult::Err { .. }), "{body:?}");
+            assert!(
+                matches!(parse_response(200, body, "m", &Redactor::new()), ProviderResult::Err { .. }),
+                "{body:?}"
+            );
         }
     }
 
@@ -337,7 +346,9 @@ mod tests {
     /// Every string of a result, decoded, and its error message.
     fn visible(r: &ProviderResult) -> String {
         match r {
-            ProviderResult::Ok { messages, model, .. } => format!("{} {} {model}", messages.as_str(), messages.to_value()),
+            ProviderResult::Ok { messages, model, .. } => {
+                format!("{} {} {model}", messages.as_str(), messages.to_value())
+            }
             ProviderResult::Err { message, .. } => message.clone(),
         }
     }
@@ -345,12 +356,15 @@ mod tests {
     #[test]
     fn the_key_never_survives_a_reply_in_any_encoding() {
         let esc: String = KEY.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
-        let half = format!("sk-live-\\u0030123456789abcdef");
+        let half = "sk-live-\\u0030123456789abcdef";
         let bodies = [
             (200, format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":"{KEY}"}}}}]}}"#)),
             (200, format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":"{esc}"}}}}]}}"#)),
             (200, format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":"x{half}y"}}}}]}}"#)),
-            (200, format!(r#"{{"model":"{esc}","choices":[{{"message":{{"{esc}":1,"role":"assistant"}}}}]}}"#)),
+            (
+                200,
+                format!(r#"{{"model":"{esc}","choices":[{{"message":{{"{esc}":1,"role":"assistant"}}}}]}}"#),
+            ),
             (
                 200,
                 format!(
@@ -374,7 +388,10 @@ mod tests {
 
     #[test]
     fn a_many_valued_reply_is_refused_by_count_and_never_built() {
-        let many = format!(r#"{{"choices":[{{"message":{{"role":"assistant","content":[{}0]}}}}]}}"#, "0,".repeat(5000));
+        let many = format!(
+            r#"{{"choices":[{{"message":{{"role":"assistant","content":[{}0]}}}}]}}"#,
+            "0,".repeat(5000)
+        );
         let limits = ReadLimits { max_values: 1000, max_depth: 8 };
         match parse_response_with(200, many.as_bytes(), "m", &Redactor::new(), limits) {
             ProviderResult::Err { message, .. } => assert!(message.contains("more than 1000"), "{message}"),
@@ -386,7 +403,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Unknown fields of any size are skipped.
-        let skipped = format!(r#"{{"junk":[{}0],"choices":[{{"message":{{"role":"assistant"}}}}]}}"#, "[0],".repeat(5000));
+        let skipped = format!(
+            r#"{{"junk":[{}0],"choices":[{{"message":{{"role":"assistant"}}}}]}}"#,
+            "[0],".repeat(5000)
+        );
         assert!(matches!(
             parse_response_with(200, skipped.as_bytes(), "m", &Redactor::new(), limits),
             ProviderResult::Ok { .. }

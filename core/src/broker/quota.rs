@@ -286,15 +286,16 @@ pub fn fit_budget(
     let prompt_cost = u128::from(prompt_tokens) * input;
     let left = u128::from(available.as_pico()).checked_sub(prompt_cost)?;
     let output = u128::from(weights.output.micros());
-    let effective = if output == 0 {
-        max_tokens
-    } else {
-        let floor = u128::from(max_tokens.min(min_output).max(1));
-        let affordable = left / output;
-        if affordable < floor {
-            return None;
+    // Free output: any completion fits.
+    let effective = match left.checked_div(output) {
+        None => max_tokens,
+        Some(affordable) => {
+            let floor = u128::from(max_tokens.min(min_output).max(1));
+            if affordable < floor {
+                return None;
+            }
+            u32::try_from(affordable.min(u128::from(max_tokens))).unwrap_or(max_tokens)
         }
-        u32::try_from(affordable.min(u128::from(max_tokens))).unwrap_or(max_tokens)
     };
     let cost = prompt_cost + u128::from(effective) * output;
     Some((effective, Money(u64::try_from(cost).unwrap_or(u64::MAX))))

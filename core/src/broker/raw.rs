@@ -325,8 +325,12 @@ mod tests {
 
     #[test]
     fn text_is_reencoded_compactly_in_order() {
-        let r = RawJson::read(r#" { "b" : [1, 2.5, "\u0041", null, true], "a": {} } "#, ReadLimits::default(), None)
-            .unwrap();
+        let r = RawJson::read(
+            r#" { "b" : [1, 2.5, "\u0041", null, true], "a": {} } "#,
+            ReadLimits::default(),
+            None,
+        )
+        .unwrap();
         assert_eq!(r.as_str(), r#"{"b":[1,2.5,"A",null,true],"a":{}}"#);
         assert_eq!(RawJson::read("[]", ReadLimits::default(), None).unwrap().as_str(), "[]");
     }
@@ -343,7 +347,8 @@ mod tests {
     #[test]
     fn strings_and_keys_are_scrubbed() {
         let r = Redactor::with_secret("sk-abcdefgh").unwrap();
-        let out = RawJson::read(r#"{"sk-abcdefgh":"x \u0073k-abcdefgh"}"#, ReadLimits::default(), Some(&r)).unwrap();
+        let out = RawJson::read(r#"{"sk-abcdefgh":"x \u0073k-abcdefgh"}"#, ReadLimits::default(), Some(&r))
+            .unwrap();
         assert_eq!(out.as_str(), r#"{"[redacted]":"x [redacted]"}"#);
     }
 
@@ -364,7 +369,10 @@ mod tests {
     #[test]
     fn prepend_puts_a_value_first() {
         let m = RawJson::from_value(&json!([{"role": "user"}]));
-        assert_eq!(m.prepend(&json!({"role": "system"})).unwrap().as_str(), r#"[{"role":"system"},{"role":"user"}]"#);
+        assert_eq!(
+            m.prepend(&json!({"role": "system"})).unwrap().as_str(),
+            r#"[{"role":"system"},{"role":"user"}]"#
+        );
         assert_eq!(RawJson::from_value(&json!([])).prepend(&json!(1)).unwrap().as_str(), "[1]");
         assert!(RawJson::from_value(&json!({})).prepend(&json!(1)).is_none());
     }

@@ -339,8 +339,10 @@ mod tests {
 
     #[test]
     fn json_stays_json() {
-        let raw = RawJson::from_text(r#"[{"content":"\u0073k-test-Secret42 and sk-test-Secret42","role":"x"}]"#.into())
-            .unwrap();
+        let raw = RawJson::from_text(
+            r#"[{"content":"\u0073k-test-Secret42 and sk-test-Secret42","role":"x"}]"#.into(),
+        )
+        .unwrap();
         let out = r().scrub_json(raw).unwrap();
         assert_eq!(out.as_str(), r#"[{"content":"[redacted] and [redacted]","role":"x"}]"#);
     }

@@ -872,7 +872,8 @@ fn the_key_is_scrubbed_from_every_result_the_broker_answers() {
     submit(&mut b, t(0), 0, A, req(), None);
     submit(&mut b, t(0), 1, A, req(), None);
     drain(&mut b);
-    let leaky = RawJson::from_text(r#"[{"role":"assistant","content":"\u0073k-abcdef012345"}]"#.into()).unwrap();
+    let leaky =
+        RawJson::from_text(r#"[{"role":"assistant","content":"\u0073k-abcdef012345"}]"#.into()).unwrap();
     let result = ProviderResult::Ok { messages: leaky, usage: None, model: "sk-abcdef012345".into() };
     b.handle(t(1), BrokerInput::ProviderDone { call: CallId(0), result });
     let err = ProviderResult::Err { usage: None, message: "bad key sk-abcdef012345".into() };

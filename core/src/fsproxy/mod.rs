@@ -477,7 +477,9 @@ impl FsProxy {
     fn build(config: Config, mut broker: Option<Broker>) -> Self {
         if let Some(b) = broker.as_mut() {
             match config.planted_bug {
-                Some(PlantedBug::BrokerNoPendingByteBound) => b.plant_bug(broker::BrokerBug::NoPendingByteBound),
+                Some(PlantedBug::BrokerNoPendingByteBound) => {
+                    b.plant_bug(broker::BrokerBug::NoPendingByteBound)
+                }
                 Some(PlantedBug::BrokerIgnoresEnforceBudget) => {
                     b.plant_bug(broker::BrokerBug::IgnoreEnforceBudget)
                 }

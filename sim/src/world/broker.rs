@@ -21,10 +21,10 @@
 //!    frame reached the machine, not counting clock jumps (a shell that
 //!    stalls cannot fire its timers on time);
 //! 11. the calls waiting for the lock never number more than
-//!    `max_pending`, and never hold more than `max_pending_bytes` — by the
-//!    machine's count, and by this file's own lower bound (the compact
-//!    JSON of each waiting call's messages); a call answered `queue_full`
-//!    or `budget_exhausted` never reaches the provider;
+//!     `max_pending`, and never hold more than `max_pending_bytes` — by
+//!     the machine's count, and by this file's own lower bound (the
+//!     compact JSON of each waiting call's messages); a call answered
+//!     `queue_full` or `budget_exhausted` never reaches the provider;
 //! 4. the provider's API key never reaches a child: every frame sent to a
 //!    client is searched for it as raw text and, for broker answers, in
 //!    every decoded string (escape-aware, so `\u`-escaped copies, copies
@@ -33,12 +33,12 @@
 //!    in error messages, tool-call arguments, the model name, object keys
 //!    and huge many-valued replies; replies pass the real codec
 //!    (`openai::parse_response_with`) as they would in the shell;
-//! 5b. with `enforce_budget` on, and a provider whose reported usage stays
-//!    within what the call was sent with (prompt tokens at most its bytes,
-//!    completion at most its `max_tokens`, which is what the design
-//!    promises about), every call started has a worst case that fits the
-//!    remaining budget less the worst case of calls given up on whose
-//!    usage may still come, and so the quota never clamps at zero.
+//! 12. with `enforce_budget` on, and a provider whose reported usage
+//!     stays within what the call was sent with (prompt tokens at most its
+//!     bytes, completion at most its `max_tokens`, which is what the design
+//!     promises about), every call started has a worst case that fits the
+//!     remaining budget less the worst case of calls given up on whose
+//!     usage may still come, and so the quota never clamps at zero.
 
 use super::{at, next_id, req, send, violation, Check, Client, Kind, World};
 use crate::swarm::FaultKind;
@@ -47,9 +47,9 @@ use airlock_core::broker::{
     BrokerConfig, BrokerSetup, CallId, Money, PricingCatalog, ProviderRequest, ProviderResult, ReadLimits,
     Redactor, Usage,
 };
-use airlock_core::fsproxy::PlantedBug;
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::Input;
+use airlock_core::fsproxy::PlantedBug;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use rand::Rng;
@@ -138,9 +138,14 @@ fn charge(model: &str, u: &Usage) -> Option<u64> {
 pub(super) enum BOp {
     /// `bytes`: the compact JSON of its messages, a lower bound of what
     /// the broker holds while it waits.
-    Llm { known: bool, bytes: u64 },
+    Llm {
+        known: bool,
+        bytes: u64,
+    },
     Cancel,
-    Quota { known: bool },
+    Quota {
+        known: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -455,7 +460,8 @@ impl World {
         } else if error {
             *self.faults.entry(FaultKind::ProviderError).or_default() += 1;
             let usage = if self.rng.gen_bool(0.5) { Some(usage) } else { None };
-            let mut body = json!({ "error": { "message": "HTTP 500 from provider", "type": "server_error" } });
+            let mut body =
+                json!({ "error": { "message": "HTTP 500 from provider", "type": "server_error" } });
             if let Some(u) = usage {
                 body["usage"] = usage_json(&u);
             }
@@ -481,7 +487,8 @@ impl World {
             (status, body)
         };
         let redactor = self.broker.as_ref().map(|b| b.redactor.clone()).unwrap_or_default();
-        let result = parse_response_with(status, body.as_bytes(), &request.model, &redactor, SIM_REPLY_LIMITS);
+        let result =
+            parse_response_with(status, body.as_bytes(), &request.model, &redactor, SIM_REPLY_LIMITS);
         let due = if hang { None } else { Some(now + latency) };
         self.bsim()
             .prov
@@ -583,7 +590,11 @@ impl World {
                     if count_values(messages) > SIM_REPLY_LIMITS.max_values + 1 {
                         return Err(violation(
                             "bounded_resources",
-                            format!("{id}: a reply of more than {} values reached a child: {}", SIM_REPLY_LIMITS.max_values, brief()),
+                            format!(
+                                "{id}: a reply of more than {} values reached a child: {}",
+                                SIM_REPLY_LIMITS.max_values,
+                                brief()
+                            ),
                         ));
                     }
                 }
@@ -646,7 +657,11 @@ impl World {
         if held_n > b.max_pending || b.waiting.len() > b.max_pending {
             return Err(violation(
                 "bounded_resources",
-                format!("{held_n} calls wait ({} by the checker), max_pending {}", b.waiting.len(), b.max_pending),
+                format!(
+                    "{held_n} calls wait ({} by the checker), max_pending {}",
+                    b.waiting.len(),
+                    b.max_pending
+                ),
             ));
         }
         if held_bytes > b.max_pending_bytes || mine > b.max_pending_bytes {
@@ -730,8 +745,7 @@ fn issue_llm_padded(c: &mut Client, pad: usize) {
     let known = model.map_or(true, |m| prices(m).is_some());
     let mut params = json!({ "messages": [{ "role": "user", "content": id.clone() }] });
     if pad > 0 {
-        params["messages"] =
-            json!([{ "role": "user", "content": "p".repeat(pad) }, { "role": "user", "content": id.clone() }]);
+        params["messages"] = json!([{ "role": "user", "content": "p".repeat(pad) }, { "role": "user", "content": id.clone() }]);
     }
     let bytes = params["messages"].to_string().len() as u64;
     if let Some(m) = model {
@@ -872,12 +886,17 @@ fn leaky_reply(how: u32, status: u16, body: &str, rng: &mut ChaCha8Rng) -> (u16,
                 )),
             )
         }
-        3 => (200, format!(r#"{{"model":"{enc}","choices":[{{"message":{{"role":"assistant","content":"x"}}}}]}}"#)),
+        3 => (
+            200,
+            format!(r#"{{"model":"{enc}","choices":[{{"message":{{"role":"assistant","content":"x"}}}}]}}"#),
+        ),
         4 => (401, format!(r#"{{"error":{{"message":"Incorrect API key provided: {enc}","type":"auth"}}}}"#)),
         5 => (401, format!("invalid api key {SIM_KEY}; body was {}", &body[..body.len().min(40)])),
         6 => (
             200,
-            format!(r#"{{"choices":[{{"message":{{"role":"assistant"}}}}],"usage":{{"prompt_tokens":"{enc}"}}}}"#),
+            format!(
+                r#"{{"choices":[{{"message":{{"role":"assistant"}}}}],"usage":{{"prompt_tokens":"{enc}"}}}}"#
+            ),
         ),
         _ => (status, body.replacen("from provider", &format!("from provider ({enc})"), 1)),
     }
