@@ -201,7 +201,7 @@ async fn handle(
     let key = auth.as_deref().and_then(|a| a.strip_prefix("Bearer ")).unwrap_or("");
     let (status, text) = match (w.get("leak"), w.get("huge")) {
         (Some(n), _) => leaky(n.parse().unwrap_or(0), key),
-        (None, Some(n)) => (200, huge(n.parse().unwrap_or(0))),
+        (None, Some(n)) => (200, huge(n.parse().unwrap_or(0), num("width", 0) as usize)),
         _ => (status, reply.to_string()),
     };
     guard.answered = true;
@@ -254,9 +254,11 @@ fn leaky(n: u32, key: &str) -> (u16, String) {
     }
 }
 
-/// A reply whose one message holds `n` small values.
-fn huge(n: usize) -> String {
-    let mut values = "0,".repeat(n);
+/// A reply whose one message holds `n` small values: `0`s, or strings of
+/// `width` characters.
+fn huge(n: usize, width: usize) -> String {
+    let one = if width == 0 { "0,".to_string() } else { format!("\"{}\",", "y".repeat(width)) };
+    let mut values = one.repeat(n);
     values.pop();
     format!(
         r#"{{"model":"m","choices":[{{"message":{{"role":"assistant","content":[{values}]}}}}],"usage":{{"prompt_tokens":1,"completion_tokens":1}}}}"#
@@ -862,7 +864,8 @@ out({"codes": codes, "size": len(payload)})
 
 /// A reply near the 16 MiB body cap made of millions of small values is
 /// refused (more values than `DEFAULT_MAX_REPLY_VALUES`) without being
-/// built as a tree; one of a million values passes, as text. Either way
+/// built as a tree; one of a million 13-character strings (16 MiB) passes
+/// to the child, as text. Either way
 /// airlock's memory stays a small multiple of the body, not the 380 MB
 /// (24×) this once took.
 #[test]
@@ -877,7 +880,7 @@ fn a_huge_many_valued_reply_keeps_memory_bounded() {
             r#"
 r = llm("tag=h huge=8000000")
 out({"code": (r.get("error") or {}).get("code"), "msg": (r.get("error") or {}).get("message", "")[:200]})
-r = llm("tag=h2 huge=1000000")
+r = llm("tag=h2 huge=1000000 width=13")
 n = len(r["result"]["messages"][0]["content"]) if r.get("ok") else r
 out({"n": n})
 "#,
