@@ -26,10 +26,13 @@ struct Bench {
 
 impl Bench {
     fn new(waiters: u64) -> Self {
-        // Deadlines far away: the bench measures queueing, not timeouts.
+        // Deadlines far away and room for every waiter: the bench
+        // measures queueing, not timeouts or refusals.
         let config = BrokerConfig {
             queue_max_wait: Duration::from_secs(1 << 30),
             request_timeout: Duration::from_secs(1 << 30),
+            max_pending: usize::MAX,
+            max_pending_bytes: u64::MAX,
             ..BrokerConfig::default()
         };
         let broker = Broker::new(config, PricingCatalog::builtin(), Money::from_pico(u64::MAX / 2), "bench")
