@@ -13,6 +13,14 @@
 //!    whose client left never starts;
 //! 3. every broker op of a live client is answered exactly once (the
 //!    generic per-id bookkeeping of `on_response`);
+//! 4. the provider's API key never reaches a child: every frame sent to a
+//!    client is searched for it as raw text and, for broker answers, in
+//!    every decoded string (escape-aware, so `\u`-escaped copies, copies
+//!    split by an escape and copies escaped again inside JSON-in-a-string
+//!    count), while the simulated provider leaks it in all those shapes,
+//!    in error messages, tool-call arguments, the model name, object keys
+//!    and huge many-valued replies; replies pass the real codec
+//!    (`openai::parse_response_with`) as they would in the shell;
 //! 5. the quota held equals the initial amount minus the sum of charges
 //!    recomputed here, with this file's own prices, from the usage the
 //!    simulated provider reported, clamped at zero;
@@ -24,21 +32,14 @@
 //!     `max_pending`, and never hold more than `max_pending_bytes` — by
 //!     the machine's count, and by this file's own lower bound (the
 //!     compact JSON of each waiting call's messages); a call answered
-//!     `queue_full` or `budget_exhausted` never reaches the provider;
-//! 4. the provider's API key never reaches a child: every frame sent to a
-//!    client is searched for it as raw text and, for broker answers, in
-//!    every decoded string (escape-aware, so `\u`-escaped copies, copies
-//!    split by an escape and copies escaped again inside JSON-in-a-string
-//!    count), while the simulated provider leaks it in all those shapes,
-//!    in error messages, tool-call arguments, the model name, object keys
-//!    and huge many-valued replies; replies pass the real codec
-//!    (`openai::parse_response_with`) as they would in the shell;
-//! 12. with `enforce_budget` on, and a provider whose reported usage
-//!     stays within what the call was sent with (prompt tokens at most its
-//!     bytes, completion at most its `max_tokens`, which is what the design
-//!     promises about), every call started has a worst case that fits the
-//!     remaining budget less the worst case of calls given up on whose
-//!     usage may still come, and so the quota never clamps at zero.
+//!     `queue_full` or `budget_exhausted` never reaches the provider.
+//!
+//! And, for invariant 5 under `enforce_budget`: with a provider whose
+//! reported usage stays within what the call was sent with (prompt tokens
+//! at most its bytes, completion at most its `max_tokens`, which is what
+//! the design promises about), every call started has a worst case that
+//! fits the remaining budget less the worst case of calls given up on
+//! whose usage may still come, and so the quota never clamps at zero.
 
 use super::{at, next_id, req, send, violation, Check, Client, Kind, World};
 use crate::swarm::FaultKind;
