@@ -12,6 +12,7 @@ pub mod fsproxy;
 pub mod fuzzing;
 pub mod handles;
 pub mod policy;
+pub mod sandbox;
 pub mod time;
 pub mod trace;
 

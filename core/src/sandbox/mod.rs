@@ -1,0 +1,482 @@
+//! The child's OS sandbox, as a pure description.
+//!
+//! `airlock run` confines its child with Landlock between fork and exec.
+//! What the ruleset contains — which paths with which rights, which network
+//! accesses are handled, which scopes — and what can honestly be reported
+//! as in force are decided here, from the policy, the user's options and
+//! the kernel's Landlock ABI (detected by the shell and handed in). The
+//! shell only opens the paths and makes the system calls.
+//!
+//! The rule that everything else follows from: the child reads and
+//! executes system locations and nothing else directly; it writes only to
+//! sinks (`/dev/null`, `/dev/tty`); every `--allow`/`--allow-rw` root is
+//! reached through the proxy and never appears in the ruleset. The same
+//! description serves a future tool runner, which grants a working
+//! directory read-write (see [`Grant::ReadWrite`]).
+//!
+//! What each Landlock ABI adds, and so what an older kernel leaves open
+//! (reported as `not_enforced`, never silently):
+//!
+//! | ABI | adds | without it |
+//! | --- | --- | --- |
+//! | 1 | files: execute, read, write, directories, make/remove | refused: `--no-sandbox` only |
+//! | 2 | `refer` (rename/link across directories) | always denied, so nothing is lost |
+//! | 3 | `truncate` | `truncate(2)` of any file the user owns |
+//! | 4 | TCP bind and connect | TCP |
+//! | 5 | `ioctl` on devices | device ioctls on newly opened devices |
+//! | 6 | scopes: abstract unix sockets, signals | both reach outside the sandbox |
+//! | 9 | `resolve_unix` (connect to named unix sockets) | named unix sockets |
+//! | 10 | UDP bind and send | UDP |
+//!
+//! ABI 7 and 8 add logging and thread-synchronisation flags only. A kernel
+//! newer than [`KNOWN_ABI`] is used as [`KNOWN_ABI`]: rights this module
+//! does not know are not handled, and are not claimed.
+
+use crate::policy::{normalize, Policy};
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+#[cfg(test)]
+mod tests;
+
+/// The newest Landlock ABI whose rights this module knows.
+pub const KNOWN_ABI: u32 = 10;
+
+/// The oldest ABI airlock confines with. Below it (no Landlock at all)
+/// `airlock run` refuses to start unless `--no-sandbox` is given.
+pub const MIN_ABI: u32 = 1;
+
+/// System locations the child may read and execute: what `sh`, `python3`,
+/// coreutils and `git` need to start and run (found by running them under
+/// the sandbox; see docs/decisions.md). Entries missing on a host are
+/// skipped. `/etc` is not here: only the loader's cache is.
+pub const DEFAULT_READ_EXEC: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+
+/// Files the child may read but not execute.
+pub const DEFAULT_READ: &[&str] = &["/etc/ld.so.cache", "/dev/zero", "/dev/urandom", "/dev/random"];
+
+/// Sinks the child may open for writing (and truncating: `>/dev/null`
+/// opens with `O_TRUNC`). `/dev/tty` also gets device ioctls, so a program
+/// may ask its terminal's size.
+pub const DEFAULT_SINKS: &[&str] = &["/dev/null"];
+/// The controlling terminal, a sink with ioctls.
+pub const TTY: &str = "/dev/tty";
+
+/// One Landlock filesystem access right.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsRight {
+    Execute,
+    WriteFile,
+    ReadFile,
+    ReadDir,
+    RemoveDir,
+    RemoveFile,
+    MakeChar,
+    MakeDir,
+    MakeReg,
+    MakeSock,
+    MakeFifo,
+    MakeBlock,
+    MakeSym,
+    Refer,
+    Truncate,
+    IoctlDev,
+    ResolveUnix,
+}
+
+impl FsRight {
+    pub const ALL: [FsRight; 17] = [
+        FsRight::Execute,
+        FsRight::WriteFile,
+        FsRight::ReadFile,
+        FsRight::ReadDir,
+        FsRight::RemoveDir,
+        FsRight::RemoveFile,
+        FsRight::MakeChar,
+        FsRight::MakeDir,
+        FsRight::MakeReg,
+        FsRight::MakeSock,
+        FsRight::MakeFifo,
+        FsRight::MakeBlock,
+        FsRight::MakeSym,
+        FsRight::Refer,
+        FsRight::Truncate,
+        FsRight::IoctlDev,
+        FsRight::ResolveUnix,
+    ];
+
+    /// The ABI that introduced the right.
+    pub fn since(self) -> u32 {
+        match self {
+            FsRight::Refer => 2,
+            FsRight::Truncate => 3,
+            FsRight::IoctlDev => 5,
+            FsRight::ResolveUnix => 9,
+            _ => 1,
+        }
+    }
+
+    /// Whether the right can be granted on a file (the others only mean
+    /// something on a directory, for what lies beneath it).
+    pub fn on_files(self) -> bool {
+        matches!(
+            self,
+            FsRight::Execute | FsRight::WriteFile | FsRight::ReadFile | FsRight::Truncate | FsRight::IoctlDev
+        )
+    }
+
+    /// Rights that change the filesystem or a device: the ones a confined
+    /// child may hold only on sinks (and a tool runner on its work dir).
+    pub fn writes(self) -> bool {
+        !matches!(self, FsRight::Execute | FsRight::ReadFile | FsRight::ReadDir)
+    }
+}
+
+/// One Landlock network access right.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetRight {
+    BindTcp,
+    ConnectTcp,
+    BindUdp,
+    ConnectSendUdp,
+}
+
+impl NetRight {
+    pub const ALL: [NetRight; 4] =
+        [NetRight::BindTcp, NetRight::ConnectTcp, NetRight::BindUdp, NetRight::ConnectSendUdp];
+
+    pub fn since(self) -> u32 {
+        match self {
+            NetRight::BindTcp | NetRight::ConnectTcp => 4,
+            NetRight::BindUdp | NetRight::ConnectSendUdp => 10,
+        }
+    }
+}
+
+/// What a Landlock domain can be scoped to (ABI 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScopeKind {
+    AbstractUnixSocket,
+    Signal,
+}
+
+impl ScopeKind {
+    pub const ALL: [ScopeKind; 2] = [ScopeKind::AbstractUnixSocket, ScopeKind::Signal];
+
+    pub fn since(self) -> u32 {
+        6
+    }
+}
+
+/// How much of a path the child gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grant {
+    /// Read files, list directories, execute.
+    ReadExec,
+    /// Read files and list directories.
+    Read,
+    /// Open for reading and writing, truncate: a device that swallows or a
+    /// terminal; never a place where data lands.
+    Sink,
+    /// Everything, beneath a directory (a tool runner's work dir). `airlock
+    /// run` never grants it.
+    ReadWrite,
+}
+
+impl Grant {
+    /// The rights this grant stands for, before the ABI and the kind of
+    /// file narrow them.
+    pub fn rights(self) -> BTreeSet<FsRight> {
+        use FsRight::*;
+        let list: &[FsRight] = match self {
+            Grant::ReadExec => &[Execute, ReadFile, ReadDir],
+            Grant::Read => &[ReadFile, ReadDir],
+            Grant::Sink => &[ReadFile, WriteFile, Truncate],
+            Grant::ReadWrite => &FsRight::ALL,
+        };
+        list.iter().copied().collect()
+    }
+}
+
+/// Why a path is in the ruleset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The default list: skipped when missing on the host.
+    Default,
+    /// The airlock binary itself, so the child can run `"$AIRLOCK"`.
+    Airlock,
+    /// `--sandbox-ro PATH`: must exist.
+    User,
+    /// A tool runner's working directory: must exist.
+    WorkDir,
+}
+
+impl Source {
+    /// Whether a missing path is an error (the user named it) or skipped.
+    pub fn required(self) -> bool {
+        !matches!(self, Source::Default)
+    }
+}
+
+/// One `PathBeneath` rule.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PathRule {
+    pub path: PathBuf,
+    pub grant: Grant,
+    /// What the rule grants on a directory, already narrowed to the ABI.
+    pub rights: BTreeSet<FsRight>,
+    pub source: Source,
+    /// Also grant `ioctl` on the device (the terminal).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ioctl: bool,
+}
+
+impl PathRule {
+    /// The rights to grant once the shell knows whether the path is a
+    /// directory: a file takes only file rights.
+    pub fn rights_for(&self, is_dir: bool) -> BTreeSet<FsRight> {
+        self.rights.iter().copied().filter(|r| is_dir || r.on_files()).collect()
+    }
+}
+
+/// The user's sandbox options for `airlock run`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `--no-sandbox`: run the child unconfined.
+    pub disabled: bool,
+    /// `--sandbox-ro PATH`: further read-and-execute locations.
+    pub read_only: Vec<PathBuf>,
+    /// `--sandbox-net`: leave the network unrestricted.
+    pub net: bool,
+}
+
+/// Everything a ruleset is computed from.
+#[derive(Clone, Debug)]
+pub struct Inputs<'a> {
+    pub policy: &'a Policy,
+    pub options: &'a Options,
+    /// The kernel's Landlock ABI as detected; 0 when it has none.
+    pub abi: u32,
+    /// The airlock binary, granted read and execute.
+    pub airlock: Option<PathBuf>,
+}
+
+/// A complete Landlock ruleset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Ruleset {
+    /// The kernel's ABI, as detected.
+    pub kernel_abi: u32,
+    /// The ABI the ruleset is written for: the kernel's, capped at
+    /// [`KNOWN_ABI`].
+    pub abi: u32,
+    pub handled_fs: BTreeSet<FsRight>,
+    pub handled_net: BTreeSet<NetRight>,
+    pub scoped: BTreeSet<ScopeKind>,
+    pub paths: Vec<PathRule>,
+}
+
+/// Why `airlock run` will not start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The kernel has no Landlock.
+    NoLandlock { abi: u32 },
+    /// A `--sandbox-ro` path is not absolute after resolution.
+    BadPath { path: PathBuf },
+    /// A `--sandbox-ro` path overlaps an `--allow`/`--allow-rw` root: the
+    /// child would reach the root's files directly.
+    OverlapsRoot { path: PathBuf, root: PathBuf },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::NoLandlock { abi } => write!(
+                f,
+                "this kernel has no Landlock (ABI {abi}), so the child cannot be confined; \
+                 pass --no-sandbox to run it unconfined"
+            ),
+            Refusal::BadPath { path } => write!(f, "--sandbox-ro {}: not a usable path", path.display()),
+            Refusal::OverlapsRoot { path, root } => write!(
+                f,
+                "--sandbox-ro {} overlaps the allowed root {}: the child reaches roots only through airlock",
+                path.display(),
+                root.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// What `airlock run` does to its child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// `--no-sandbox`.
+    Unconfined { abi: u32 },
+    Confined(Ruleset),
+}
+
+/// `A` lies beneath `b` or is `b` (lexically, both normal and absolute).
+fn within(a: &Path, b: &Path) -> bool {
+    a.starts_with(b)
+}
+
+/// Collects path rules, narrowed to the ABI, without duplicates.
+struct Paths {
+    abi: u32,
+    rules: Vec<PathRule>,
+}
+
+impl Paths {
+    fn add(&mut self, path: PathBuf, grant: Grant, source: Source, ioctl: bool) {
+        let abi = self.abi;
+        if self.rules.iter().any(|p| p.path == path && p.grant == grant) {
+            return;
+        }
+        let rights = grant.rights().into_iter().filter(|r| r.since() <= abi).collect();
+        let ioctl = ioctl && abi >= FsRight::IoctlDev.since();
+        self.rules.push(PathRule { path, grant, rights, source, ioctl });
+    }
+
+    /// The default list: system locations, the loader's cache, sinks.
+    fn defaults(abi: u32) -> Self {
+        let mut paths = Paths { abi, rules: Vec::new() };
+        for p in DEFAULT_READ_EXEC {
+            paths.add(PathBuf::from(p), Grant::ReadExec, Source::Default, false);
+        }
+        for p in DEFAULT_READ {
+            paths.add(PathBuf::from(p), Grant::Read, Source::Default, false);
+        }
+        for p in DEFAULT_SINKS {
+            paths.add(PathBuf::from(p), Grant::Sink, Source::Default, false);
+        }
+        paths.add(PathBuf::from(TTY), Grant::Sink, Source::Default, true);
+        paths
+    }
+}
+
+/// The ruleset for `airlock run`'s child, or why there is none.
+pub fn plan(inputs: &Inputs<'_>) -> Result<Plan, Refusal> {
+    if inputs.options.disabled {
+        return Ok(Plan::Unconfined { abi: inputs.abi });
+    }
+    if inputs.abi < MIN_ABI {
+        return Err(Refusal::NoLandlock { abi: inputs.abi });
+    }
+    let mut paths = Paths::defaults(inputs.abi.min(KNOWN_ABI));
+    if let Some(exe) = &inputs.airlock {
+        paths.add(exe.clone(), Grant::ReadExec, Source::Airlock, false);
+    }
+    let cwd = inputs.policy.cwd();
+    for raw in &inputs.options.read_only {
+        let path = match normalize(&cwd.join(raw)) {
+            Some(p) if p.is_absolute() && p.parent().is_some() => p,
+            _ => return Err(Refusal::BadPath { path: raw.clone() }),
+        };
+        if let Some(root) =
+            inputs.policy.roots().iter().find(|r| within(&path, &r.path) || within(&r.path, &path))
+        {
+            return Err(Refusal::OverlapsRoot { path, root: root.path.clone() });
+        }
+        paths.add(path, Grant::ReadExec, Source::User, false);
+    }
+    Ok(Plan::Confined(ruleset(inputs.abi, inputs.options.net, paths)))
+}
+
+/// A ruleset for a tool runner: the defaults, everything beneath
+/// `work_dir`, and the network only when `net`.
+pub fn tool_ruleset(abi: u32, work_dir: &Path, net: bool) -> Result<Ruleset, Refusal> {
+    if abi < MIN_ABI {
+        return Err(Refusal::NoLandlock { abi });
+    }
+    let mut paths = Paths::defaults(abi.min(KNOWN_ABI));
+    paths.add(work_dir.to_path_buf(), Grant::ReadWrite, Source::WorkDir, false);
+    Ok(ruleset(abi, net, paths))
+}
+
+fn ruleset(kernel_abi: u32, net: bool, paths: Paths) -> Ruleset {
+    let abi = paths.abi;
+    let handled_fs = FsRight::ALL.into_iter().filter(|r| r.since() <= abi).collect();
+    let handled_net =
+        if net { BTreeSet::new() } else { NetRight::ALL.into_iter().filter(|r| r.since() <= abi).collect() };
+    let scoped = ScopeKind::ALL.into_iter().filter(|s| s.since() <= abi).collect();
+    Ruleset { kernel_abi, abi, handled_fs, handled_net, scoped, paths: paths.rules }
+}
+
+/// The `sandbox` section of the report: what is in force, stated plainly.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InForce {
+    /// The kernel's Landlock ABI (0: none).
+    pub landlock_abi: u32,
+    /// `confined` (only the listed locations, read-only, and sinks) or
+    /// `unconfined` (`--no-sandbox`).
+    pub fs: &'static str,
+    /// `denied` (no TCP bind or connect), `allowed` (`--sandbox-net`),
+    /// `unconfined` (`--no-sandbox`, or a kernel before ABI 4).
+    pub net: &'static str,
+    /// Scopes in force: `abstract_unix_socket`, `signal`.
+    pub scoped: Vec<ScopeKind>,
+    /// What a newer kernel would also enforce, by the name of the right.
+    pub not_enforced: Vec<&'static str>,
+}
+
+impl Plan {
+    pub fn in_force(&self) -> InForce {
+        match self {
+            Plan::Unconfined { abi } => InForce {
+                landlock_abi: *abi,
+                fs: "unconfined",
+                net: "unconfined",
+                scoped: Vec::new(),
+                not_enforced: vec!["fs", "net", "scopes"],
+            },
+            Plan::Confined(r) => {
+                let has_fs = |x: FsRight| r.handled_fs.contains(&x);
+                let tcp = r.handled_net.contains(&NetRight::ConnectTcp);
+                let mut gaps = Vec::new();
+                if !has_fs(FsRight::Truncate) {
+                    gaps.push("truncate");
+                }
+                if !has_fs(FsRight::IoctlDev) {
+                    gaps.push("ioctl_dev");
+                }
+                if !has_fs(FsRight::ResolveUnix) {
+                    gaps.push("unix_socket_connect");
+                }
+                if r.abi < NetRight::ConnectTcp.since() {
+                    gaps.push("tcp");
+                }
+                if r.abi < NetRight::ConnectSendUdp.since() {
+                    gaps.push("udp");
+                }
+                for s in ScopeKind::ALL {
+                    if !r.scoped.contains(&s) {
+                        gaps.push(match s {
+                            ScopeKind::AbstractUnixSocket => "scope_abstract_unix_socket",
+                            ScopeKind::Signal => "scope_signal",
+                        });
+                    }
+                }
+                let net = match (tcp, r.abi >= NetRight::ConnectTcp.since()) {
+                    (true, _) => "denied",
+                    (false, true) => "allowed",
+                    (false, false) => "unconfined",
+                };
+                InForce {
+                    landlock_abi: r.kernel_abi,
+                    fs: "confined",
+                    net,
+                    scoped: r.scoped.iter().copied().collect(),
+                    not_enforced: gaps,
+                }
+            }
+        }
+    }
+}

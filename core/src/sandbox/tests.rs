@@ -1,0 +1,256 @@
+use super::*;
+use crate::policy::{Access, Root};
+use proptest::prelude::*;
+
+fn policy(roots: &[(&str, Access)]) -> Policy {
+    Policy::new(
+        PathBuf::from("/work/project"),
+        roots.iter().map(|(p, access)| Root { path: PathBuf::from(p), access: *access }),
+    )
+}
+
+fn confined(inputs: &Inputs<'_>) -> Ruleset {
+    match plan(inputs) {
+        Ok(Plan::Confined(r)) => r,
+        other => panic!("not confined: {other:?}"),
+    }
+}
+
+fn inputs<'a>(policy: &'a Policy, options: &'a Options, abi: u32) -> Inputs<'a> {
+    Inputs { policy, options, abi, airlock: Some(PathBuf::from("/opt/airlock/bin/airlock")) }
+}
+
+#[test]
+fn abi_0_is_refused_naming_no_sandbox_and_no_sandbox_runs_unconfined() {
+    let p = policy(&[]);
+    let on = Options::default();
+    let err = plan(&inputs(&p, &on, 0)).unwrap_err();
+    assert_eq!(err, Refusal::NoLandlock { abi: 0 });
+    assert!(err.to_string().contains("--no-sandbox"), "{err}");
+    let off = Options { disabled: true, ..Options::default() };
+    let plan0 = plan(&inputs(&p, &off, 0)).unwrap();
+    assert_eq!(plan0, Plan::Unconfined { abi: 0 });
+    let f = plan0.in_force();
+    assert_eq!((f.landlock_abi, f.fs, f.net), (0, "unconfined", "unconfined"));
+    assert!(f.scoped.is_empty());
+}
+
+#[test]
+fn abi_7_enforces_everything_it_knows() {
+    let p = policy(&[("/work/project", Access::ReadWrite)]);
+    let o = Options::default();
+    let r = confined(&inputs(&p, &o, 7));
+    assert_eq!(r.abi, 7);
+    assert!(r.handled_fs.contains(&FsRight::IoctlDev));
+    assert!(!r.handled_fs.contains(&FsRight::ResolveUnix));
+    assert_eq!(r.handled_net, [NetRight::BindTcp, NetRight::ConnectTcp].into_iter().collect());
+    assert_eq!(r.scoped, ScopeKind::ALL.into_iter().collect());
+    let f = Plan::Confined(r).in_force();
+    assert_eq!(f.landlock_abi, 7);
+    assert_eq!((f.fs, f.net), ("confined", "denied"));
+    assert_eq!(f.scoped, vec![ScopeKind::AbstractUnixSocket, ScopeKind::Signal]);
+    assert_eq!(f.not_enforced, vec!["unix_socket_connect", "udp"]);
+}
+
+/// Each ABI degrades exactly as the module's table says.
+#[test]
+fn older_abis_degrade_as_documented() {
+    let p = policy(&[]);
+    let o = Options::default();
+    let gaps = |abi| Plan::Confined(confined(&inputs(&p, &o, abi))).in_force();
+    let all = [
+        "truncate",
+        "ioctl_dev",
+        "unix_socket_connect",
+        "tcp",
+        "udp",
+        "scope_abstract_unix_socket",
+        "scope_signal",
+    ];
+    assert_eq!(gaps(1).not_enforced, all.to_vec());
+    assert_eq!(gaps(1).net, "unconfined");
+    assert!(!confined(&inputs(&p, &o, 1)).handled_fs.contains(&FsRight::Refer));
+    assert!(confined(&inputs(&p, &o, 2)).handled_fs.contains(&FsRight::Refer));
+    assert_eq!(gaps(2).not_enforced, all.to_vec());
+    assert!(!gaps(3).not_enforced.contains(&"truncate"));
+    assert_eq!(gaps(3).net, "unconfined");
+    assert_eq!(gaps(4).net, "denied");
+    assert!(!gaps(4).not_enforced.contains(&"tcp"));
+    assert!(gaps(4).not_enforced.contains(&"ioctl_dev"));
+    assert!(!gaps(5).not_enforced.contains(&"ioctl_dev"));
+    assert!(gaps(5).scoped.is_empty());
+    assert_eq!(gaps(6).scoped.len(), 2);
+    assert_eq!(gaps(6).not_enforced, vec!["unix_socket_connect", "udp"]);
+    assert_eq!(gaps(9).not_enforced, vec!["udp"]);
+    assert!(gaps(10).not_enforced.is_empty());
+    let r10 = confined(&inputs(&p, &o, 10));
+    assert_eq!(r10.handled_net.len(), 4);
+    assert_eq!(r10.handled_fs.len(), FsRight::ALL.len());
+}
+
+#[test]
+fn an_unknown_newer_abi_is_used_as_the_newest_known() {
+    let p = policy(&[]);
+    let o = Options::default();
+    let r = confined(&inputs(&p, &o, 42));
+    assert_eq!(r.abi, KNOWN_ABI);
+    assert_eq!(r.kernel_abi, 42);
+    let mut r10 = confined(&inputs(&p, &o, KNOWN_ABI));
+    r10.kernel_abi = 42;
+    assert_eq!(r, r10);
+    assert_eq!(Plan::Confined(r).in_force().landlock_abi, 42);
+}
+
+#[test]
+fn sandbox_net_leaves_the_network_unhandled() {
+    let p = policy(&[]);
+    let o = Options { net: true, ..Options::default() };
+    let r = confined(&inputs(&p, &o, 7));
+    assert!(r.handled_net.is_empty());
+    assert_eq!(Plan::Confined(r).in_force().net, "allowed");
+}
+
+#[test]
+fn the_default_list_is_read_only_but_for_sinks() {
+    let p = policy(&[]);
+    let o = Options::default();
+    let r = confined(&inputs(&p, &o, 7));
+    let names: Vec<_> = r.paths.iter().map(|p| p.path.to_str().unwrap()).collect();
+    for want in ["/usr", "/bin", "/lib", "/etc/ld.so.cache", "/dev/null", "/dev/tty", "/opt/airlock/bin/airlock"] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    for absent in ["/", "/etc", "/proc", "/tmp", "/home", "/root", "/dev", "/dev/shm", "/run"] {
+        assert!(!names.contains(&absent), "{absent} must not be in {names:?}");
+    }
+    for rule in &r.paths {
+        let writes = rule.rights.iter().any(|x| x.writes());
+        assert_eq!(writes, rule.grant == Grant::Sink, "{rule:?}");
+        assert_eq!(rule.ioctl, rule.path == Path::new(TTY), "{rule:?}");
+    }
+    let null = r.paths.iter().find(|p| p.path == Path::new("/dev/null")).unwrap();
+    // `>/dev/null` opens with O_TRUNC.
+    assert_eq!(null.rights_for(false), [FsRight::WriteFile, FsRight::ReadFile, FsRight::Truncate].into());
+    let usr = r.paths.iter().find(|p| p.path == Path::new("/usr")).unwrap();
+    assert_eq!(usr.rights_for(true), [FsRight::Execute, FsRight::ReadFile, FsRight::ReadDir].into());
+    assert_eq!(usr.rights_for(false), [FsRight::Execute, FsRight::ReadFile].into());
+}
+
+#[test]
+fn sandbox_ro_paths_resolve_against_the_working_directory() {
+    let p = policy(&[("out", Access::ReadWrite)]);
+    let o = Options { read_only: vec![PathBuf::from("tools/../bin"), "/opt/sdk".into()], ..Options::default() };
+    let r = confined(&inputs(&p, &o, 7));
+    for want in ["/work/project/bin", "/opt/sdk"] {
+        let rule = r.paths.iter().find(|x| x.path == Path::new(want)).unwrap();
+        assert_eq!((rule.grant, rule.source), (Grant::ReadExec, Source::User));
+    }
+}
+
+#[test]
+fn sandbox_ro_overlapping_a_root_is_refused() {
+    let p = policy(&[("/data/in", Access::ReadOnly), ("/data/out", Access::ReadWrite)]);
+    for (ro, root) in [("/data/in", "/data/in"), ("/data", "/data/in"), ("/data/out/sub", "/data/out")] {
+        let o = Options { read_only: vec![PathBuf::from(ro)], ..Options::default() };
+        let err = plan(&inputs(&p, &o, 7)).unwrap_err();
+        assert_eq!(err, Refusal::OverlapsRoot { path: ro.into(), root: root.into() });
+        assert!(err.to_string().contains("only through airlock"), "{err}");
+    }
+    let o = Options { read_only: vec!["/".into()], ..Options::default() };
+    assert_eq!(plan(&inputs(&p, &o, 7)).unwrap_err(), Refusal::BadPath { path: "/".into() });
+    let o = Options { read_only: vec!["/data/other".into()], ..Options::default() };
+    confined(&inputs(&p, &o, 7));
+}
+
+#[test]
+fn a_tool_runner_gets_its_work_dir_and_no_network_unless_asked() {
+    let r = tool_ruleset(7, Path::new("/work/tool"), false).unwrap();
+    let w = r.paths.iter().find(|p| p.path == Path::new("/work/tool")).unwrap();
+    assert_eq!(w.grant, Grant::ReadWrite);
+    assert!(w.rights.contains(&FsRight::MakeReg) && w.rights.contains(&FsRight::Truncate));
+    assert!(!w.rights.contains(&FsRight::ResolveUnix), "ABI 7 has no resolve_unix");
+    assert_eq!(r.handled_net.len(), 2);
+    assert!(tool_ruleset(7, Path::new("/work/tool"), true).unwrap().handled_net.is_empty());
+    assert_eq!(tool_ruleset(0, Path::new("/w"), false).unwrap_err(), Refusal::NoLandlock { abi: 0 });
+}
+
+fn segment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("usr".to_string()),
+        Just("bin".to_string()),
+        Just("lib".to_string()),
+        Just("tmp".to_string()),
+        Just("home".to_string()),
+        Just("..".to_string()),
+        Just(".".to_string()),
+        "[a-c]{1,2}",
+    ]
+}
+
+fn any_path() -> impl Strategy<Value = String> {
+    (any::<bool>(), prop::collection::vec(segment(), 0..5)).prop_map(|(abs, segs)| {
+        let body = segs.join("/");
+        if abs {
+            format!("/{body}")
+        } else {
+            body
+        }
+    })
+}
+
+proptest! {
+    /// Whatever the policy and options: no `--allow`/`--allow-rw` root is
+    /// ever in the ruleset, nor anything beneath or above one but the
+    /// fixed system defaults and the airlock binary; no rule grants a
+    /// write but a sink; nothing is handled that the ABI does not have;
+    /// and ABI 0 confines nothing.
+    #[test]
+    fn no_root_is_ever_reachable_directly(
+        roots in prop::collection::vec((any_path(), any::<bool>()), 0..4),
+        read_only in prop::collection::vec(any_path(), 0..4),
+        abi in 0u32..14,
+        net in any::<bool>(),
+        disabled in any::<bool>(),
+    ) {
+        let p = Policy::new(
+            PathBuf::from("/work/project"),
+            roots.iter().map(|(path, rw)| Root {
+                path: PathBuf::from(path),
+                access: if *rw { Access::ReadWrite } else { Access::ReadOnly },
+            }),
+        );
+        let o = Options { disabled, read_only: read_only.iter().map(PathBuf::from).collect(), net };
+        let result = plan(&inputs(&p, &o, abi));
+        match result {
+            Ok(Plan::Unconfined { .. }) => prop_assert!(disabled),
+            Err(Refusal::NoLandlock { .. }) => prop_assert!(!disabled && abi == 0),
+            Err(Refusal::BadPath { .. }) | Err(Refusal::OverlapsRoot { .. }) => prop_assert!(!disabled && abi > 0),
+            Ok(Plan::Confined(r)) => {
+                prop_assert!(!disabled && abi > 0);
+                prop_assert_eq!(r.abi, abi.min(KNOWN_ABI));
+                for rule in &r.paths {
+                    prop_assert!(rule.path.is_absolute());
+                    prop_assert!(rule.rights.iter().all(|x| r.handled_fs.contains(x)));
+                    prop_assert!(rule.rights.iter().all(|x| x.since() <= r.abi));
+                    let writes = rule.rights.iter().any(|x| x.writes());
+                    prop_assert_eq!(writes, rule.grant == Grant::Sink, "{:?}", rule);
+                    prop_assert!(rule.grant != Grant::ReadWrite);
+                    if rule.source == Source::User {
+                        for root in p.roots() {
+                            prop_assert!(!within(&rule.path, &root.path), "{:?} under {:?}", rule, root);
+                            prop_assert!(!within(&root.path, &rule.path), "{:?} over {:?}", rule, root);
+                        }
+                    } else {
+                        prop_assert!(rule.source == Source::Default || rule.source == Source::Airlock);
+                    }
+                }
+                prop_assert!(r.handled_fs.iter().all(|x| x.since() <= r.abi));
+                prop_assert!(r.handled_net.iter().all(|x| x.since() <= r.abi));
+                prop_assert_eq!(r.handled_net.is_empty(), net || r.abi < 4);
+                prop_assert_eq!(r.scoped.is_empty(), r.abi < 6);
+                let f = Plan::Confined(r.clone()).in_force();
+                prop_assert_eq!(f.landlock_abi, abi);
+                prop_assert_eq!(f.net == "denied", !net && r.abi >= 4);
+            }
+        }
+    }
+}
