@@ -5,6 +5,16 @@
 //! only copy of the child's end of the socketpair that outlives `spawn` is
 //! the one placed on fd 3 of the child: EOF arrives when the child and its
 //! descendants have closed it, never later because of a stray copy.
+//!
+//! Between fork and exec the child also: marks every descriptor above 3
+//! close-on-exec, so nothing airlock itself inherited reaches it (the child
+//! gets exactly 0, 1, 2 and 3); asks for SIGKILL when airlock dies, so it
+//! never runs on unsupervised; and confines itself with the Landlock
+//! ruleset airlock prepared (see `crate::sandbox`). The child stays in
+//! airlock's process group: a terminal's signals reach both, and
+//! grandchildren are not killed by the parent-death signal (it is the
+//! direct child's alone) but stay confined, since Landlock is inherited and
+//! cannot be lifted, and lose the proxy with airlock.
 
 use crate::client::{DEFAULT_FD, FD_ENV};
 use anyhow::{bail, Context};
@@ -25,10 +35,20 @@ pub struct Spawned {
     pub conn: UnixStream,
 }
 
+/// The signal the child gets when airlock dies: SIGKILL, since nobody is
+/// left to supervise it and a hostile child could ignore anything milder.
+pub const PARENT_DEATH_SIGNAL: rustix::process::Signal = rustix::process::Signal::KILL;
+
 /// Start `argv` with the proxy on fd 3 and `AIRLOCK_FD=3` in its
 /// environment, and without the variables in `remove_env` (secrets such as
-/// the provider's API key, which only airlock may see).
-pub fn spawn(argv: &[OsString], remove_env: &[OsString]) -> anyhow::Result<Spawned> {
+/// the provider's API key, which only airlock may see). `ruleset`, when
+/// given, is a Landlock ruleset from `sandbox::prepare` that the child
+/// enforces on itself before exec.
+pub fn spawn(
+    argv: &[OsString],
+    remove_env: &[OsString],
+    ruleset: Option<&OwnedFd>,
+) -> anyhow::Result<Spawned> {
     let Some((program, args)) = argv.split_first() else { bail!("no command given") };
     let (ours, theirs) = StdUnixStream::pair().context("creating the proxy socketpair")?;
     let child_raw: RawFd = theirs.as_raw_fd();
@@ -40,9 +60,15 @@ pub fn spawn(argv: &[OsString], remove_env: &[OsString]) -> anyhow::Result<Spawn
     if let Ok(exe) = std::env::current_exe() {
         cmd.env(EXE_ENV, exe);
     }
-    // SAFETY: the closure runs in the forked child before exec and calls
-    // only fcntl and dup2, which are async-signal-safe; it allocates nothing.
-    // `child_raw` stays open in the parent until after spawn returns.
+    // Above 3, or placing the proxy on fd 3 would replace it.
+    let ruleset = ruleset.map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, DEFAULT_FD + 1)).transpose()?;
+    let ruleset_raw: Option<RawFd> = ruleset.as_ref().map(|fd| fd.as_raw_fd());
+    let parent = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child before exec and makes
+    // only system calls (fcntl, dup2, close_range, prctl, getppid,
+    // landlock_restrict_self), which are async-signal-safe; it allocates
+    // nothing. `child_raw` and the ruleset stay open in the parent until
+    // after spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             let src = BorrowedFd::borrow_raw(child_raw);
@@ -55,6 +81,16 @@ pub fn spawn(argv: &[OsString], remove_env: &[OsString]) -> anyhow::Result<Spawn
                 let mut target = ManuallyDrop::new(OwnedFd::from_raw_fd(DEFAULT_FD));
                 rustix::io::dup2(src, &mut target)?;
             }
+            close_above_3_on_exec();
+            rustix::process::set_parent_process_death_signal(Some(PARENT_DEATH_SIGNAL))?;
+            // airlock may have died before the request above: then the
+            // child was already reparented and must not run at all.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(std::io::Error::other("airlock exited while starting the child"));
+            }
+            if let Some(fd) = ruleset_raw {
+                crate::sandbox::enforce(fd)?;
+            }
             Ok(())
         });
     }
@@ -63,6 +99,22 @@ pub fn spawn(argv: &[OsString], remove_env: &[OsString]) -> anyhow::Result<Spawn
     drop(theirs);
     ours.set_nonblocking(true)?;
     Ok(Spawned { child, conn: UnixStream::from_std(ours)? })
+}
+
+/// Mark every descriptor above 3 close-on-exec. Not closed outright: the
+/// standard library's own pipe that reports a failed exec must live until
+/// the exec.
+fn close_above_3_on_exec() {
+    // SAFETY: close_range only changes descriptor flags; no memory is passed.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    if r != 0 {
+        // Before Linux 5.11: one by one, up to a generous bound.
+        for fd in 4..65_536 {
+            // SAFETY: a borrow for one fcntl; EBADF for a closed number is harmless.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
+        }
+    }
 }
 
 /// Take ownership of descriptor `fd`, which must be an open socket, as an

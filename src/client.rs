@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// The environment variable naming the proxy descriptor in a child.
 pub const FD_ENV: &str = "AIRLOCK_FD";
@@ -98,6 +98,12 @@ impl Client {
     /// ends of a shell pipeline, say) never see each other's answers.
     pub fn connect() -> Result<Self, ClientError> {
         let shared = shared_fd()?;
+        Self::attach_via(shared.as_fd())
+    }
+
+    /// [`Client::connect`] over `shared`, a proxy connection this process
+    /// keeps using for something else (a nested airlock's upstream).
+    pub fn attach_via(shared: BorrowedFd<'_>) -> Result<Self, ClientError> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         let id = "attach".to_owned();
         let request = frame::encode(&wire::encode_request(&Request { id: id.clone(), op: Op::Attach }));
@@ -108,7 +114,7 @@ impl Client {
         // One small message: the kernel queues it whole, so it cannot
         // interleave with another process's request on the shared socket.
         let sent = rustix::net::sendmsg(
-            &shared,
+            shared,
             &[io::IoSlice::new(&request)],
             &mut ancillary,
             rustix::net::SendFlags::NOSIGNAL,
@@ -121,7 +127,6 @@ impl Client {
             )));
         }
         drop(theirs);
-        drop(shared);
         let mut client = Self::new(File::from(OwnedFd::from(ours)));
         client.inflight.push_back((id, OpKind::Attach));
         client.recv()?;

@@ -5,7 +5,9 @@ use crate::client::Client;
 use crate::config::{self, Settings};
 use crate::hostfs::HostFs;
 use crate::provider::{HttpProvider, Provider};
+use crate::outfile::OutFile;
 use crate::record::Recorder;
+use crate::sandbox::SandboxArgs;
 use crate::report::{ChildExit, Report};
 use crate::session::{BrokerShell, Event, Observer, Session};
 use crate::telemetry::TelemetryWriter;
@@ -17,10 +19,11 @@ use airlock_core::fsproxy::{
 };
 use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
+use airlock_core::sandbox::Plan;
 use anyhow::Context;
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -102,7 +105,12 @@ impl ServeArgs {
     /// the shell's side of that broker. A level that forwards upstream runs
     /// no broker of its own (the top one serves the whole tree), but still
     /// keeps the key from its children.
-    fn machine(&self, mut config: Config, settings: &Settings) -> anyhow::Result<(FsProxy, BrokerParts)> {
+    fn machine(
+        &self,
+        mut config: Config,
+        settings: &Settings,
+        key: Option<String>,
+    ) -> anyhow::Result<(FsProxy, BrokerParts)> {
         let mut parts = BrokerParts { shell: BrokerShell::default(), remove_env: Vec::new() };
         let mut redactor_for_proxy = None;
         if let Some(b) = &settings.broker {
@@ -113,7 +121,7 @@ impl ServeArgs {
                     "this airlock runs under another: its [broker] is ignored, LLMCMD goes upstream"
                 );
             } else {
-                let key = std::env::var(&b.api_key_env).ok().filter(|k| !k.is_empty());
+                let key = key.filter(|k| !k.is_empty());
                 let redactor = key_redactor(&b.api_key_env, key.as_deref())?;
                 let provider: Arc<dyn Provider> =
                     Arc::new(HttpProvider::new(&b.base_url, key, redactor.clone())?);
@@ -131,59 +139,110 @@ impl ServeArgs {
         Ok((proxy, parts))
     }
 
+    /// Load the settings and take the API key out of airlock's environment.
+    /// Before the runtime starts: no other thread may read the environment
+    /// while it changes.
+    fn secrets(&self) -> anyhow::Result<(Settings, Option<String>)> {
+        crate::secrets::not_dumpable()?;
+        let settings = self.settings()?;
+        let key = settings.broker.as_ref().and_then(|b| crate::secrets::take_env(&b.api_key_env));
+        Ok((settings, key))
+    }
+
     /// The session a serving command drives, and the environment variables
     /// to keep from its children.
     fn session(
         &self,
+        (settings, key): (Settings, Option<String>),
         stdio: StdioRole,
-        upstream: bool,
+        upstream: Option<BorrowedFd<'_>>,
         command: &str,
-    ) -> anyhow::Result<(Session, Vec<OsString>)> {
-        let settings = self.settings()?;
-        let config = self.config(stdio, upstream)?;
+    ) -> anyhow::Result<(Session, Vec<OsString>, Option<OutFile>)> {
+        let config = self.config(stdio, upstream.is_some())?;
         let host = HostFs::new(&config.policy)?;
-        let (proxy, parts) = self.machine(config, &settings)?;
-        let observer = self.recorder(proxy.config(), command)?;
+        let (proxy, parts) = self.machine(config, &settings, key)?;
+        let observer = self.recorder(proxy.config(), command, upstream)?;
+        // Opened now: a nested level reaches files only through its
+        // upstream, which is gone by the time the report is written.
+        let report = match &self.report {
+            Some(path) => Some(
+                OutFile::create(path, upstream).with_context(|| format!("creating report {}", path.display()))?,
+            ),
+            None => None,
+        };
         let mut session = Session::new(proxy, host, observer);
         session.set_broker_shell(parts.shell);
-        Ok((session, parts.remove_env))
+        Ok((session, parts.remove_env, report))
     }
 
     /// End `session`: flush its trace, write its report.
-    async fn close(&self, session: Session, exit: Option<ChildExit>) -> anyhow::Result<()> {
+    async fn close(
+        &self,
+        session: Session,
+        report_file: Option<OutFile>,
+        exit: Option<ChildExit>,
+        sandbox: Option<&Plan>,
+    ) -> anyhow::Result<()> {
         let (proxy, host, observer) = session.shutdown().await;
         if let (Some(mut o), Some(path)) = (observer, &self.record) {
             o.finish().with_context(|| format!("writing trace {}", path.display()))?;
         }
-        if let Some(path) = &self.report {
-            Report::new(&proxy, host.open_files(), exit).write(path)?;
+        if let (Some(path), Some(out)) = (&self.report, report_file) {
+            let mut report = Report::new(&proxy, host.open_files(), exit);
+            report.sandbox = sandbox.map(Plan::in_force);
+            report.write(path, out)?;
         }
         Ok(())
     }
 
-    fn recorder(&self, config: &Config, command: &str) -> anyhow::Result<Option<Box<dyn Observer>>> {
+    fn recorder(
+        &self,
+        config: &Config,
+        command: &str,
+        upstream: Option<BorrowedFd<'_>>,
+    ) -> anyhow::Result<Option<Box<dyn Observer>>> {
         let Some(path) = &self.record else { return Ok(None) };
-        Ok(Some(Box::new(Recorder::create(path, config, command)?)))
+        let file =
+            OutFile::create(path, upstream).with_context(|| format!("creating trace {}", path.display()))?;
+        Ok(Some(Box::new(Recorder::create(file, config, command)?)))
     }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     // One thread: the machine is single-threaded by design and file
-    // effects are short; stdin reads use tokio's blocking pool.
+    // effects are short; stdin reads have a thread of their own.
     Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+/// Drive `fut` to its end on a fresh runtime, then leave without waiting
+/// for blocking work still in flight (a write to a stdout nobody reads):
+/// the session is over, and airlock's exit must not hang on it.
+fn block_on<T>(fut: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    let rt = runtime()?;
+    let out = rt.block_on(fut);
+    rt.shutdown_background();
+    out
 }
 
 const CHILD: ClientId = ClientId(1);
 
 /// `airlock run`: the child's exit status, to exit with.
-pub fn run(args: &ServeArgs, argv: &[OsString]) -> anyhow::Result<i32> {
-    runtime()?.block_on(async {
+pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow::Result<i32> {
+    let secrets = args.secrets()?;
+    let plan = sandbox.plan(&args.policy()?)?;
+    let ruleset = match &plan {
+        Plan::Confined(rules) => Some(crate::sandbox::prepare(rules)?),
+        Plan::Unconfined { .. } => None,
+    };
+    block_on(async {
         let upstream = child::inherited_upstream()?;
-        let (mut session, remove_env) = args.session(StdioRole::Local, upstream.is_some(), "run")?;
+        let (mut session, remove_env, report) =
+            args.session(secrets, StdioRole::Local, upstream.as_ref().map(|u| u.as_fd()), "run")?;
         if let Some(up) = upstream {
             session.set_upstream(up);
         }
-        let spawned = child::spawn(argv, &remove_env)?;
+        let spawned = child::spawn(argv, &remove_env, ruleset.as_ref())?;
+        drop(ruleset);
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);
@@ -212,7 +271,7 @@ pub fn run(args: &ServeArgs, argv: &[OsString]) -> anyhow::Result<i32> {
         let code = status.map(exit_code).unwrap_or(1);
         use std::os::unix::process::ExitStatusExt;
         let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
-        args.close(session, exit).await?;
+        args.close(session, report, exit, Some(&plan)).await?;
         Ok(code)
     })
 }
@@ -242,12 +301,13 @@ fn forward_signals(pid: Option<u32>) {
 
 /// `airlock serve --fd N`: the upstream role; returns when the client is gone.
 pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
-    runtime()?.block_on(async {
-        let (mut session, _) = args.session(StdioRole::Reject, false, "serve")?;
+    let secrets = args.secrets()?;
+    block_on(async {
+        let (mut session, _, report) = args.session(secrets, StdioRole::Reject, None, "serve")?;
         let stream = child::adopt_socket(fd)?;
         session.add_unix_client(CHILD, stream);
         session.run_until(Session::all_finished).await;
-        args.close(session, None).await?;
+        args.close(session, report, None, None).await?;
         Ok(0)
     })
 }

@@ -1,4 +1,5 @@
 use airlock::commands::{self, FsCommand, ServeArgs};
+use airlock::sandbox::SandboxArgs;
 use airlock::simulate::{self, SimArgs};
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -20,6 +21,8 @@ enum Command {
     Run {
         #[command(flatten)]
         serve: ServeArgs,
+        #[command(flatten)]
+        sandbox: SandboxArgs,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         argv: Vec<OsString>,
@@ -54,7 +57,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Run { serve, argv } => commands::run(serve, argv),
+        Command::Run { serve, sandbox, argv } => commands::run(serve, sandbox, argv),
         Command::Serve { fd, serve } => commands::serve(serve, *fd),
         Command::Fs(cmd) => commands::fs(cmd),
         Command::Sim(args) => simulate::sim(args),

@@ -6,23 +6,22 @@ use airlock_core::fsproxy::{Config, Input, Output};
 use airlock_core::time::Instant;
 use airlock_core::trace::{Header, TraceWriter};
 use anyhow::Context;
-use std::fs::File;
+use crate::outfile::OutFile;
 use std::io::BufWriter;
-use std::path::Path;
 
 pub struct Recorder {
-    writer: TraceWriter<BufWriter<File>>,
+    writer: TraceWriter<BufWriter<OutFile>>,
     /// The first write error; recording stops there, the session does not.
     error: Option<std::io::Error>,
 }
 
 impl Recorder {
-    pub fn create(path: &Path, config: &Config, command: &str) -> anyhow::Result<Self> {
-        let file = File::create(path).with_context(|| format!("creating trace {}", path.display()))?;
+    /// Record into `file`, which `OutFile::create` opened.
+    pub fn create(file: OutFile, config: &Config, command: &str) -> anyhow::Result<Self> {
         let mut header = Header::fsproxy(config.clone());
         header.meta = Some(serde_json::json!({ "recorded_by": command }));
         let writer = TraceWriter::new(BufWriter::new(file), &header)
-            .with_context(|| format!("writing trace {}", path.display()))?;
+            .context("writing the trace header")?;
         Ok(Recorder { writer, error: None })
     }
 

@@ -2,7 +2,10 @@
 
 use airlock_core::broker::{Broker, BrokerStats};
 use airlock_core::fsproxy::{FsProxy, Stats};
+use airlock_core::sandbox::InForce;
 use serde::Serialize;
+use crate::outfile::OutFile;
+use std::io::Write;
 use std::path::Path;
 
 #[derive(Debug, Serialize)]
@@ -31,6 +34,10 @@ pub struct Report {
     /// The session's LLM broker, when this level runs one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub broker: Option<BrokerReport>,
+    /// What confined the child (`airlock run` only): `landlock_abi`, `fs`,
+    /// `net`, `scoped`, `not_enforced`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<InForce>,
 }
 
 /// What the broker did: its own counters (`submitted`, `started`,
@@ -69,12 +76,15 @@ impl Report {
             upstream: proxy.config().upstream,
             child_exit,
             broker: proxy.broker().map(BrokerReport::new),
+            sandbox: None,
         }
     }
 
-    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+    pub fn write(&self, path: &Path, mut out: OutFile) -> anyhow::Result<()> {
         let mut text = serde_json::to_string_pretty(self)?;
         text.push('\n');
-        std::fs::write(path, text).map_err(|e| anyhow::anyhow!("writing report {}: {e}", path.display()))
+        out.write_all(text.as_bytes())
+            .and_then(|()| out.finish())
+            .map_err(|e| anyhow::anyhow!("writing report {}: {e}", path.display()))
     }
 }

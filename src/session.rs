@@ -8,6 +8,7 @@
 
 use crate::hostfs::HostFs;
 use crate::provider::Provider;
+use crate::stdin::StdinReader;
 use crate::telemetry::TelemetryWriter;
 use airlock_core::broker::{CallId, ProviderRequest, ProviderResult};
 use airlock_core::fsproxy::{Effect, EffectId, EffectResult, FsErrorKind, FsProxy, Input, Output, StdStream};
@@ -116,6 +117,8 @@ pub struct Session {
     inflight: Arc<Inflight<CallId, ProviderResult>>,
     /// The calls' tasks, so a cancel can drop the HTTP request.
     provider_tasks: BTreeMap<CallId, AbortHandle>,
+    /// Reads of handle 0, started on the first; dropped with the session.
+    stdin: Option<StdinReader>,
 }
 
 /// Descriptors a client may pass ahead of the `attach` requests that claim
@@ -251,6 +254,7 @@ impl Session {
             broker: BrokerShell::default(),
             inflight: Arc::default(),
             provider_tasks: BTreeMap::new(),
+            stdin: None,
         }
     }
 
@@ -387,6 +391,8 @@ impl Session {
     /// reach it before this process exits).
     pub async fn shutdown(mut self) -> (FsProxy, HostFs, Option<Box<dyn Observer>>) {
         self.end_provider_calls();
+        // A pending read of stdin ends here, having read nothing.
+        self.stdin = None;
         if let Some(t) = &mut self.broker.telemetry {
             t.finish();
         }
@@ -537,20 +543,21 @@ impl Session {
             }
             Output::Effect { id, effect } => match effect {
                 Effect::ReadStdin { max } => {
-                    let events = self.events_tx.clone();
-                    tokio::spawn(async move {
-                        let mut buf = vec![0; max as usize];
-                        let result = match tokio::io::stdin().read(&mut buf).await {
-                            Ok(n) => {
-                                buf.truncate(n);
-                                EffectResult::Data { eof: n == 0, data: buf }
-                            }
+                    // Never tokio's stdin: its blocking read would hold the
+                    // runtime (and airlock's exit) until stdin has bytes.
+                    if self.stdin.is_none() {
+                        match StdinReader::start(self.events_tx.clone()) {
+                            Ok(reader) => self.stdin = Some(reader),
                             Err(e) => {
-                                EffectResult::Failed { kind: FsErrorKind::Other, message: e.to_string() }
+                                let message = format!("reading stdin: {e}");
+                                let result = EffectResult::Failed { kind: FsErrorKind::Other, message };
+                                return Some(Input::EffectDone { id, result });
                             }
-                        };
-                        let _ = events.send(Event::EffectDone(id, result)).await;
-                    });
+                        }
+                    }
+                    if let Some(reader) = &self.stdin {
+                        reader.read(id, max);
+                    }
                     None
                 }
                 Effect::WriteStdio { stream, data } => {

@@ -290,6 +290,9 @@ fn run_broker_peak(
         .current_dir(dir)
         .args(["run", "--config", "airlock.toml", "--report"])
         .arg(&report)
+        // The tests' Python client library, read directly by the child.
+        .arg("--sandbox-ro")
+        .arg(support(""))
         .args(extra)
         .arg("--")
         .args(cmd)
@@ -777,7 +780,9 @@ for op in ["LLMCMD", "QUOTA", "CANCEL"]:
 fn a_nested_airlock_forwards_llmcmd_to_the_outer_broker() {
     let fake = Fake::start();
     let dir = tempfile::tempdir().unwrap();
-    let inner = r#""$AIRLOCK" run --report inner.json -- python3 -c "
+    // The inner level is confined too: its report goes through the outer
+    // proxy, so the outer must allow it.
+    let inner = r#""$AIRLOCK" run --sandbox-ro "$SUPPORT" --report inner.json -- python3 -c "
 import os
 from fsclient import *
 out({'key': os.environ.get('AIRLOCK_TEST_KEY')})
@@ -787,7 +792,7 @@ out(call('QUOTA'))
     let run = run_broker(
         dir.path(),
         &config(&fake, "api_key_env = \"AIRLOCK_TEST_KEY\"\n"),
-        &[],
+        &["--allow-rw", "inner.json"],
         &sh(inner),
         &[("AIRLOCK_TEST_KEY", "sk-nested-secret-value")],
     );

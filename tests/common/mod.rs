@@ -80,6 +80,9 @@ pub fn run_with_stdin(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio) -
     let output = Command::new(airlock())
         .current_dir(dir)
         .arg("run")
+        // The tests' Python client library, read directly by the child.
+        .arg("--sandbox-ro")
+        .arg(support(""))
         .args(args)
         .arg("--report")
         .arg(&report)

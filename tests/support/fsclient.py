@@ -99,5 +99,8 @@ def workers(script: str, n: int):
     own); returns their exit codes once all have ended."""
     import subprocess
 
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)], pass_fds=(FD,)) for i in range(n)]
+    # "python3" by PATH, not sys.executable: under the sandbox the first
+    # python3 on PATH (a version manager's shim under $HOME, say) may be
+    # out of reach, and only a PATH search moves on to the next.
+    procs = [subprocess.Popen(["python3", "-c", script, str(i)], pass_fds=(FD,)) for i in range(n)]
     return [p.wait(timeout=60) for p in procs]

@@ -1,0 +1,181 @@
+//! Applies the core's sandbox description (`airlock_core::sandbox`) with
+//! Landlock: detects the kernel's ABI, builds the ruleset in airlock (where
+//! allocating and opening files is safe), and hands the child a descriptor
+//! that it enforces on itself between fork and exec with two system calls.
+
+use airlock_core::policy::{Policy, Root};
+use airlock_core::sandbox::{self, FsRight, NetRight, Options, Plan, Ruleset, ScopeKind};
+use anyhow::{bail, Context};
+use landlock::{
+    AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, RulesetAttr, RulesetCreatedAttr,
+    Scope,
+};
+use std::os::fd::{OwnedFd, RawFd};
+use std::path::PathBuf;
+
+/// `airlock run`'s sandbox options.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SandboxArgs {
+    /// Run the child unconfined: it reaches the host directly, as any
+    /// process of yours would.
+    #[arg(long)]
+    pub no_sandbox: bool,
+    /// Let the child also read and execute PATH directly (a toolchain, say).
+    /// PATH must not overlap an --allow/--allow-rw root.
+    #[arg(long = "sandbox-ro", value_name = "PATH")]
+    pub sandbox_ro: Vec<PathBuf>,
+    /// Let the child use the network (TCP bind and connect).
+    #[arg(long)]
+    pub sandbox_net: bool,
+    /// Testing only: act as if the kernel's Landlock ABI were at most N
+    /// (0 simulates a kernel without Landlock).
+    #[arg(long, value_name = "N", hide = true)]
+    pub sandbox_abi: Option<u32>,
+}
+
+/// The kernel's Landlock ABI version; 0 when it has no Landlock (or has it
+/// disabled).
+pub fn detect_abi() -> u32 {
+    // SAFETY: with a null attribute, size 0 and LANDLOCK_CREATE_RULESET_VERSION
+    // the call only reports the version; it touches no memory and opens nothing.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            1u32, // LANDLOCK_CREATE_RULESET_VERSION
+        )
+    };
+    u32::try_from(v).unwrap_or(0)
+}
+
+impl SandboxArgs {
+    /// What to do to the child under `policy`: the core decides from the
+    /// options and the detected ABI; paths are resolved through symlinks
+    /// first, so a `--sandbox-ro` link to a root is caught too.
+    pub fn plan(&self, policy: &Policy) -> anyhow::Result<Plan> {
+        let detected = detect_abi();
+        let abi = self.sandbox_abi.map_or(detected, |n| n.min(detected));
+        let resolved = |p: &PathBuf| {
+            let full = policy.cwd().join(p);
+            std::fs::canonicalize(&full).with_context(|| format!("--sandbox-ro {}", p.display()))
+        };
+        let read_only = if self.no_sandbox {
+            Vec::new()
+        } else {
+            self.sandbox_ro.iter().map(resolved).collect::<anyhow::Result<Vec<_>>>()?
+        };
+        // Roots as the kernel will see them: through symlinks, where they
+        // exist, and as written otherwise.
+        let real_roots = Policy::new(
+            policy.cwd().to_path_buf(),
+            policy.roots().iter().flat_map(|r| {
+                let real = std::fs::canonicalize(&r.path).ok();
+                [Some(r.clone()), real.map(|path| Root { path, access: r.access })].into_iter().flatten()
+            }),
+        );
+        let options = Options { disabled: self.no_sandbox, read_only, net: self.sandbox_net };
+        let airlock = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
+        let inputs = sandbox::Inputs { policy: &real_roots, options: &options, abi, airlock };
+        Ok(sandbox::plan(&inputs)?)
+    }
+}
+
+fn fs_bits(rights: impl IntoIterator<Item = FsRight>) -> BitFlags<AccessFs> {
+    rights.into_iter().fold(BitFlags::EMPTY, |acc, r| {
+        acc | match r {
+            FsRight::Execute => AccessFs::Execute,
+            FsRight::WriteFile => AccessFs::WriteFile,
+            FsRight::ReadFile => AccessFs::ReadFile,
+            FsRight::ReadDir => AccessFs::ReadDir,
+            FsRight::RemoveDir => AccessFs::RemoveDir,
+            FsRight::RemoveFile => AccessFs::RemoveFile,
+            FsRight::MakeChar => AccessFs::MakeChar,
+            FsRight::MakeDir => AccessFs::MakeDir,
+            FsRight::MakeReg => AccessFs::MakeReg,
+            FsRight::MakeSock => AccessFs::MakeSock,
+            FsRight::MakeFifo => AccessFs::MakeFifo,
+            FsRight::MakeBlock => AccessFs::MakeBlock,
+            FsRight::MakeSym => AccessFs::MakeSym,
+            FsRight::Refer => AccessFs::Refer,
+            FsRight::Truncate => AccessFs::Truncate,
+            FsRight::IoctlDev => AccessFs::IoctlDev,
+            FsRight::ResolveUnix => AccessFs::ResolveUnix,
+        }
+    })
+}
+
+fn net_bits(rights: impl IntoIterator<Item = NetRight>) -> BitFlags<AccessNet> {
+    rights.into_iter().fold(BitFlags::EMPTY, |acc, r| {
+        acc | match r {
+            NetRight::BindTcp => AccessNet::BindTcp,
+            NetRight::ConnectTcp => AccessNet::ConnectTcp,
+            NetRight::BindUdp => AccessNet::BindUdp,
+            NetRight::ConnectSendUdp => AccessNet::ConnectSendUdp,
+        }
+    })
+}
+
+fn scope_bits(scopes: impl IntoIterator<Item = ScopeKind>) -> BitFlags<Scope> {
+    scopes.into_iter().fold(BitFlags::EMPTY, |acc, s| {
+        acc | match s {
+            ScopeKind::AbstractUnixSocket => Scope::AbstractUnixSocket,
+            ScopeKind::Signal => Scope::Signal,
+        }
+    })
+}
+
+/// Build `rules` as a Landlock ruleset and return its descriptor
+/// (close-on-exec), for [`enforce`] in the child. Every right is a hard
+/// requirement: the core asked only for what the ABI has, so anything the
+/// kernel refuses is an error, never a silent downgrade.
+pub fn prepare(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
+    let mut ruleset = landlock::Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(fs_bits(rules.handled_fs.iter().copied()))?;
+    if !rules.handled_net.is_empty() {
+        ruleset = ruleset.handle_access(net_bits(rules.handled_net.iter().copied()))?;
+    }
+    if !rules.scoped.is_empty() {
+        ruleset = ruleset.scope(scope_bits(rules.scoped.iter().copied()))?;
+    }
+    let mut created = ruleset.create().context("creating the Landlock ruleset")?;
+    for rule in &rules.paths {
+        let fd = match rustix::fs::open(
+            &rule.path,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) if !rule.source.required() => continue,
+            Err(e) => bail!("sandbox: {}: {e}", rule.path.display()),
+        };
+        let stat = rustix::fs::fstat(&fd)?;
+        let is_dir = rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory;
+        let mut rights = rule.rights_for(is_dir);
+        if rule.ioctl {
+            rights.insert(FsRight::IoctlDev);
+        }
+        created = created
+            .add_rule(PathBeneath::new(fd, fs_bits(rights)))
+            .with_context(|| format!("sandbox rule for {}", rule.path.display()))?;
+    }
+    let fd: Option<OwnedFd> = created.into();
+    fd.context("the kernel gave no Landlock ruleset")
+}
+
+/// In the forked child, before exec: no new privileges (required to
+/// restrict oneself unprivileged), then the ruleset. Two system calls,
+/// nothing allocated: safe between fork and exec.
+pub fn enforce(ruleset: RawFd) -> std::io::Result<()> {
+    rustix::thread::set_no_new_privs(true)?;
+    // SAFETY: landlock_restrict_self takes a descriptor and flags, and
+    // reads no memory of ours; `ruleset` is the child's inherited copy of
+    // the descriptor `prepare` returned, which the parent keeps open until
+    // the spawn returns.
+    let r = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
