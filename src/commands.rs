@@ -4,11 +4,11 @@ use crate::child::{self, exit_code};
 use crate::client::Client;
 use crate::config::{self, Settings};
 use crate::hostfs::HostFs;
-use crate::provider::{HttpProvider, Provider};
 use crate::outfile::OutFile;
+use crate::provider::{HttpProvider, Provider};
 use crate::record::Recorder;
-use crate::sandbox::SandboxArgs;
 use crate::report::{ChildExit, Report};
+use crate::sandbox::SandboxArgs;
 use crate::session::{BrokerShell, Event, Observer, Session};
 use crate::telemetry::TelemetryWriter;
 use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
@@ -166,7 +166,8 @@ impl ServeArgs {
         // upstream, which is gone by the time the report is written.
         let report = match &self.report {
             Some(path) => Some(
-                OutFile::create(path, upstream).with_context(|| format!("creating report {}", path.display()))?,
+                OutFile::create(path, upstream)
+                    .with_context(|| format!("creating report {}", path.display()))?,
             ),
             None => None,
         };

@@ -14,7 +14,10 @@ use std::path::Path;
 pub enum OutFile {
     Host(std::fs::File),
     /// A file opened through the upstream proxy on a connection of its own.
-    Proxy { client: Client, h: Handle },
+    Proxy {
+        client: Client,
+        h: Handle,
+    },
 }
 
 impl OutFile {

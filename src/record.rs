@@ -1,12 +1,12 @@
 //! `--record FILE`: a real session as a trace (`airlock_core::trace`), for
 //! `airlock replay` and for the regression traces under `traces/`.
 
+use crate::outfile::OutFile;
 use crate::session::Observer;
 use airlock_core::fsproxy::{Config, Input, Output};
 use airlock_core::time::Instant;
 use airlock_core::trace::{Header, TraceWriter};
 use anyhow::Context;
-use crate::outfile::OutFile;
 use std::io::BufWriter;
 
 pub struct Recorder {
@@ -20,8 +20,7 @@ impl Recorder {
     pub fn create(file: OutFile, config: &Config, command: &str) -> anyhow::Result<Self> {
         let mut header = Header::fsproxy(config.clone());
         header.meta = Some(serde_json::json!({ "recorded_by": command }));
-        let writer = TraceWriter::new(BufWriter::new(file), &header)
-            .context("writing the trace header")?;
+        let writer = TraceWriter::new(BufWriter::new(file), &header).context("writing the trace header")?;
         Ok(Recorder { writer, error: None })
     }
 

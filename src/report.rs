@@ -1,10 +1,10 @@
 //! `--report FILE`: what a session did, written when airlock exits.
 
+use crate::outfile::OutFile;
 use airlock_core::broker::{Broker, BrokerStats};
 use airlock_core::fsproxy::{FsProxy, Stats};
 use airlock_core::sandbox::InForce;
 use serde::Serialize;
-use crate::outfile::OutFile;
 use std::io::Write;
 use std::path::Path;
 

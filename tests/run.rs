@@ -82,11 +82,13 @@ fn death_is_seen_even_while_a_grandchild_holds_the_descriptor() {
     let run = run_in(
         dir.path(),
         &["--allow-rw", "."],
-        &sh(r#"sleep 60 </dev/null >/dev/null 2>&1 & echo $! | "$AIRLOCK" fs write grandchild.pid; exec python3 -c "
+        &sh(
+            r#"sleep 60 </dev/null >/dev/null 2>&1 & echo $! | "$AIRLOCK" fs write grandchild.pid; exec python3 -c "
 from fsclient import *
 import signal
 call('open', path='held.txt', mode='w')
-os.kill(os.getpid(), signal.SIGKILL)""#),
+os.kill(os.getpid(), signal.SIGKILL)""#,
+        ),
     );
     let pid = std::fs::read_to_string(dir.path().join("grandchild.pid")).unwrap_or_default();
     let _ = std::process::Command::new("kill").arg(pid.trim()).status();

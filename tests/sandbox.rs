@@ -78,8 +78,10 @@ impl Files {
         assert_eq!(std::fs::read_to_string(self.outside.path().join("secret.txt")).unwrap(), "outside\n");
         assert_eq!(std::fs::read_to_string(self.home.path().join("h.txt")).unwrap(), "home\n");
         let names = |p: &Path| {
-            let mut v: Vec<_> =
-                std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            let mut v: Vec<_> = std::fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
             v.sort();
             v
         };
@@ -247,11 +249,21 @@ fn an_older_abi_is_stated_in_the_report_not_hidden() {
     assert_eq!(got["connect"], "ok", "{}", run.stderr());
     assert_refused(&got, &["environ"]);
     let s = &run.report["sandbox"];
-    assert_eq!((s["landlock_abi"].as_u64(), s["fs"].as_str(), s["net"].as_str()), (Some(3), Some("confined"), Some("unconfined")));
+    assert_eq!(
+        (s["landlock_abi"].as_u64(), s["fs"].as_str(), s["net"].as_str()),
+        (Some(3), Some("confined"), Some("unconfined"))
+    );
     assert_eq!(s["scoped"], json!([]));
     assert_eq!(
         s["not_enforced"],
-        json!(["ioctl_dev", "unix_socket_connect", "tcp", "udp", "scope_abstract_unix_socket", "scope_signal"])
+        json!([
+            "ioctl_dev",
+            "unix_socket_connect",
+            "tcp",
+            "udp",
+            "scope_abstract_unix_socket",
+            "scope_signal"
+        ])
     );
 }
 
@@ -405,7 +417,11 @@ out(["alive", True])
 #[test]
 fn the_api_key_is_scrubbed_from_airlocks_own_environment() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("airlock.toml"), "[broker]\nbase_url = \"http://127.0.0.1:9/v1\"\napi_key_env = \"AIRLOCK_TEST_SCRUB_KEY\"\n").unwrap();
+    std::fs::write(
+        dir.path().join("airlock.toml"),
+        "[broker]\nbase_url = \"http://127.0.0.1:9/v1\"\napi_key_env = \"AIRLOCK_TEST_SCRUB_KEY\"\n",
+    )
+    .unwrap();
     let script = r#"
 env = open("/proc/%d/environ" % os.getppid(), "rb").read()
 out(["key in environ", b"sk-scrub-me-0123456789" in env])

@@ -319,7 +319,9 @@ impl std::error::Error for Refusal {}
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Plan {
     /// `--no-sandbox`.
-    Unconfined { abi: u32 },
+    Unconfined {
+        abi: u32,
+    },
     Confined(Ruleset),
 }
 

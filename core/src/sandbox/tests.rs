@@ -116,7 +116,9 @@ fn the_default_list_is_read_only_but_for_sinks() {
     let o = Options::default();
     let r = confined(&inputs(&p, &o, 7));
     let names: Vec<_> = r.paths.iter().map(|p| p.path.to_str().unwrap()).collect();
-    for want in ["/usr", "/bin", "/lib", "/etc/ld.so.cache", "/dev/null", "/dev/tty", "/opt/airlock/bin/airlock"] {
+    for want in
+        ["/usr", "/bin", "/lib", "/etc/ld.so.cache", "/dev/null", "/dev/tty", "/opt/airlock/bin/airlock"]
+    {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
     for absent in ["/", "/etc", "/proc", "/tmp", "/home", "/root", "/dev", "/dev/shm", "/run"] {
@@ -138,7 +140,8 @@ fn the_default_list_is_read_only_but_for_sinks() {
 #[test]
 fn sandbox_ro_paths_resolve_against_the_working_directory() {
     let p = policy(&[("out", Access::ReadWrite)]);
-    let o = Options { read_only: vec![PathBuf::from("tools/../bin"), "/opt/sdk".into()], ..Options::default() };
+    let o =
+        Options { read_only: vec![PathBuf::from("tools/../bin"), "/opt/sdk".into()], ..Options::default() };
     let r = confined(&inputs(&p, &o, 7));
     for want in ["/work/project/bin", "/opt/sdk"] {
         let rule = r.paths.iter().find(|x| x.path == Path::new(want)).unwrap();
