@@ -152,10 +152,7 @@ pub fn prepare(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
         };
         let stat = rustix::fs::fstat(&fd)?;
         let is_dir = rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::Directory;
-        let mut rights = rule.rights_for(is_dir);
-        if rule.ioctl {
-            rights.insert(FsRight::IoctlDev);
-        }
+        let rights = rule.rights_for(is_dir);
         created = created
             .add_rule(PathBeneath::new(fd, fs_bits(rights)))
             .with_context(|| format!("sandbox rule for {}", rule.path.display()))?;

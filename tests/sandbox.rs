@@ -443,3 +443,51 @@ out(["own env", os.environ.get("AIRLOCK_TEST_SCRUB_KEY")])
     assert!(lines.contains(&json!(["key in environ", false])), "{lines:?}");
     assert!(lines.contains(&json!(["own env", null])), "{lines:?}");
 }
+
+/// On a terminal: a `/dev/tty` the child opens takes writes but no ioctls
+/// (no `TIOCSTI` into the user's shell); the terminal it inherits keeps
+/// them (Landlock checks at open; see docs/decisions.md).
+#[test]
+fn a_dev_tty_the_child_opens_takes_no_ioctls() {
+    let child = r#"
+import fcntl, termios, os
+t = os.open("/dev/tty", os.O_RDWR)
+for name, fd in [("opened", t), ("inherited", 0)]:
+    try:
+        fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8)
+        print(name, "ok")
+    except OSError as e:
+        print(name, e.errno)
+os.write(t, b"written to the tty\n")
+"#;
+    // The harness puts airlock on a fresh pseudo-terminal and collects it.
+    let harness = r#"
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "run", "--", "python3", "-c", sys.argv[2]])
+out = b""
+while True:
+    try:
+        d = os.read(fd, 1024)
+    except OSError:
+        break
+    if not d:
+        break
+    out += d
+_, status = os.waitpid(pid, 0)
+sys.stdout.write(out.decode().replace("\r\n", "\n"))
+sys.exit(os.waitstatus_to_exitcode(status))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", harness, airlock(), child])
+        .env_remove("AIRLOCK_FD")
+        // The system python: a version manager's under $HOME is out of the
+        // sandbox's reach.
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text, "opened 13\ninherited ok\nwritten to the tty\n");
+}

@@ -58,11 +58,11 @@ pub const DEFAULT_READ_EXEC: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib3
 pub const DEFAULT_READ: &[&str] = &["/etc/ld.so.cache", "/dev/zero", "/dev/urandom", "/dev/random"];
 
 /// Sinks the child may open for writing (and truncating: `>/dev/null`
-/// opens with `O_TRUNC`). `/dev/tty` also gets device ioctls, so a program
-/// may ask its terminal's size.
-pub const DEFAULT_SINKS: &[&str] = &["/dev/null"];
-/// The controlling terminal, a sink with ioctls.
-pub const TTY: &str = "/dev/tty";
+/// opens with `O_TRUNC`). No device ioctls, not even on `/dev/tty`:
+/// `TIOCSTI` there would type commands into the user's shell. The
+/// descriptors the child inherits (0, 1, 2) keep their ioctls: Landlock
+/// checks at open.
+pub const DEFAULT_SINKS: &[&str] = &["/dev/null", "/dev/tty"];
 
 /// One Landlock filesystem access right.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -233,9 +233,6 @@ pub struct PathRule {
     /// What the rule grants on a directory, already narrowed to the ABI.
     pub rights: BTreeSet<FsRight>,
     pub source: Source,
-    /// Also grant `ioctl` on the device (the terminal).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub ioctl: bool,
 }
 
 impl PathRule {
@@ -337,29 +334,27 @@ struct Paths {
 }
 
 impl Paths {
-    fn add(&mut self, path: PathBuf, grant: Grant, source: Source, ioctl: bool) {
+    fn add(&mut self, path: PathBuf, grant: Grant, source: Source) {
         let abi = self.abi;
         if self.rules.iter().any(|p| p.path == path && p.grant == grant) {
             return;
         }
         let rights = grant.rights().into_iter().filter(|r| r.since() <= abi).collect();
-        let ioctl = ioctl && abi >= FsRight::IoctlDev.since();
-        self.rules.push(PathRule { path, grant, rights, source, ioctl });
+        self.rules.push(PathRule { path, grant, rights, source });
     }
 
     /// The default list: system locations, the loader's cache, sinks.
     fn defaults(abi: u32) -> Self {
         let mut paths = Paths { abi, rules: Vec::new() };
         for p in DEFAULT_READ_EXEC {
-            paths.add(PathBuf::from(p), Grant::ReadExec, Source::Default, false);
+            paths.add(PathBuf::from(p), Grant::ReadExec, Source::Default);
         }
         for p in DEFAULT_READ {
-            paths.add(PathBuf::from(p), Grant::Read, Source::Default, false);
+            paths.add(PathBuf::from(p), Grant::Read, Source::Default);
         }
         for p in DEFAULT_SINKS {
-            paths.add(PathBuf::from(p), Grant::Sink, Source::Default, false);
+            paths.add(PathBuf::from(p), Grant::Sink, Source::Default);
         }
-        paths.add(PathBuf::from(TTY), Grant::Sink, Source::Default, true);
         paths
     }
 }
@@ -374,7 +369,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Result<Plan, Refusal> {
     }
     let mut paths = Paths::defaults(inputs.abi.min(KNOWN_ABI));
     if let Some(exe) = &inputs.airlock {
-        paths.add(exe.clone(), Grant::ReadExec, Source::Airlock, false);
+        paths.add(exe.clone(), Grant::ReadExec, Source::Airlock);
     }
     let cwd = inputs.policy.cwd();
     for raw in &inputs.options.read_only {
@@ -387,7 +382,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Result<Plan, Refusal> {
         {
             return Err(Refusal::OverlapsRoot { path, root: root.path.clone() });
         }
-        paths.add(path, Grant::ReadExec, Source::User, false);
+        paths.add(path, Grant::ReadExec, Source::User);
     }
     Ok(Plan::Confined(ruleset(inputs.abi, inputs.options.net, paths)))
 }
@@ -399,7 +394,7 @@ pub fn tool_ruleset(abi: u32, work_dir: &Path, net: bool) -> Result<Ruleset, Ref
         return Err(Refusal::NoLandlock { abi });
     }
     let mut paths = Paths::defaults(abi.min(KNOWN_ABI));
-    paths.add(work_dir.to_path_buf(), Grant::ReadWrite, Source::WorkDir, false);
+    paths.add(work_dir.to_path_buf(), Grant::ReadWrite, Source::WorkDir);
     Ok(ruleset(abi, net, paths))
 }
 
