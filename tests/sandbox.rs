@@ -491,3 +491,57 @@ sys.exit(os.waitstatus_to_exitcode(status))
     assert_eq!(out.status.code(), Some(0), "{text} {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(text, "opened 13\ninherited ok\nwritten to the tty\n");
 }
+
+/// A nested airlock is confined too: its `--record` and `--report` go
+/// through the outer proxy (and so obey the outer policy), and the trace
+/// still replays.
+#[test]
+fn a_nested_airlock_records_and_reports_through_its_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = r#""$AIRLOCK" run --allow-rw . --record inner.jsonl --report inner.json -- sh -c 'echo x | "$AIRLOCK" fs write v.txt'"#;
+    let run = run_in(dir.path(), &["--allow-rw", "."], &sh(inner));
+    assert_eq!(run.code(), Some(0), "stderr: {}", run.stderr());
+    assert_eq!(std::fs::read_to_string(dir.path().join("v.txt")).unwrap(), "x\n");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("inner.json")).unwrap()).unwrap();
+    assert_eq!(report["upstream"], true);
+    assert_eq!(report["sandbox"]["fs"], "confined");
+    let replay = std::process::Command::new(airlock())
+        .arg("replay")
+        .arg(dir.path().join("inner.jsonl"))
+        .output()
+        .unwrap();
+    assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stderr));
+    run.assert_no_leaks();
+
+    // Where the outer level does not allow it, the nested one cannot
+    // write its report at all: start-up fails, naming the file.
+    let run = run_in(dir.path(), &[], &sh(r#""$AIRLOCK" run --report /tmp/nowhere.json -- true"#));
+    assert_eq!(run.code(), Some(125), "stderr: {}", run.stderr());
+    assert!(run.stderr().contains("creating report /tmp/nowhere.json"), "{}", run.stderr());
+}
+
+/// The report never claims more than holds: connecting to a named unix
+/// socket outside the sandbox works exactly when the report lists
+/// `unix_socket_connect` as not enforced (before Landlock ABI 9, as on
+/// this kernel), and is refused otherwise.
+#[test]
+fn the_report_states_the_named_unix_socket_gap_truthfully() {
+    let outside = tempfile::tempdir().unwrap();
+    let path = outside.path().join("agent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "probe('connect', lambda: socket.socket(socket.AF_UNIX).connect({:?}))",
+        path.display().to_string()
+    );
+    let run = run_in(dir.path(), &[], &probe(&script));
+    let got = outcomes(&run);
+    let gap =
+        run.report["sandbox"]["not_enforced"].as_array().unwrap().contains(&json!("unix_socket_connect"));
+    if gap {
+        assert_eq!(got["connect"], "ok", "{}", run.stderr());
+    } else {
+        assert_refused(&got, &["connect"]);
+    }
+}
