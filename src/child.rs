@@ -41,13 +41,13 @@ pub const PARENT_DEATH_SIGNAL: rustix::process::Signal = rustix::process::Signal
 
 /// Start `argv` with the proxy on fd 3 and `AIRLOCK_FD=3` in its
 /// environment, and without the variables in `remove_env` (secrets such as
-/// the provider's API key, which only airlock may see). `ruleset`, when
-/// given, is a Landlock ruleset from `sandbox::prepare` that the child
-/// enforces on itself before exec.
+/// the provider's API key, which only airlock may see). `sandbox`, when
+/// given, comes from `sandbox::prepare`: the child enforces it on itself
+/// before exec.
 pub fn spawn(
     argv: &[OsString],
     remove_env: &[OsString],
-    ruleset: Option<&OwnedFd>,
+    sandbox: Option<&crate::sandbox::Prepared>,
 ) -> anyhow::Result<Spawned> {
     let Some((program, args)) = argv.split_first() else { bail!("no command given") };
     let (ours, theirs) = StdUnixStream::pair().context("creating the proxy socketpair")?;
@@ -61,7 +61,8 @@ pub fn spawn(
         cmd.env(EXE_ENV, exe);
     }
     // Above 3, or placing the proxy on fd 3 would replace it.
-    let ruleset = ruleset.map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, DEFAULT_FD + 1)).transpose()?;
+    let ruleset = sandbox.map(|p| rustix::io::fcntl_dupfd_cloexec(&p.ruleset, DEFAULT_FD + 1)).transpose()?;
+    let seccomp = sandbox.and_then(|p| p.seccomp.clone());
     let ruleset_raw: Option<RawFd> = ruleset.as_ref().map(|fd| fd.as_raw_fd());
     let parent = rustix::process::getpid();
     // SAFETY: the closure runs in the forked child before exec and makes
@@ -89,7 +90,7 @@ pub fn spawn(
                 return Err(std::io::Error::other("airlock exited while starting the child"));
             }
             if let Some(fd) = ruleset_raw {
-                crate::sandbox::enforce(fd)?;
+                crate::sandbox::enforce(fd, seccomp.as_ref())?;
             }
             Ok(())
         });

@@ -125,11 +125,53 @@ fn scope_bits(scopes: impl IntoIterator<Item = ScopeKind>) -> BitFlags<Scope> {
     })
 }
 
-/// Build `rules` as a Landlock ruleset and return its descriptor
-/// (close-on-exec), for [`enforce`] in the child. Every right is a hard
-/// requirement: the core asked only for what the ABI has, so anything the
-/// kernel refuses is an error, never a silent downgrade.
-pub fn prepare(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
+/// What the child enforces on itself before exec.
+pub struct Prepared {
+    /// The Landlock ruleset (close-on-exec).
+    pub ruleset: OwnedFd,
+    /// The seccomp filter refusing unix sockets, when the ruleset asks.
+    pub seccomp: Option<seccompiler::BpfProgram>,
+}
+
+/// The filter for [`Ruleset::deny_unix_socket_create`]: `socket(AF_UNIX,
+/// …)` (native and x32 numbering) and `io_uring_setup` fail with EACCES;
+/// everything else is allowed. A foreign architecture's system calls kill
+/// the process (seccompiler's architecture check), so no 32-bit entry
+/// point goes around it.
+fn unix_socket_filter() -> anyhow::Result<seccompiler::BpfProgram> {
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    };
+    const X32: i64 = 0x4000_0000;
+    let af_unix = || -> anyhow::Result<Vec<SeccompRule>> {
+        let cond = SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::AF_UNIX as u64)?;
+        Ok(vec![SeccompRule::new(vec![cond])?])
+    };
+    let rules = [
+        (libc::SYS_socket, af_unix()?),
+        (libc::SYS_socket | X32, af_unix()?),
+        (libc::SYS_io_uring_setup, Vec::new()),
+        (libc::SYS_io_uring_setup | X32, Vec::new()),
+    ]
+    .into_iter()
+    .collect();
+    let arch = seccompiler::TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|e| anyhow::anyhow!("seccomp on {}: {e}", std::env::consts::ARCH))?;
+    let filter =
+        SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32), arch)?;
+    Ok(filter.try_into()?)
+}
+
+/// Build `rules` as a Landlock ruleset (and seccomp filter) for [`enforce`]
+/// in the child. Every right is a hard requirement: the core asked only
+/// for what the ABI has, so anything the kernel refuses is an error, never
+/// a silent downgrade.
+pub fn prepare(rules: &Ruleset) -> anyhow::Result<Prepared> {
+    let seccomp = if rules.deny_unix_socket_create { Some(unix_socket_filter()?) } else { None };
+    Ok(Prepared { ruleset: landlock_ruleset(rules)?, seccomp })
+}
+
+fn landlock_ruleset(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
     let mut ruleset = landlock::Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(fs_bits(rules.handled_fs.iter().copied()))?;
@@ -162,10 +204,18 @@ pub fn prepare(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
 }
 
 /// In the forked child, before exec: no new privileges (required to
-/// restrict oneself unprivileged), then the ruleset. Two system calls,
-/// nothing allocated: safe between fork and exec.
-pub fn enforce(ruleset: RawFd) -> std::io::Result<()> {
+/// restrict oneself unprivileged), the seccomp filter if any, then the
+/// ruleset. System calls only, nothing allocated: safe between fork and
+/// exec.
+pub fn enforce(ruleset: RawFd, seccomp: Option<&seccompiler::BpfProgram>) -> std::io::Result<()> {
     rustix::thread::set_no_new_privs(true)?;
+    if let Some(filter) = seccomp {
+        // A prctl and a seccomp call on the prepared program; an error
+        // carries only the errno, so nothing is allocated.
+        if seccompiler::apply_filter(filter).is_err() {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
     // SAFETY: landlock_restrict_self takes a descriptor and flags, and
     // reads no memory of ours; `ruleset` is the child's inherited copy of
     // the descriptor `prepare` returned, which the parent keeps open until

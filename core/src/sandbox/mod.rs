@@ -25,7 +25,7 @@
 //! | 4 | TCP bind and connect | TCP |
 //! | 5 | `ioctl` on devices | device ioctls on newly opened devices |
 //! | 6 | scopes: abstract unix sockets, signals | both reach outside the sandbox |
-//! | 9 | `resolve_unix` (connect to named unix sockets) | named unix sockets |
+//! | 9 | `resolve_unix` (connect to named unix sockets) | a seccomp filter refuses `socket(AF_UNIX)` instead |
 //! | 10 | UDP bind and send | UDP |
 //!
 //! ABI 7 and 8 add logging and thread-synchronisation flags only. A kernel
@@ -277,6 +277,12 @@ pub struct Ruleset {
     pub handled_net: BTreeSet<NetRight>,
     pub scoped: BTreeSet<ScopeKind>,
     pub paths: Vec<PathRule>,
+    /// Before ABI 9 Landlock cannot stop a connect to a named unix socket
+    /// (an ssh agent, a container daemon's socket): the child is then
+    /// refused `socket(AF_UNIX, …)` (and io_uring, which could make one)
+    /// by a seccomp filter instead. `socketpair` stays allowed, so attach
+    /// and pipes between the child's own processes still work.
+    pub deny_unix_socket_create: bool,
 }
 
 /// Why `airlock run` will not start.
@@ -404,7 +410,8 @@ fn ruleset(kernel_abi: u32, net: bool, paths: Paths) -> Ruleset {
     let handled_net =
         if net { BTreeSet::new() } else { NetRight::ALL.into_iter().filter(|r| r.since() <= abi).collect() };
     let scoped = ScopeKind::ALL.into_iter().filter(|s| s.since() <= abi).collect();
-    Ruleset { kernel_abi, abi, handled_fs, handled_net, scoped, paths: paths.rules }
+    let deny_unix_socket_create = abi < FsRight::ResolveUnix.since();
+    Ruleset { kernel_abi, abi, handled_fs, handled_net, scoped, paths: paths.rules, deny_unix_socket_create }
 }
 
 /// The `sandbox` section of the report: what is in force, stated plainly.
@@ -444,7 +451,7 @@ impl Plan {
                 if !has_fs(FsRight::IoctlDev) {
                     gaps.push("ioctl_dev");
                 }
-                if !has_fs(FsRight::ResolveUnix) {
+                if !has_fs(FsRight::ResolveUnix) && !r.deny_unix_socket_create {
                     gaps.push("unix_socket_connect");
                 }
                 if r.abi < NetRight::ConnectTcp.since() {

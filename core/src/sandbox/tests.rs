@@ -49,7 +49,7 @@ fn abi_7_enforces_everything_it_knows() {
     assert_eq!(f.landlock_abi, 7);
     assert_eq!((f.fs, f.net), ("confined", "denied"));
     assert_eq!(f.scoped, vec![ScopeKind::AbstractUnixSocket, ScopeKind::Signal]);
-    assert_eq!(f.not_enforced, vec!["unix_socket_connect", "udp"]);
+    assert_eq!(f.not_enforced, vec!["udp"]);
 }
 
 /// Each ABI degrades exactly as the module's table says.
@@ -58,15 +58,7 @@ fn older_abis_degrade_as_documented() {
     let p = policy(&[]);
     let o = Options::default();
     let gaps = |abi| Plan::Confined(confined(&inputs(&p, &o, abi))).in_force();
-    let all = [
-        "truncate",
-        "ioctl_dev",
-        "unix_socket_connect",
-        "tcp",
-        "udp",
-        "scope_abstract_unix_socket",
-        "scope_signal",
-    ];
+    let all = ["truncate", "ioctl_dev", "tcp", "udp", "scope_abstract_unix_socket", "scope_signal"];
     assert_eq!(gaps(1).not_enforced, all.to_vec());
     assert_eq!(gaps(1).net, "unconfined");
     assert!(!confined(&inputs(&p, &o, 1)).handled_fs.contains(&FsRight::Refer));
@@ -80,8 +72,12 @@ fn older_abis_degrade_as_documented() {
     assert!(!gaps(5).not_enforced.contains(&"ioctl_dev"));
     assert!(gaps(5).scoped.is_empty());
     assert_eq!(gaps(6).scoped.len(), 2);
-    assert_eq!(gaps(6).not_enforced, vec!["unix_socket_connect", "udp"]);
+    assert_eq!(gaps(6).not_enforced, vec!["udp"]);
     assert_eq!(gaps(9).not_enforced, vec!["udp"]);
+    // Named unix sockets: seccomp before ABI 9, Landlock from it on.
+    for abi in 1..=10 {
+        assert_eq!(confined(&inputs(&p, &o, abi)).deny_unix_socket_create, abi < 9, "ABI {abi}");
+    }
     assert!(gaps(10).not_enforced.is_empty());
     let r10 = confined(&inputs(&p, &o, 10));
     assert_eq!(r10.handled_net.len(), 4);
