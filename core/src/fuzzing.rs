@@ -183,6 +183,8 @@ pub struct Shell {
     /// Calls the machine asked to drop (`CancelProvider`), in order.
     pub cancelled: Vec<CallId>,
     pub telemetry: Vec<TelemetryRecord>,
+    /// The call whose `ProviderDone` the machine is being handed.
+    reporting: Option<CallId>,
     departed: BTreeSet<ClientId>,
     clock: u64,
 }
@@ -199,6 +201,7 @@ impl Shell {
             started: Vec::new(),
             cancelled: Vec::new(),
             telemetry: Vec::new(),
+            reporting: None,
             departed: BTreeSet::new(),
             clock: 0,
         }
@@ -236,14 +239,26 @@ impl Shell {
     }
 
     /// Report the provider call `call` done.
+    ///
+    /// The call stays in flight until the machine has taken the report:
+    /// timers due at this `now` fire before the input is applied, so the
+    /// machine may first give up on this very call at its deadline and ask
+    /// to cancel it, as it would for any call still running. It must not,
+    /// though, count the call as running when it starts the next one.
     pub fn provider_done(&mut self, call: CallId, result: ProviderResult) {
-        self.provider_calls.retain(|(c, _, _)| *c != call);
+        self.reporting = Some(call);
         self.input(Input::ProviderDone { call, result });
+        self.reporting = None;
+        self.provider_calls.retain(|(c, _, _)| *c != call);
     }
 
-    /// The provider call in flight and not cancelled, if any.
+    /// The provider call in flight, not cancelled and not being reported
+    /// done, if any.
     pub fn running_call(&self) -> Option<CallId> {
-        self.provider_calls.iter().map(|(c, _, _)| *c).find(|c| !self.cancelled.contains(c))
+        self.provider_calls
+            .iter()
+            .map(|(c, _, _)| *c)
+            .find(|c| !self.cancelled.contains(c) && self.reporting != Some(*c))
     }
 
     /// Hand `input` to the machine and collect what it puts out.
@@ -314,6 +329,7 @@ impl Shell {
                         self.provider_calls.iter().any(|(c, _, _)| *c == call),
                         "cancel of {call}, which is not in flight"
                     );
+                    assert!(!self.cancelled.contains(&call), "{call} cancelled twice");
                     self.cancelled.push(call);
                 }
                 Output::Telemetry { record } => self.telemetry.push(record),
