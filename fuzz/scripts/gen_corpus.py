@@ -134,6 +134,9 @@ ss = {
         + tmpl(0, 3) + cmd(14, 0, slot=1) + SETTLE,
     "pipelined_one_chunk": bytes([2]) + raw(pipelined) + SETTLE,
     "reserved_and_bad_reads": bytes([0]) + tmpl(5, 0) + tmpl(5, 1) + tmpl(5, 2) + tmpl(6, 0) + tmpl(6, 1),
+    "attach_and_drive_the_new_client": bytes([0]) + cmd(9, 3) + framed(req(1, "open", path="/rw/new.txt", mode="w"))
+        + SETTLE + cmd(9, 1, slot=1) + cmd(9, 0, slot=1) + framed(req(2, "attach"), slot=1) + cmd(9, 1)
+        + framed(req(3, "write", h=3, data="aGk=")) + SETTLE + cmd(12),
     "templates_mixed": bytes([0]) + b"".join(tmpl(s, a) for s, a in [(0, 0), (0, 9), (0, 26), (2, 3), (3, 4),
         (4, 3), (0, 4), (0, 5), (7, 3)]) + SETTLE,
 }
