@@ -22,6 +22,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, PathBuf};
 use std::time::Duration;
 
+mod nested;
+pub use nested::fsproxy_nested;
+
 /// Where a host file lives in [`MemFs`]: a root and a path beneath it.
 pub type FileKey = (RootId, PathBuf);
 
@@ -183,6 +186,8 @@ pub struct Shell {
     /// Calls the machine asked to drop (`CancelProvider`), in order.
     pub cancelled: Vec<CallId>,
     pub telemetry: Vec<TelemetryRecord>,
+    /// The call whose `ProviderDone` the machine is being handed.
+    reporting: Option<CallId>,
     departed: BTreeSet<ClientId>,
     clock: u64,
 }
@@ -199,6 +204,7 @@ impl Shell {
             started: Vec::new(),
             cancelled: Vec::new(),
             telemetry: Vec::new(),
+            reporting: None,
             departed: BTreeSet::new(),
             clock: 0,
         }
@@ -236,14 +242,26 @@ impl Shell {
     }
 
     /// Report the provider call `call` done.
+    ///
+    /// The call stays in flight until the machine has taken the report:
+    /// timers due at this `now` fire before the input is applied, so the
+    /// machine may first give up on this very call at its deadline and ask
+    /// to cancel it, as it would for any call still running. It must not,
+    /// though, count the call as running when it starts the next one.
     pub fn provider_done(&mut self, call: CallId, result: ProviderResult) {
-        self.provider_calls.retain(|(c, _, _)| *c != call);
+        self.reporting = Some(call);
         self.input(Input::ProviderDone { call, result });
+        self.reporting = None;
+        self.provider_calls.retain(|(c, _, _)| *c != call);
     }
 
-    /// The provider call in flight and not cancelled, if any.
+    /// The provider call in flight, not cancelled and not being reported
+    /// done, if any.
     pub fn running_call(&self) -> Option<CallId> {
-        self.provider_calls.iter().map(|(c, _, _)| *c).find(|c| !self.cancelled.contains(c))
+        self.provider_calls
+            .iter()
+            .map(|(c, _, _)| *c)
+            .find(|c| !self.cancelled.contains(c) && self.reporting != Some(*c))
     }
 
     /// Hand `input` to the machine and collect what it puts out.
@@ -314,6 +332,7 @@ impl Shell {
                         self.provider_calls.iter().any(|(c, _, _)| *c == call),
                         "cancel of {call}, which is not in flight"
                     );
+                    assert!(!self.cancelled.contains(&call), "{call} cancelled twice");
                     self.cancelled.push(call);
                 }
                 Output::Telemetry { record } => self.telemetry.push(record),
@@ -526,7 +545,8 @@ fn template(sel: u8, arg: u8, id: u64) -> Vec<u8> {
 /// Fuzz an FS proxy session. The first byte picks the configuration; the
 /// rest is a script of commands, each a selector byte and its arguments:
 /// raw bytes or a whole frame from one of two client slots, a templated
-/// request, effect completions and failures, EOF, death, reconnection.
+/// request, effect completions and failures, a passed descriptor and its
+/// `attach`, EOF, death, reconnection.
 /// Every response must be a well-formed frame carrying a JSON object with
 /// an id and a boolean ok; once every client has gone and every effect is
 /// done, no handle and no file may be left open.
@@ -548,14 +568,7 @@ pub fn fsproxy_session(data: &[u8]) {
         config.max_virtual_bytes = 64;
     }
     if cfg & 4 != 0 {
-        let mut setup = crate::broker::BrokerSetup::new(
-            crate::broker::Money::from_pico([0, 1_000_000, 1_000_000_000_000][usize::from(cfg >> 3) % 3]),
-            "fuzz",
-        );
-        // Short timers, so a few commands reach them.
-        setup.config.queue_max_wait = Duration::from_micros(50);
-        setup.config.request_timeout = Duration::from_micros(120);
-        config.broker = Some(setup);
+        config.broker = Some(broker_setup(cfg >> 3));
     }
     let mut shell = Shell::new(config, test_fs());
     shell.auto = false;
@@ -594,9 +607,15 @@ pub fn fsproxy_session(data: &[u8]) {
                 next_id += 1;
                 shell.send(client, &template(sel, arg, next_id));
             }
-            8 | 9 => {
+            8 => {
                 let n = shell.effects.len().max(1);
                 shell.complete(usize::from(arg) % n, false);
+            }
+            9 => {
+                next_id += 1;
+                if let Some(new) = pass_descriptor(&mut shell, client, arg, next_id) {
+                    slots[usize::from(cmd >> 7)] = new;
+                }
             }
             10 => {
                 let n = shell.effects.len().max(1);
@@ -614,8 +633,16 @@ pub fn fsproxy_session(data: &[u8]) {
             _ => shell.fs.stdin.extend_from_slice(&take(&mut script, usize::from(arg))),
         }
     }
-    for client in 0..next_client {
-        shell.input(Input::Eof { client: ClientId(client) });
+    let attached: Vec<ClientId> = shell
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Attached(_, new) => Some(*new),
+            _ => None,
+        })
+        .collect();
+    for client in (0..next_client).map(ClientId).chain(attached) {
+        shell.input(Input::Eof { client });
     }
     shell.settle();
     // Calls still running end (each report may start nothing: every
@@ -636,11 +663,50 @@ pub fn fsproxy_session(data: &[u8]) {
     assert_eq!(stats.handles_opened, stats.handles_closed, "opened and closed counts differ");
 }
 
+/// `client` passes a descriptor; with `arg` bit 0 it also sends an
+/// `attach` (id `id`) to claim it. With bit 1, the client attached now (if
+/// the attach was served at once) is returned, for the caller to drive
+/// from then on.
+fn pass_descriptor(shell: &mut Shell, client: ClientId, arg: u8, id: u64) -> Option<ClientId> {
+    shell.input(Input::Descriptor { client });
+    if arg & 1 == 0 {
+        return None;
+    }
+    shell.send_json(client, &serde_json::json!({"id": id.to_string(), "op": "attach"}));
+    match shell.events.last() {
+        Some(Event::Sent(new, _)) if arg & 2 != 0 => shell.events.iter().rev().find_map(|e| match e {
+            Event::Attached(from, c) if *from == client && c == new => Some(*new),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
+/// A broker with budget `sel % 3` of 0, 1e-6 or 1 USD, and timers short
+/// enough for a few commands to reach them.
+fn broker_setup(sel: u8) -> crate::broker::BrokerSetup {
+    let budget = [0, 1_000_000, 1_000_000_000_000][usize::from(sel) % 3];
+    let mut setup = crate::broker::BrokerSetup::new(crate::broker::Money::from_pico(budget), "fuzz");
+    setup.config.queue_max_wait = Duration::from_micros(50);
+    setup.config.request_timeout = Duration::from_micros(120);
+    setup
+}
+
 /// One broker command of [`fsproxy_session`], picked by `arg`.
 fn broker_command(shell: &mut Shell, client: ClientId, arg: u8, id: u64) {
+    match broker_request(arg, id) {
+        Some(req) => shell.send(client, &serde_json::to_vec(&req).unwrap_or_default()),
+        None => provider_command(shell, arg),
+    }
+}
+
+/// The broker request `arg % 8` in 0..=4 names: an `LLMCMD` (with cancel
+/// token `t(arg >> 6)` unless 2; model `(arg >> 3) % 4`; `max_tokens`
+/// when bit 5), a `CANCEL` or a `QUOTA`. `None` for 5..=7.
+fn broker_request(arg: u8, id: u64) -> Option<Value> {
     const MODELS: [Option<&str>; 4] = [None, Some("gpt-4o-mini"), Some("gpt-5"), Some("nope")];
     let token = format!("t{}", arg >> 6);
-    let req = match arg % 8 {
+    Some(match arg % 8 {
         0..=2 => {
             let mut params = serde_json::json!({"messages": [{"role": "user", "content": "q"}]});
             if let Some(m) = MODELS[usize::from(arg >> 3) % 4] {
@@ -656,6 +722,16 @@ fn broker_command(shell: &mut Shell, client: ClientId, arg: u8, id: u64) {
         }
         3 => serde_json::json!({"id": id.to_string(), "op": "CANCEL", "params": {"cancel_token": token}}),
         4 => serde_json::json!({"id": id.to_string(), "op": "QUOTA"}),
+        _ => return None,
+    })
+}
+
+/// What the provider and the clock do, for `arg % 8` in 5..=7: 5/6
+/// report the call `(arg >> 3) % n` in flight done (ok or error; usage
+/// when bit 6), 7 fires the next timer (bit 7) or lets `arg` µs pass and
+/// ticks.
+fn provider_command(shell: &mut Shell, arg: u8) {
+    match arg % 8 {
         5 | 6 => {
             let Some((call, _, _)) =
                 shell.provider_calls.get(usize::from(arg >> 3) % shell.provider_calls.len().max(1)).cloned()
@@ -678,19 +754,17 @@ fn broker_command(shell: &mut Shell, client: ClientId, arg: u8, id: u64) {
                 ProviderResult::Err { usage, message: "fuzz".into() }
             };
             shell.provider_done(call, result);
-            return;
         }
-        _ => {
+        7 => {
             if arg & 0x80 != 0 {
                 shell.fire_timer();
             } else {
                 shell.advance(Duration::from_micros(u64::from(arg)));
                 shell.tick();
             }
-            return;
         }
-    };
-    shell.send(client, &serde_json::to_vec(&req).unwrap_or_default());
+        _ => {}
+    }
 }
 
 /// Fuzz the LLM broker over arbitrary event sequences: the first byte

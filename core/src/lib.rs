@@ -9,6 +9,9 @@
 pub mod broker;
 pub mod codec;
 pub mod fsproxy;
+/// Test and fuzz harness code: in the crate's own tests, and behind the
+/// `fuzzing` feature for its integration tests and the fuzz targets.
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod handles;
 pub mod policy;

@@ -42,3 +42,8 @@ fn fsproxy_session_corpus() {
 fn broker_events_corpus() {
     replay("broker_events", airlock_core::fuzzing::broker_events);
 }
+
+#[test]
+fn fsproxy_nested_corpus() {
+    replay("fsproxy_nested", airlock_core::fuzzing::fsproxy_nested);
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Write the seed corpora under fuzz/corpus/. Deterministic: rerunning it
-rewrites the same files. The byte layouts follow the interpreters in
+rewrites the same files, and leaves alone the inputs a fuzzer found (added
+by hand, named for what they exercise). The byte layouts follow the interpreters in
 core/src/fuzzing.rs (`frame_decoder`, `fsproxy_session`)."""
 
 import json
@@ -58,9 +59,10 @@ for name, data in fd.items():
 # ---- fsproxy_session: [cfg] then commands ----------------------------------
 # cmd byte: bit 7 = client slot, low nibble = kind; then an arg byte.
 # kinds: 0/1 raw bytes (arg = length), 2 framed payload (arg = length),
-# 3..7 templated request (arg, then a selector byte), 8/9 complete effect
-# arg % n, 10 fail effect, 11 settle, 12 EOF, 13 death, 14 reconnect slot,
-# 15 append arg bytes to stdin.
+# 3..7 templated request (arg, then a selector byte), 8 complete effect
+# arg % n, 9 pass a descriptor (arg bit 0: and send an attach; bit 1: the
+# slot then drives the attached client), 10 fail effect, 11 settle, 12 EOF,
+# 13 death, 14 reconnect slot, 15 append arg bytes to stdin.
 
 def raw(data, slot=0):
     out = b""
@@ -132,6 +134,9 @@ ss = {
         + tmpl(0, 3) + cmd(14, 0, slot=1) + SETTLE,
     "pipelined_one_chunk": bytes([2]) + raw(pipelined) + SETTLE,
     "reserved_and_bad_reads": bytes([0]) + tmpl(5, 0) + tmpl(5, 1) + tmpl(5, 2) + tmpl(6, 0) + tmpl(6, 1),
+    "attach_and_drive_the_new_client": bytes([0]) + cmd(9, 3) + framed(req(1, "open", path="/rw/new.txt", mode="w"))
+        + SETTLE + cmd(9, 1, slot=1) + cmd(9, 0, slot=1) + framed(req(2, "attach"), slot=1) + cmd(9, 1)
+        + framed(req(3, "write", h=3, data="aGk=")) + SETTLE + cmd(12),
     "templates_mixed": bytes([0]) + b"".join(tmpl(s, a) for s, a in [(0, 0), (0, 9), (0, 26), (2, 3), (3, 4),
         (4, 3), (0, 4), (0, 5), (7, 3)]) + SETTLE,
 }
@@ -155,6 +160,95 @@ ss["broker_timeouts_and_death"] = bytes([4 | 1 << 3]) + b"".join([
     brk(0x7f), brk(0x02), cmd(12), brk(0x45)])
 for name, data in ss.items():
     write("fsproxy_session", name, data)
+
+
+# ---- fsproxy_nested: [cfg] then (cmd, arg) pairs -----------------------------
+# cfg: bit 0 three levels (else two), bit 1 small limits, bit 2 broker at the
+# top (bits 5..6 budget), bits 3..4 lower levels' policy (top's, /rw only,
+# read-only, none), bit 7 top refuses stdio.
+# cmd: bits 6..7 level (0 = top), bit 5 client slot, bits 0..4 kind (see the
+# table in core/src/fuzzing/nested.rs): 0 raw, 1 framed, 2..4 template (then a
+# selector byte), 5 broker request or provider/timer, 6/7 complete/fail
+# effect, 8 settle level, 9 EOF, 10 death, 11 new client, 12 descriptor
+# (+attach), 13/14 deliver up/down arg bytes, 15 pump all, 16 cut link,
+# 17 kill level, 18 stdin bytes.
+
+def n_cmd(level, kind, arg=0, slot=0):
+    return bytes([level << 6 | slot << 5 | kind, arg])
+
+
+def n_framed(level, obj, slot=0):
+    p = json.dumps(obj).encode() if isinstance(obj, (dict, list)) else obj
+    assert len(p) < 256, p
+    return n_cmd(level, 1, len(p), slot) + p
+
+
+def n_tmpl(level, sel, arg, slot=0):
+    return n_cmd(level, 2, arg, slot) + bytes([sel])
+
+
+N_PUMP = n_cmd(0, 15)
+
+
+def n_round(*levels):
+    """Settle each level in turn, pumping the links after each."""
+    return b"".join(n_cmd(lv, 8) + N_PUMP for lv in levels)
+
+
+def n_call(level, obj, slot=0, depth=2):
+    return n_framed(level, obj, slot) + N_PUMP + n_round(*range(depth - 1, -1, -1)) + n_round(*range(depth))
+
+
+nn = {
+    "host_file_roundtrip": bytes([0]) + b"".join([
+        n_call(1, req(1, "open", path="/rw/notes.txt", mode="rw")),
+        n_call(1, req(2, "read", h=3, max=4)),
+        n_call(1, req(3, "write", h=3, data="aGk=")),
+        n_call(1, req(4, "close", h=3))]),
+    "stdio_stays_local": bytes([0]) + n_cmd(1, 18, 3) + b"abc" + b"".join([
+        n_call(1, req(1, "read", h=0, max=2)),
+        n_call(1, req(2, "write", h=1, data="aGk=")),
+        n_call(1, req(3, "write", h=2, data="aGk=")),
+        n_call(1, req(4, "close", h=1)),
+        n_call(1, req(5, "read", h=1, max=1))]),
+    "three_levels_virtual_and_host": bytes([1]) + b"".join([
+        n_call(2, req(1, "open", path="v.txt", mode="w"), depth=3),
+        n_call(2, req(2, "write", h=3, data="aGVsbG8="), depth=3),
+        n_call(2, req(3, "open", path="/ro/hello.txt", mode="r"), slot=1, depth=3),
+        n_call(2, req(4, "read", h=4, max=10), slot=1, depth=3)]),
+    "bytewise_delivery_both_ways": bytes([0]) + n_framed(1, req(1, "open", path="/ro/hello.txt", mode="r"))
+        + n_cmd(1, 13, 1) * 90 + n_cmd(0, 8) + n_cmd(1, 14, 1) * 60 + N_PUMP,
+    "client_dies_mid_request": bytes([0]) + n_framed(1, req(1, "open", path="/rw/notes.txt", mode="r"))
+        + n_cmd(1, 13, 5) + n_cmd(1, 10) + N_PUMP + n_round(0, 1),
+    "client_dies_holding_handles": bytes([0]) + n_call(1, req(1, "open", path="/rw/notes.txt", mode="r"))
+        + n_call(1, req(2, "open", path="/ro/hello.txt", mode="r")) + n_cmd(1, 9) + N_PUMP + n_round(0, 1),
+    "kill_middle_level": bytes([1]) + n_call(2, req(1, "open", path="/rw/notes.txt", mode="r"), depth=3)
+        + n_call(1, req(2, "open", path="/ro/hello.txt", mode="r"), depth=3) + n_cmd(1, 17) + N_PUMP
+        + n_call(2, req(3, "read", h=3, max=2), depth=3),
+    "cut_link_with_requests_in_flight": bytes([0]) + n_call(1, req(1, "open", path="/rw/notes.txt", mode="r"))
+        + n_framed(1, req(2, "read", h=3, max=2)) + n_framed(1, req(3, "open", path="x", mode="w"), slot=1)
+        + N_PUMP + n_cmd(1, 16) + N_PUMP + n_round(0, 1) + n_framed(1, req(4, "read", h=3, max=2)),
+    "broker_through_two_levels": bytes([4 | 2 << 5]) + b"".join([
+        n_cmd(1, 5, 0x00), N_PUMP, n_cmd(1, 5, 0x41, slot=1), N_PUMP, n_cmd(1, 5, 0x04), N_PUMP,
+        n_cmd(0, 5, 0x45), N_PUMP, n_cmd(1, 5, 0x43, slot=1), N_PUMP, n_cmd(0, 5, 0x87), N_PUMP]),
+    "broker_owner_dies_below": bytes([5 | 2 << 5]) + b"".join([
+        n_cmd(2, 5, 0x00), N_PUMP, n_cmd(2, 5, 0x02, slot=1), N_PUMP, n_cmd(2, 10), N_PUMP,
+        n_cmd(0, 5, 0x45), N_PUMP, n_cmd(0, 5, 0x46), N_PUMP]),
+    "attach_at_the_middle": bytes([0]) + n_cmd(1, 12, 3) + n_call(1, req(1, "open", path="/rw/new.txt", mode="w"))
+        + n_call(1, req(2, "write", h=3, data="aGk=")) + n_cmd(1, 12, 1, slot=1) + n_cmd(1, 12, 0),
+    "narrow_policy_below": bytes([1 | 1 << 3]) + b"".join(n_tmpl(2, 0, a) for a in range(8)) + N_PUMP
+        + n_round(0, 1, 2, 0, 1, 2),
+    "no_roots_below": bytes([3 << 3]) + b"".join(n_tmpl(1, 0, a) for a in [3, 7, 11, 1, 9])
+        + N_PUMP + n_round(0, 1),
+    "small_limits_full_tables": bytes([2]) + b"".join(n_tmpl(1, 0, 0) for _ in range(7)) + N_PUMP
+        + n_round(0, 1) + n_framed(1, b"{\"id\":\"\",\"op\":\"open\",\"params\":{\"path\":\"/rw/"
+        + b"x" * 100 + b"\",\"mode\":\"w\"}}") + N_PUMP + n_round(0, 1),
+    "failed_effects_at_the_top": bytes([0]) + n_framed(1, req(1, "open", path="/rw/notes.txt", mode="rw"))
+        + N_PUMP + n_cmd(0, 7) + N_PUMP + n_call(1, req(2, "open", path="/rw/notes.txt", mode="rw"))
+        + n_framed(1, req(3, "read", h=4, max=3)) + N_PUMP + n_cmd(0, 7) + N_PUMP,
+}
+for name, data in nn.items():
+    write("fsproxy_nested", name, data)
 
 
 # ---- broker_events: [setup] then steps -------------------------------------

@@ -890,7 +890,25 @@ impl FsProxy {
     fn forward(&mut self, client: ClientId, req: Option<String>, waiting: Waiting, op: Op) {
         let id = format!("u{}", self.next_upstream_id);
         self.next_upstream_id += 1;
+        let closing = matches!(op, Op::Close { .. });
         let payload = wire::encode_request(&Request { id: id.clone(), op });
+        // A request grows on its way up (a longer id, a path made
+        // absolute), and the level above takes frames up to the same
+        // limit: one that no longer fits fails alone here, rather than
+        // making the level above drop the connection every client of this
+        // level shares. Closes are small and always go: refusing one would
+        // leave the handle open above.
+        if payload.len() > self.config.max_frame && req.is_some() && !closing {
+            if let Waiting::UpstreamLlm { token: Some(t), .. } = &waiting {
+                self.up_tokens.remove(&(client, t.clone()));
+            }
+            let msg = format!(
+                "the request is {} bytes once forwarded upstream, over the {}-byte frame limit",
+                payload.len(),
+                self.config.max_frame
+            );
+            return self.respond(client, req, Err(Failure::new(ErrorCode::Range, msg)));
+        }
         if req.is_some() && waiting.holds_client() {
             if let Some(c) = self.clients.get_mut(&client) {
                 c.busy = true;
