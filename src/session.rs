@@ -41,13 +41,21 @@ pub trait Observer: Send {
     }
 }
 
-/// A passed descriptor as a stream, if it is a socket.
+/// A passed descriptor as a stream, if it is a stream socket: a datagram
+/// socket would never hit EOF, so it would be held for good.
 fn attach_stream(fd: OwnedFd) -> std::io::Result<UnixStream> {
     let stat = rustix::fs::fstat(&fd)?;
     if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Socket {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "passed descriptor is not a socket",
+        ));
+    }
+    let kind = rustix::net::sockopt::socket_type(&fd)?;
+    if kind != rustix::net::SocketType::STREAM {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("passed socket is not a stream socket ({kind:?})"),
         ));
     }
     let std = std::os::unix::net::UnixStream::from(fd);
@@ -302,6 +310,11 @@ impl Session {
         self.feed(Input::Connected { client });
     }
 
+    /// Whether `client`'s connection is still served.
+    pub fn serves(&self, client: ClientId) -> bool {
+        self.conns.contains_key(&client)
+    }
+
     /// Clients being served.
     pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
         self.conns.keys().copied()
@@ -497,6 +510,13 @@ impl Session {
                     drop(conn.tx);
                 }
                 self.passed.remove(&client);
+                None
+            }
+            Output::DropDescriptor { client, newest } => {
+                if let Some(q) = self.passed.get_mut(&client) {
+                    let fd = if newest { q.pop_back() } else { q.pop_front() };
+                    tracing::debug!(%client, dropped = fd.is_some(), "passed descriptor refused");
+                }
                 None
             }
             Output::Attach { from, client } => {

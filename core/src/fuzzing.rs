@@ -295,7 +295,7 @@ impl Shell {
                     assert!(!self.departed.contains(&from), "attach from {from}, which has left");
                     self.events.push(Event::Attached(from, client));
                 }
-                Output::DropDescriptor { client } => {
+                Output::DropDescriptor { client, .. } => {
                     assert!(!self.departed.contains(&client), "descriptor of {client} dropped after it left");
                 }
                 Output::Effect { id, effect } => self.effects.push((id, effect)),

@@ -49,7 +49,22 @@ pub enum FaultKind {
     /// new client with its own connection; or asks without one (E_ARG).
     /// Drawn after every other knob, and not in broker worlds.
     Attach,
+    /// A client queues a burst of big frames behind a request that waits
+    /// (queued bytes per client and per session).
+    QueuedFlood,
+    /// A client creates virtual files with huge names.
+    HugeNames,
+    /// A client sends responses back as frames, as a socketpair looped
+    /// onto itself would.
+    SelfLoop,
+    /// A client passes a burst of descriptors and attaches them all.
+    AttachFlood,
 }
+
+/// The adversary's floods (`world::floods`), drawn after `Attach` so the
+/// swarms of seeds that draw none of them are what they were before.
+pub const FLOODS: [FaultKind; 4] =
+    [FaultKind::QueuedFlood, FaultKind::HugeNames, FaultKind::SelfLoop, FaultKind::AttachFlood];
 
 impl FaultKind {
     pub const ALL: [FaultKind; 15] = [
@@ -99,6 +114,10 @@ impl FaultKind {
             FaultKind::ProviderMalformed => "provider_malformed",
             FaultKind::CancelStorm => "cancel_storm",
             FaultKind::Attach => "attach",
+            FaultKind::QueuedFlood => "queued_flood",
+            FaultKind::HugeNames => "huge_names",
+            FaultKind::SelfLoop => "self_loop",
+            FaultKind::AttachFlood => "attach_flood",
         }
     }
 
@@ -118,6 +137,8 @@ impl FaultKind {
             FaultKind::ProviderMalformed => &[20_000, 100_000],
             FaultKind::CancelStorm => &[500, 5_000],
             FaultKind::Attach => &[2_000, 10_000, 30_000],
+            FaultKind::QueuedFlood | FaultKind::HugeNames | FaultKind::AttachFlood => &[2_000, 10_000],
+            FaultKind::SelfLoop => &[5_000, 30_000],
         }
     }
 }
@@ -149,6 +170,47 @@ pub struct Swarm {
     pub max_steps: usize,
     /// Faults switched on, with their rates in ppm.
     pub faults: BTreeMap<FaultKind, u32>,
+    /// The resource bounds the machines run with (small ones when floods
+    /// are on, so the floods reach them).
+    #[serde(default)]
+    pub bounds: Bounds,
+}
+
+/// Limits of `fsproxy::Config` that the adversary's floods press on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounds {
+    pub max_queued_bytes: u64,
+    pub max_session_queued_bytes: u64,
+    pub max_clients: usize,
+    pub max_buffered_bytes: u64,
+    pub max_virtual_bytes: u64,
+    pub max_virtual_files: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        use airlock_core::fsproxy as f;
+        Bounds {
+            max_queued_bytes: f::DEFAULT_MAX_QUEUED_BYTES,
+            max_session_queued_bytes: f::DEFAULT_MAX_SESSION_QUEUED_BYTES,
+            max_clients: f::DEFAULT_MAX_CLIENTS,
+            max_buffered_bytes: f::DEFAULT_MAX_BUFFERED_BYTES,
+            max_virtual_bytes: f::DEFAULT_MAX_VIRTUAL_BYTES,
+            max_virtual_files: f::DEFAULT_MAX_VIRTUAL_FILES,
+        }
+    }
+}
+
+impl Bounds {
+    /// Small enough for a flood of a few dozen frames to reach.
+    pub const SMALL: Bounds = Bounds {
+        max_queued_bytes: 24 << 10,
+        max_session_queued_bytes: 40 << 10,
+        max_clients: 4,
+        max_buffered_bytes: 48 << 10,
+        max_virtual_bytes: 48 << 10,
+        max_virtual_files: 24,
+    };
 }
 
 impl Swarm {
@@ -189,6 +251,7 @@ impl Swarm {
             max_open_handles: small(&mut rng, airlock_core::fsproxy::DEFAULT_MAX_OPEN_HANDLES, 6),
             max_steps: 200_000,
             faults,
+            bounds: Bounds::default(),
         };
         // Drawn last (and not in `ALL`), so every knob above is what it was
         // before attach was modelled, and so are the worlds of seeds that
@@ -196,6 +259,19 @@ impl Swarm {
         if !broker && rng.gen_bool(0.5) {
             let rates = FaultKind::Attach.rates();
             swarm.faults.insert(FaultKind::Attach, rates[rng.gen_range(0..rates.len())]);
+        }
+        // The floods, last of all: a quarter of the seeds of every scenario
+        // but the broker's get some, most of them with small bounds.
+        if !broker && rng.gen_bool(0.25) {
+            for kind in FLOODS {
+                if rng.gen_bool(0.5) {
+                    let rates = kind.rates();
+                    swarm.faults.insert(kind, rates[rng.gen_range(0..rates.len())]);
+                }
+            }
+            if rng.gen_bool(0.7) {
+                swarm.bounds = Bounds::SMALL;
+            }
         }
         swarm
     }
@@ -209,7 +285,7 @@ impl Swarm {
         let faults: Vec<String> = self.faults.iter().map(|(k, r)| format!("{k}={r}")).collect();
         format!(
             "clients={} top_clients={} ops={} pipeline={} invalid={}ppm max_frame={} max_queued={} \
-             max_open={} max_steps={} faults[{}]",
+             max_open={} max_steps={} faults[{}]{}",
             self.clients,
             self.top_clients,
             self.ops_per_client,
@@ -219,7 +295,8 @@ impl Swarm {
             self.max_queued_requests,
             self.max_open_handles,
             self.max_steps,
-            faults.join(" ")
+            faults.join(" "),
+            if self.bounds == Bounds::default() { "" } else { " small_bounds" }
         )
     }
 }

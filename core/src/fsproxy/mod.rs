@@ -245,10 +245,12 @@ pub enum Output {
         from: ClientId,
         client: ClientId,
     },
-    /// Close the oldest descriptor `client` passed: an attach was refused
-    /// (a limit), or the descriptor would eat into the reserve.
+    /// Close a descriptor `client` passed: the oldest (an attach that
+    /// would have claimed it was refused by a limit), or the newest, just
+    /// handed in (holding it would eat into the descriptor reserve).
     DropDescriptor {
         client: ClientId,
+        newest: bool,
     },
     Effect {
         id: EffectId,
@@ -949,7 +951,7 @@ impl FsProxy {
         let Some(c) = self.clients.get_mut(&client) else { return };
         if full {
             c.dropped_descriptors = c.dropped_descriptors.saturating_add(1);
-            self.outputs.push_back(Output::DropDescriptor { client });
+            self.outputs.push_back(Output::DropDescriptor { client, newest: true });
             return;
         }
         c.descriptors = c.descriptors.saturating_add(1);
@@ -1149,7 +1151,7 @@ impl FsProxy {
         c.descriptors -= 1;
         if capped && live >= max {
             self.stats.bounds_refused += 1;
-            self.outputs.push_back(Output::DropDescriptor { client });
+            self.outputs.push_back(Output::DropDescriptor { client, newest: false });
             let msg = format!("attach refused: the session serves at most {max} clients (--max-clients)");
             return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
         }
