@@ -63,6 +63,10 @@ fn attach_stream(fd: OwnedFd) -> std::io::Result<UnixStream> {
     UnixStream::from_std(std)
 }
 
+fn is_stream_socket(fd: &OwnedFd) -> bool {
+    rustix::net::sockopt::socket_type(fd).is_ok_and(|t| t == rustix::net::SocketType::STREAM)
+}
+
 async fn write_flush(mut w: impl AsyncWrite + Unpin, data: &[u8]) -> std::io::Result<()> {
     w.write_all(data).await?;
     w.flush().await
@@ -366,6 +370,13 @@ impl Session {
             let Some(ev) = ev else { break };
             let input = match ev {
                 Event::Passed(client, fd) => {
+                    // Only a stream socket can be a connection: anything
+                    // else (a datagram socket never hits EOF) is closed on
+                    // arrival, so the attach meant for it finds none.
+                    if !is_stream_socket(&fd) {
+                        tracing::debug!(%client, "passed descriptor is not a stream socket; closed");
+                        continue;
+                    }
                     let queue = self.passed.entry(client).or_default();
                     if !self.conns.contains_key(&client) || queue.len() >= MAX_PASSED_DESCRIPTORS {
                         continue;

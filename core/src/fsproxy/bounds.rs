@@ -80,9 +80,23 @@ pub fn is_response(payload: &[u8]) -> bool {
 /// top (an airlock) writes `id` first, so a skipped frame's head tells
 /// which request it answered.
 pub fn id_from_head(head: &[u8]) -> Option<String> {
-    const KEY: &[u8] = br#""id":""#;
+    const KEY: &[u8] = br#""id""#;
     let at = head.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
-    let rest = &head[at..];
+    let skip_ws = |mut i: usize| {
+        while head.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let colon = skip_ws(at);
+    if head.get(colon) != Some(&b':') {
+        return None;
+    }
+    let quote = skip_ws(colon + 1);
+    if head.get(quote) != Some(&b'"') {
+        return None;
+    }
+    let rest = &head[quote + 1..];
     let end = rest.iter().position(|&b| b == b'"')?;
     let id = std::str::from_utf8(&rest[..end]).ok()?;
     // The machine's own upstream ids are `u` and digits: anything else is
@@ -113,5 +127,6 @@ mod tests {
         assert_eq!(id_from_head(br#"{"id":"x1","ok":true}"#), None);
         assert_eq!(id_from_head(br#"{"ok":true,"result":"#), None);
         assert_eq!(id_from_head(br#"{"id":"u12"#), None);
+        assert_eq!(id_from_head(br#"{"id" : "u3", "ok": true}"#), Some("u3".into()));
     }
 }
