@@ -27,6 +27,8 @@ fn every_checked_in_trace_replays_and_its_world_still_passes() {
     traces_under(&root, &mut paths);
     let sessions = paths.iter().filter(|p| p.starts_with(root.join("sessions"))).count();
     let sims = paths.iter().filter(|p| p.starts_with(root.join("sim"))).count();
+    let planted = paths.iter().filter(|p| p.starts_with(root.join("planted"))).count();
+    assert!(planted >= 4, "expected the planted bugs' traces under {}", root.join("planted").display());
     assert!(
         sessions >= 3 && sims >= 2,
         "expected recorded sessions and simulator traces under {}",
@@ -38,7 +40,21 @@ fn every_checked_in_trace_replays_and_its_world_still_passes() {
         match trace::replay(BufReader::new(file)) {
             Err(e) => failures.push(format!("{}: {e}", path.display())),
             Ok(report) => {
-                if report.header.seed.is_some() {
+                if report.header.config.planted_bug.is_some() {
+                    // A planted bug's trace (traces/planted/): its world
+                    // must still fail the invariant that found it, or the
+                    // checker has gone blind to that class.
+                    let want = report.header.meta.as_ref().map(|m| m["failure"]["invariant"].clone());
+                    match airlock_sim::rerun(&report.header) {
+                        Ok(r) if r.failure.as_ref().map(|f| serde_json::json!(f.invariant)) == want => {}
+                        Ok(r) => failures.push(format!(
+                            "{}: the planted bug is no longer found as {want:?}: {}",
+                            path.display(),
+                            r.swarm_description()
+                        )),
+                        Err(e) => failures.push(format!("{}: {e}", path.display())),
+                    }
+                } else if report.header.seed.is_some() {
                     match airlock_sim::rerun(&report.header) {
                         Ok(r) if r.passed() => {}
                         Ok(r) => failures.push(format!(

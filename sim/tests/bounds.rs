@@ -11,9 +11,13 @@ use std::path::PathBuf;
 /// The first of seeds 0..1000 whose world (with `flood` on) fails under
 /// `bug`, shrunk and traced.
 fn found(bug: PlantedBug, flood: FaultKind, scenario: Scenario, name: &str) -> SeedResult {
-    let dir = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("airlock-bounds-{name}-{}", std::process::id()))
-    });
+    // `AIRLOCK_PLANTED_TRACE_DIR=traces/planted` re-records the traces
+    // kept in the repository (see traces/README.md).
+    let dir = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR").map_or_else(
+        || std::env::temp_dir().join(format!("airlock-bounds-{}", std::process::id())),
+        PathBuf::from,
+    );
+    let dir = dir.join(name);
     let o = SimOptions { seeds: 0..1, steps: None, scenario, jobs: 1, trace_dir: Some(dir) };
     (0..1000)
         .filter(|&seed| swarm_for(seed, &o).rate(flood) > 0)
