@@ -59,6 +59,9 @@ pub enum FaultKind {
     SelfLoop,
     /// A client passes a burst of descriptors and attaches them all.
     AttachFlood,
+    /// The top sends the intermediate a frame above its upstream limit
+    /// (nested worlds only).
+    UpstreamOversize,
 }
 
 /// The adversary's floods (`world::floods`), drawn after `Attach` so the
@@ -118,6 +121,7 @@ impl FaultKind {
             FaultKind::HugeNames => "huge_names",
             FaultKind::SelfLoop => "self_loop",
             FaultKind::AttachFlood => "attach_flood",
+            FaultKind::UpstreamOversize => "upstream_oversize",
         }
     }
 
@@ -139,6 +143,7 @@ impl FaultKind {
             FaultKind::Attach => &[2_000, 10_000, 30_000],
             FaultKind::QueuedFlood | FaultKind::HugeNames | FaultKind::AttachFlood => &[2_000, 10_000],
             FaultKind::SelfLoop => &[5_000, 30_000],
+            FaultKind::UpstreamOversize => &[1_000, 5_000],
         }
     }
 }
@@ -185,6 +190,12 @@ pub struct Bounds {
     pub max_buffered_bytes: u64,
     pub max_virtual_bytes: u64,
     pub max_virtual_files: usize,
+    #[serde(default = "default_max_upstream_frame")]
+    pub max_upstream_frame: usize,
+}
+
+fn default_max_upstream_frame() -> usize {
+    airlock_core::fsproxy::DEFAULT_MAX_UPSTREAM_FRAME
 }
 
 impl Default for Bounds {
@@ -197,6 +208,7 @@ impl Default for Bounds {
             max_buffered_bytes: f::DEFAULT_MAX_BUFFERED_BYTES,
             max_virtual_bytes: f::DEFAULT_MAX_VIRTUAL_BYTES,
             max_virtual_files: f::DEFAULT_MAX_VIRTUAL_FILES,
+            max_upstream_frame: f::DEFAULT_MAX_UPSTREAM_FRAME,
         }
     }
 }
@@ -210,7 +222,12 @@ impl Bounds {
         max_buffered_bytes: 48 << 10,
         max_virtual_bytes: 48 << 10,
         max_virtual_files: 24,
+        max_upstream_frame: airlock_core::fsproxy::DEFAULT_MAX_UPSTREAM_FRAME,
     };
+
+    /// An upstream limit above any answer a nested world's top sends (a
+    /// read's 4096 bytes in base64), so only the injected frames cross it.
+    pub const SMALL_UPSTREAM_FRAME: usize = 16 << 10;
 }
 
 impl Swarm {
@@ -272,6 +289,11 @@ impl Swarm {
             if rng.gen_bool(0.7) {
                 swarm.bounds = Bounds::SMALL;
             }
+        }
+        if nested && rng.gen_bool(0.3) {
+            let rates = FaultKind::UpstreamOversize.rates();
+            swarm.faults.insert(FaultKind::UpstreamOversize, rates[rng.gen_range(0..rates.len())]);
+            swarm.bounds.max_upstream_frame = Bounds::SMALL_UPSTREAM_FRAME;
         }
         swarm
     }

@@ -489,6 +489,7 @@ impl World {
             c.max_buffered_bytes = swarm.bounds.max_buffered_bytes;
             c.max_virtual_bytes = swarm.bounds.max_virtual_bytes;
             c.max_virtual_files = swarm.bounds.max_virtual_files;
+            c.max_upstream_frame = swarm.bounds.max_upstream_frame;
             c.planted_bug = bug;
             c.broker = broker_setup.clone();
             c
@@ -987,6 +988,7 @@ impl World {
                     // A dead intermediate reads nothing more.
                     if let Some(link) = self.link.as_mut().filter(|_| self.levels[1].alive) {
                         link.down.push(data);
+                        self.maybe_oversize_upstream();
                     }
                     return Ok(());
                 }
@@ -1524,6 +1526,7 @@ impl World {
             return Err(violation("response_shape", format!("unknown error code in {v}")));
         }
         self.check_not_answering_echo(i, &v)?;
+        self.check_link_kept(i, &v)?;
         let level = self.clients[i].level;
         let c = &mut self.clients[i];
         let id = match v.get("id") {

@@ -68,3 +68,13 @@ fn free_virtual_names_are_found() {
 fn free_virtual_names_are_found_through_a_nested_level() {
     check(PlantedBug::VirtualNamesFree, FaultKind::HugeNames, Scenario::Nested, "bounded_virtual_bytes");
 }
+
+#[test]
+fn an_upstream_link_cut_by_one_big_answer_is_found() {
+    check(
+        PlantedBug::UpstreamOversizeCutsLink,
+        FaultKind::UpstreamOversize,
+        Scenario::Nested,
+        "upstream_link_kept",
+    );
+}

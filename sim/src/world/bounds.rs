@@ -165,4 +165,22 @@ impl World {
         }
         Ok(())
     }
+
+    /// Item 11: while the top still serves the intermediate, the
+    /// intermediate never loses its upstream (an oversized answer fails at
+    /// most the one request it answers).
+    pub(super) fn check_link_kept(&self, i: usize, v: &Value) -> Check {
+        let c = &self.clients[i];
+        if c.level != 1 || self.gone.contains(&(0, MIDDLE_CONN)) {
+            return Ok(());
+        }
+        let message = v.get("error").and_then(|e| e.get("message")).and_then(Value::as_str).unwrap_or("");
+        if message.contains("upstream closed") || message.contains("upstream sent a bad frame") {
+            return Err(violation(
+                "upstream_link_kept",
+                format!("the intermediate lost its upstream while the top still serves it: {v}"),
+            ));
+        }
+        Ok(())
+    }
 }

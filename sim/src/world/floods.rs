@@ -165,4 +165,22 @@ impl World {
         }
         true
     }
+
+    /// Now and then the top's answer is followed by a frame above the
+    /// intermediate's upstream limit, answering nothing it asked: it must
+    /// be skipped, and the link kept.
+    pub(super) fn maybe_oversize_upstream(&mut self) {
+        if !self.fires(FaultKind::UpstreamOversize) {
+            return;
+        }
+        self.count(FaultKind::UpstreamOversize);
+        let limit = self.swarm.bounds.max_upstream_frame.max(self.swarm.max_frame);
+        let len = limit + 1 + self.rng.gen_range(0..4096);
+        let text = "t".repeat(len);
+        let payload = serde_json::to_vec(&json!({ "id": "flood", "ok": true, "result": { "text": text } }))
+            .unwrap_or_default();
+        if let Some(link) = self.link.as_mut() {
+            link.down.push(frame(&payload));
+        }
+    }
 }
