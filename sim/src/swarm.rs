@@ -192,6 +192,12 @@ pub struct Bounds {
     pub max_virtual_files: usize,
     #[serde(default = "default_max_upstream_frame")]
     pub max_upstream_frame: usize,
+    #[serde(default = "default_max_descriptors")]
+    pub max_descriptors: usize,
+}
+
+fn default_max_descriptors() -> usize {
+    airlock_core::fsproxy::DEFAULT_MAX_DESCRIPTORS
 }
 
 fn default_max_upstream_frame() -> usize {
@@ -209,6 +215,7 @@ impl Default for Bounds {
             max_virtual_bytes: f::DEFAULT_MAX_VIRTUAL_BYTES,
             max_virtual_files: f::DEFAULT_MAX_VIRTUAL_FILES,
             max_upstream_frame: f::DEFAULT_MAX_UPSTREAM_FRAME,
+            max_descriptors: f::DEFAULT_MAX_DESCRIPTORS,
         }
     }
 }
@@ -223,6 +230,8 @@ impl Bounds {
         max_virtual_bytes: 48 << 10,
         max_virtual_files: 24,
         max_upstream_frame: airlock_core::fsproxy::DEFAULT_MAX_UPSTREAM_FRAME,
+        // With the default reserve of 64 kept from connections.
+        max_descriptors: 64 + 12,
     };
 
     /// An upstream limit above any answer a nested world's top sends (a

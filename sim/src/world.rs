@@ -490,6 +490,7 @@ impl World {
             c.max_virtual_bytes = swarm.bounds.max_virtual_bytes;
             c.max_virtual_files = swarm.bounds.max_virtual_files;
             c.max_upstream_frame = swarm.bounds.max_upstream_frame;
+            c.max_descriptors = swarm.bounds.max_descriptors;
             c.planted_bug = bug;
             c.broker = broker_setup.clone();
             c

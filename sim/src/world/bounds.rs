@@ -45,6 +45,7 @@ impl World {
             let mut session_queued = 0u64;
             let mut buffered = 0u64;
             let mut attached = 0usize;
+            let mut descriptors = 0u64;
             let max_frame = self.swarm.max_frame as u64;
             for c in self.clients.iter_mut().filter(|c| c.level == level && !c.gone) {
                 // Frames wholly delivered and not yet answered, less the
@@ -94,6 +95,7 @@ impl World {
                 if c.id.0 >= ATTACHED_CLIENT_BASE {
                     attached += 1;
                 }
+                descriptors += 1 + c.fds_unclaimed;
             }
             if session_queued > b.max_session_queued_bytes {
                 return Err(at(
@@ -118,6 +120,21 @@ impl World {
                         "level {level} holds {buffered} partial-frame bytes, over {}",
                         b.max_buffered_bytes
                     ),
+                ));
+            }
+            // Descriptors the shell would hold for this level: a connection
+            // per live client (the intermediate's, at the top), the sockets
+            // passed and not yet claimed, the host files open.
+            if level == 0 && self.nested && !self.gone.contains(&(0, MIDDLE_CONN)) {
+                descriptors += 1;
+            }
+            if level == self.store {
+                descriptors += self.fs.open_count() as u64;
+            }
+            if descriptors > b.max_descriptors as u64 {
+                return Err(violation(
+                    "bounded_descriptors",
+                    format!("level {level} holds {descriptors} descriptors, over {}", b.max_descriptors),
                 ));
             }
             // Every attach is refused once `max_clients` are served, so the
