@@ -7,8 +7,10 @@
 //! names and contents, and the descriptors connections may take before the
 //! reserve kept for host files and provider calls.
 
+use super::{Client, ErrorCode, Failure, FsProxy, Output, PlantedBug};
+use crate::handles::ClientId;
 use serde::de::IgnoredAny;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Bytes of queued requests one client may have waiting by default.
 pub const DEFAULT_MAX_QUEUED_BYTES: u64 = 4 << 20;
@@ -25,6 +27,9 @@ pub const DEFAULT_MAX_UPSTREAM_FRAME: usize = 64 << 20;
 /// Descriptors the session may hold when the shell does not say
 /// (the usual soft `RLIMIT_NOFILE`).
 pub const DEFAULT_MAX_DESCRIPTORS: usize = 1024;
+/// Passed descriptors a client may have waiting for an attach, dropped
+/// ones included, that the machine remembers in order.
+const MAX_REMEMBERED_DROPS: usize = 64;
 /// Descriptors connections (clients and passed sockets) must leave free,
 /// for host files and provider calls.
 pub const DEFAULT_DESCRIPTOR_RESERVE: usize = 64;
@@ -103,6 +108,105 @@ pub fn id_from_head(head: &[u8]) -> Option<String> {
     // not one of ours (or was escaped, and then not ours either).
     (id.starts_with('u') && id.len() > 1 && id[1..].bytes().all(|b| b.is_ascii_digit()))
         .then(|| id.to_owned())
+}
+
+/// What a session holds against its bounds (see [`FsProxy::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub queued_bytes: u64,
+    pub buffered_bytes: u64,
+    pub virtual_bytes: u64,
+    pub virtual_files: usize,
+    pub clients: usize,
+    pub descriptors: usize,
+}
+
+impl FsProxy {
+    /// What the session holds now, against its bounds (for reports and
+    /// tests; the simulator recomputes these on its own).
+    pub fn usage(&self) -> Usage {
+        Usage {
+            queued_bytes: self.queued_total,
+            buffered_bytes: self.buffered_total,
+            virtual_bytes: self.virt.bytes(),
+            virtual_files: self.virt.files(),
+            clients: self.live_clients(),
+            descriptors: self.descriptors_held(),
+        }
+    }
+
+    pub(super) fn live_clients(&self) -> usize {
+        self.clients.values().filter(|c| c.alive).count()
+    }
+
+    /// Descriptors the shell holds for this machine: one per live
+    /// connection, one per passed descriptor not yet claimed, one per
+    /// host file.
+    pub(super) fn descriptors_held(&self) -> usize {
+        let passed: usize = self.clients.values().map(|c| c.passed.iter().filter(|h| **h).count()).sum();
+        self.live_clients() + passed + self.host_fds
+    }
+
+    /// Whether one more connection descriptor would eat into the reserve.
+    pub(super) fn connections_full(&self) -> bool {
+        self.descriptors_held() + 1 + self.config.descriptor_reserve > self.config.max_descriptors
+    }
+
+    /// The partial frames of every connection together stay under
+    /// `max_buffered_bytes`: the client whose bytes would cross it is
+    /// refused and its connection ended.
+    pub(super) fn check_buffered(&mut self, client: ClientId) {
+        let max = self.config.max_buffered_bytes;
+        let held = self.clients.get(&client).map_or(0, |c| c.decoder.buffered());
+        if held == 0 || self.buffered_total <= max {
+            return;
+        }
+        self.stats.bounds_refused += 1;
+        let msg = format!(
+            "partial frames of all connections would exceed {max} bytes (--max-buffered-bytes); \
+             this connection held {held}"
+        );
+        self.respond(client, None, Err(Failure::new(ErrorCode::Range, msg)));
+        self.depart(client);
+    }
+
+    /// A descriptor passed by `client`: kept for an `attach` to claim,
+    /// unless holding it would eat into the descriptor reserve.
+    pub(super) fn on_descriptor(&mut self, client: ClientId) {
+        let full = self.connections_full();
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        if full {
+            self.outputs.push_back(Output::DropDescriptor { client, newest: true });
+        }
+        // A dropped one is remembered (for its attach's E_RANGE) only up
+        // to a point: past it, its attach finds no socket (E_ARG).
+        if !full || c.passed.len() < MAX_REMEMBERED_DROPS {
+            c.passed.push_back(!full);
+        }
+    }
+
+    /// Why a request of `len` bytes that has to wait cannot be queued for
+    /// `c`: its client's or the session's queued bytes would cross their
+    /// bound.
+    pub(super) fn queued_bytes_refusal(&self, c: &Client, len: u64) -> Option<String> {
+        if self.config.planted_bug == Some(PlantedBug::NoQueuedByteBound) {
+            return None;
+        }
+        if c.queued_bytes + len > self.config.max_queued_bytes {
+            return Some(format!(
+                "queued requests of this client would exceed {} bytes (--max-queued-bytes); \
+                 read responses before sending more",
+                self.config.max_queued_bytes
+            ));
+        }
+        if self.queued_total + len > self.config.max_session_queued_bytes {
+            return Some(format!(
+                "queued requests of all clients would exceed {} bytes (--max-session-queued-bytes)",
+                self.config.max_session_queued_bytes
+            ));
+        }
+        None
+    }
 }
 
 #[cfg(test)]

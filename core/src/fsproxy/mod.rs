@@ -30,8 +30,9 @@ mod virtual_fs;
 pub mod wire;
 
 pub use bounds::{
-    DEFAULT_DESCRIPTOR_RESERVE, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_DESCRIPTORS,
-    DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SESSION_QUEUED_BYTES, DEFAULT_MAX_UPSTREAM_FRAME,
+    Usage, DEFAULT_DESCRIPTOR_RESERVE, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CLIENTS,
+    DEFAULT_MAX_DESCRIPTORS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SESSION_QUEUED_BYTES,
+    DEFAULT_MAX_UPSTREAM_FRAME,
 };
 pub use virtual_fs::{VirtualFs, DEFAULT_MAX_VIRTUAL_BYTES, DEFAULT_MAX_VIRTUAL_FILES};
 
@@ -371,17 +372,6 @@ pub struct Stats {
     pub bounds_refused: u64,
 }
 
-/// What a session holds against its bounds (see [`FsProxy::usage`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub queued_bytes: u64,
-    pub buffered_bytes: u64,
-    pub virtual_bytes: u64,
-    pub virtual_files: usize,
-    pub clients: usize,
-    pub descriptors: usize,
-}
-
 #[derive(Debug)]
 enum Target {
     Host(FileId),
@@ -452,11 +442,11 @@ struct Client {
     /// a close never overtakes an operation on the same file.
     busy_on_file: bool,
     alive: bool,
-    /// Descriptors passed and not yet claimed by an `attach`.
-    descriptors: u32,
-    /// Descriptors dropped on arrival (the reserve): the attaches that
-    /// would have claimed them are refused with E_RANGE, not E_ARG.
-    dropped_descriptors: u32,
+    /// Descriptors passed and not yet claimed by an `attach`, oldest
+    /// first: `true` for one the shell holds, `false` for one dropped on
+    /// arrival (the reserve), whose attach is refused with E_RANGE. Kept
+    /// in order, so each attach claims the socket sent with it.
+    passed: VecDeque<bool>,
 }
 
 /// A request waiting its turn: its frame, and whether it closes a handle
@@ -641,36 +631,6 @@ impl FsProxy {
     pub fn quiescent(&self) -> bool {
         self.pending.values().all(|p| matches!(p.waiting, Waiting::Stdio))
             && self.upstream_pending.values().all(|p| p.req.is_none())
-    }
-
-    /// What the session holds now, against its bounds (for reports and
-    /// tests; the simulator recomputes these on its own).
-    pub fn usage(&self) -> Usage {
-        Usage {
-            queued_bytes: self.queued_total,
-            buffered_bytes: self.buffered_total,
-            virtual_bytes: self.virt.bytes(),
-            virtual_files: self.virt.files(),
-            clients: self.live_clients(),
-            descriptors: self.descriptors_held(),
-        }
-    }
-
-    fn live_clients(&self) -> usize {
-        self.clients.values().filter(|c| c.alive).count()
-    }
-
-    /// Descriptors the shell holds for this machine: one per live
-    /// connection, one per passed descriptor not yet claimed, one per
-    /// host file.
-    fn descriptors_held(&self) -> usize {
-        let passed: usize = self.clients.values().map(|c| c.descriptors as usize).sum();
-        self.live_clients() + passed + self.host_fds
-    }
-
-    /// Whether one more connection descriptor would eat into the reserve.
-    fn connections_full(&self) -> bool {
-        self.descriptors_held() + 1 + self.config.descriptor_reserve > self.config.max_descriptors
     }
 
     /// Contents of a virtual file (for tests and checkers).
@@ -880,8 +840,7 @@ impl FsProxy {
                 busy: false,
                 busy_on_file: false,
                 alive: true,
-                descriptors: 0,
-                dropped_descriptors: 0,
+                passed: VecDeque::new(),
             },
         );
     }
@@ -926,37 +885,6 @@ impl FsProxy {
         }
     }
 
-    /// The partial frames of every connection together stay under
-    /// `max_buffered_bytes`: the client whose bytes would cross it is
-    /// refused and its connection ended.
-    fn check_buffered(&mut self, client: ClientId) {
-        let max = self.config.max_buffered_bytes;
-        let held = self.clients.get(&client).map_or(0, |c| c.decoder.buffered());
-        if held == 0 || self.buffered_total <= max {
-            return;
-        }
-        self.stats.bounds_refused += 1;
-        let msg = format!(
-            "partial frames of all connections would exceed {max} bytes (--max-buffered-bytes); \
-             this connection held {held}"
-        );
-        self.respond(client, None, Err(Failure::new(ErrorCode::Range, msg)));
-        self.depart(client);
-    }
-
-    /// A descriptor passed by `client`: kept for an `attach` to claim,
-    /// unless holding it would eat into the descriptor reserve.
-    fn on_descriptor(&mut self, client: ClientId) {
-        let full = self.connections_full();
-        let Some(c) = self.clients.get_mut(&client) else { return };
-        if full {
-            c.dropped_descriptors = c.dropped_descriptors.saturating_add(1);
-            self.outputs.push_back(Output::DropDescriptor { client, newest: true });
-            return;
-        }
-        c.descriptors = c.descriptors.saturating_add(1);
-    }
-
     fn enqueue(&mut self, client: ClientId, payload: Vec<u8>) {
         let req = wire::parse_request(&payload, self.config.limits);
         let limit = self.config.max_queued_requests;
@@ -970,31 +898,17 @@ impl FsProxy {
             _ => None,
         };
         let owned_close = closing.is_some_and(|h| self.table.get_mut(client, h).is_ok());
-        let Some(c) = self.clients.get_mut(&client) else { return };
+        let Some(c) = self.clients.get(&client) else { return };
         let queued = |q: &Queued| q.closes.is_some() && q.closes == closing;
         let releases = owned_close && !c.queue.iter().any(queued);
         let len = payload.len() as u64;
         // A request served at once is never queued; one that waits is held
         // as its frame, within its client's and the session's byte bounds.
         let waits = c.busy || !c.queue.is_empty();
-        let bytes_bound = self.config.planted_bug != Some(PlantedBug::NoQueuedByteBound);
         let refusal = if c.queue.len() >= limit && !releases {
             Some(format!("more than {limit} requests waiting; read responses before sending more"))
-        } else if waits && !releases && bytes_bound && c.queued_bytes + len > self.config.max_queued_bytes {
-            Some(format!(
-                "queued requests of this client would exceed {} bytes (--max-queued-bytes); \
-                 read responses before sending more",
-                self.config.max_queued_bytes
-            ))
-        } else if waits
-            && !releases
-            && bytes_bound
-            && self.queued_total + len > self.config.max_session_queued_bytes
-        {
-            Some(format!(
-                "queued requests of all clients would exceed {} bytes (--max-session-queued-bytes)",
-                self.config.max_session_queued_bytes
-            ))
+        } else if waits && !releases {
+            self.queued_bytes_refusal(c, len)
         } else {
             None
         };
@@ -1011,6 +925,7 @@ impl FsProxy {
             // Served right away (`pump` finds it first): no second parse.
             return self.serve_parsed(client, req);
         }
+        let Some(c) = self.clients.get_mut(&client) else { return };
         c.queued_bytes += len;
         self.queued_total += len;
         c.queue.push_back(Queued { payload, closes: closing });
@@ -1133,22 +1048,20 @@ impl FsProxy {
         let max = self.config.max_clients;
         let capped = self.config.planted_bug != Some(PlantedBug::NoClientCap);
         let Some(c) = self.clients.get_mut(&client) else { return };
-        if c.descriptors == 0 {
-            if c.dropped_descriptors > 0 {
-                c.dropped_descriptors -= 1;
-                self.stats.bounds_refused += 1;
-                let msg = format!(
-                    "attach refused: its socket would eat into the {} descriptors kept for files \
-                     and provider calls (--max-descriptors {})",
-                    self.config.descriptor_reserve, self.config.max_descriptors
-                );
-                return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
-            }
+        let Some(held) = c.passed.pop_front() else {
             let msg = "attach needs a socket passed with the request (SCM_RIGHTS)";
             self.respond(client, Some(id), Err(Failure::new(ErrorCode::Arg, msg)));
             return;
+        };
+        if !held {
+            self.stats.bounds_refused += 1;
+            let msg = format!(
+                "attach refused: its socket would eat into the {} descriptors kept for files \
+                 and provider calls (--max-descriptors {})",
+                self.config.descriptor_reserve, self.config.max_descriptors
+            );
+            return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
         }
-        c.descriptors -= 1;
         if capped && live >= max {
             self.stats.bounds_refused += 1;
             self.outputs.push_back(Output::DropDescriptor { client, newest: false });

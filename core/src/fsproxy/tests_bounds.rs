@@ -246,3 +246,29 @@ fn idle_connections_give_big_buffers_back() {
     assert!(d.next_frame().unwrap().is_some());
     assert!(d.held() < 64 * 1024, "{}", d.held());
 }
+
+/// A socket dropped for the reserve, then one kept once room was made:
+/// each attach claims the socket sent with it, in order.
+#[test]
+fn attaches_claim_their_own_sockets_in_order() {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.max_descriptors = 20;
+    config.descriptor_reserve = 18;
+    let mut s = shell_with(config);
+    let b = ClientId(2);
+    s.connect(b);
+    // Two connections: the next descriptor would leave fewer than 18.
+    s.input(Input::Descriptor { client: A });
+    s.input(Input::Died { client: b });
+    s.input(Input::Descriptor { client: A });
+    s.send_json(A, &json!({"id": "first", "op": "attach"}));
+    s.send_json(A, &json!({"id": "second", "op": "attach"}));
+    let r = s.responses(A);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0]["id"], json!("first"));
+    assert!(message(&r[0]).contains("--max-descriptors"), "{r:?}");
+    let attached: Vec<ClientId> =
+        s.events.iter().filter_map(|e| if let Event::Attached(_, n) = e { Some(*n) } else { None }).collect();
+    assert_eq!(attached.len(), 1);
+    assert_eq!(s.responses(attached[0]), vec![json!({"id": "second", "ok": true})]);
+}
