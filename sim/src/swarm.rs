@@ -62,6 +62,8 @@ pub enum FaultKind {
     /// The top sends the intermediate a frame above its upstream limit
     /// (nested worlds only).
     UpstreamOversize,
+    /// A client sends most of a big frame and never the rest.
+    PartialFlood,
 }
 
 /// The adversary's floods (`world::floods`), drawn after `Attach` so the
@@ -122,6 +124,7 @@ impl FaultKind {
             FaultKind::SelfLoop => "self_loop",
             FaultKind::AttachFlood => "attach_flood",
             FaultKind::UpstreamOversize => "upstream_oversize",
+            FaultKind::PartialFlood => "partial_flood",
         }
     }
 
@@ -144,6 +147,7 @@ impl FaultKind {
             FaultKind::QueuedFlood | FaultKind::HugeNames | FaultKind::AttachFlood => &[2_000, 10_000],
             FaultKind::SelfLoop => &[5_000, 30_000],
             FaultKind::UpstreamOversize => &[1_000, 5_000],
+            FaultKind::PartialFlood => &[2_000, 10_000],
         }
     }
 }
@@ -237,6 +241,8 @@ impl Bounds {
     /// An upstream limit above any answer a nested world's top sends (a
     /// read's 4096 bytes in base64), so only the injected frames cross it.
     pub const SMALL_UPSTREAM_FRAME: usize = 16 << 10;
+    /// Partial-frame bytes a few partial floods cross.
+    pub const SMALL_BUFFERED: u64 = 48 << 10;
 }
 
 impl Swarm {
@@ -303,6 +309,11 @@ impl Swarm {
             let rates = FaultKind::UpstreamOversize.rates();
             swarm.faults.insert(FaultKind::UpstreamOversize, rates[rng.gen_range(0..rates.len())]);
             swarm.bounds.max_upstream_frame = Bounds::SMALL_UPSTREAM_FRAME;
+        }
+        if !broker && rng.gen_bool(0.15) {
+            let rates = FaultKind::PartialFlood.rates();
+            swarm.faults.insert(FaultKind::PartialFlood, rates[rng.gen_range(0..rates.len())]);
+            swarm.bounds.max_buffered_bytes = Bounds::SMALL_BUFFERED;
         }
         swarm
     }

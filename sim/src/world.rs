@@ -651,7 +651,7 @@ impl World {
                 self.actions.push(Action::Issue(i));
             }
             if !wants
-                && !c.stream_ended
+                && (!c.stream_ended || c.floods.partial.is_some())
                 && c.out.is_empty()
                 && c.outstanding.is_empty()
                 && c.null_expected == 0
@@ -1532,7 +1532,9 @@ impl World {
         let c = &mut self.clients[i];
         let id = match v.get("id") {
             Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) if self.buffered_closure(i, &v)? => return Ok(()),
             None | Some(Value::Null) => {
+                let c = &mut self.clients[i];
                 if c.null_expected == 0 {
                     return Err(violation("one_response_per_request", format!("unexpected response {v}")));
                 }

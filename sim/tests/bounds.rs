@@ -70,6 +70,11 @@ fn free_virtual_names_are_found_through_a_nested_level() {
 }
 
 #[test]
+fn partial_frames_without_a_total_bound_are_found() {
+    check(PlantedBug::NoBufferedBound, FaultKind::PartialFlood, Scenario::Default, "bounded_buffer");
+}
+
+#[test]
 fn an_upstream_link_cut_by_one_big_answer_is_found() {
     check(
         PlantedBug::UpstreamOversizeCutsLink,

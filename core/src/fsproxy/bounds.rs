@@ -158,7 +158,8 @@ impl FsProxy {
     pub(super) fn check_buffered(&mut self, client: ClientId) {
         let max = self.config.max_buffered_bytes;
         let held = self.clients.get(&client).map_or(0, |c| c.decoder.buffered());
-        if held == 0 || self.buffered_total <= max {
+        let planted = self.config.planted_bug == Some(PlantedBug::NoBufferedBound);
+        if held == 0 || self.buffered_total <= max || planted {
             return;
         }
         self.stats.bounds_refused += 1;

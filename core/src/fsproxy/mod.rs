@@ -138,6 +138,8 @@ pub enum PlantedBug {
     VirtualNamesFree,
     /// An oversized frame from upstream ends the link (as a child's does).
     UpstreamOversizeCutsLink,
+    /// Partial frames are bounded per connection only, not in total.
+    NoBufferedBound,
 }
 
 impl Config {

@@ -83,7 +83,8 @@ impl World {
                 }
                 session_queued += queued;
                 // A partial frame: bytes delivered past the last whole one.
-                let partial = c.out.partial();
+                let partial =
+                    c.floods.partial.map_or_else(|| c.out.partial(), |start| taken.saturating_sub(start));
                 if partial > max_frame + HEADER_LEN as u64 {
                     return Err(at(
                         violation("bounded_buffer", format!("{partial} bytes of one partial frame held")),
@@ -181,6 +182,30 @@ impl World {
             ));
         }
         Ok(())
+    }
+
+    /// The machine may end a connection holding a partial frame (one
+    /// error, id null) only when the partial frames of all connections
+    /// cross `max_buffered_bytes`, by the world's own count.
+    pub(super) fn buffered_closure(&self, i: usize, v: &Value) -> Result<bool, super::Violation> {
+        let message = v.get("error").and_then(|e| e.get("message")).and_then(Value::as_str).unwrap_or("");
+        if !message.contains("--max-buffered-bytes") {
+            return Ok(false);
+        }
+        let level = self.clients[i].level;
+        let total: u64 = self
+            .clients
+            .iter()
+            .filter(|c| c.level == level && !c.gone)
+            .map(|c| c.floods.partial.map_or_else(|| c.out.partial(), |s| c.out.taken.saturating_sub(s)))
+            .sum();
+        if total <= self.swarm.bounds.max_buffered_bytes {
+            return Err(violation(
+                "bounded_buffer",
+                format!("a connection was ended for partial frames of {total} bytes in all: {v}"),
+            ));
+        }
+        Ok(true)
     }
 
     /// Item 11: while the top still serves the intermediate, the

@@ -27,6 +27,8 @@ pub(super) struct ClientFloods {
     pub frames: BTreeMap<String, (u64, usize)>,
     /// Ids of the responses this client sent as frames: none may be answered.
     pub echoes: BTreeSet<String>,
+    /// Where the partial frame of a partial flood starts in the stream.
+    pub partial: Option<u64>,
     next: u64,
 }
 
@@ -54,6 +56,7 @@ impl World {
     pub(super) fn issue_flood(&mut self, i: usize) -> bool {
         let on: Vec<(FaultKind, u32)> = crate::swarm::FLOODS
             .iter()
+            .chain(&[FaultKind::PartialFlood])
             .filter_map(|k| Some((*k, self.swarm.rate(*k))).filter(|(_, r)| *r > 0))
             .collect();
         if on.is_empty() {
@@ -68,6 +71,7 @@ impl World {
                 FaultKind::HugeNames => self.huge_names(i),
                 FaultKind::SelfLoop => self.self_loop(i),
                 FaultKind::AttachFlood => self.attach_flood(i),
+                FaultKind::PartialFlood => self.partial_flood(i),
                 _ => false,
             };
             if sent {
@@ -143,6 +147,21 @@ impl World {
             c.out.push(frame(&payload));
             c.floods.echoes.insert(id);
         }
+        true
+    }
+
+    /// Most of a big frame, and never the rest: the client sends nothing
+    /// more and, its other requests answered, leaves mid-frame.
+    fn partial_flood(&mut self, i: usize) -> bool {
+        let max = self.swarm.max_frame.min(40 << 10);
+        let c = &mut self.clients[i];
+        let len = c.rng.gen_range(max / 2..=max);
+        let sent = c.rng.gen_range(len / 2..len);
+        let mut bytes = (len as u32).to_be_bytes().to_vec();
+        bytes.extend(std::iter::repeat_n(b' ', sent));
+        c.floods.partial = Some(c.out.pushed);
+        c.out.push(bytes);
+        c.stream_ended = true;
         true
     }
 
