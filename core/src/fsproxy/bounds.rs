@@ -175,7 +175,8 @@ impl FsProxy {
     /// unless holding it would eat into the descriptor reserve.
     pub(super) fn on_descriptor(&mut self, client: ClientId) {
         let full = self.connections_full();
-        let Some(c) = self.clients.get_mut(&client) else { return };
+        // A departed client's descriptors are the shell's to close.
+        let Some(c) = self.clients.get_mut(&client).filter(|c| c.alive) else { return };
         if full {
             self.outputs.push_back(Output::DropDescriptor { client, newest: true });
         }
