@@ -158,7 +158,7 @@ impl World {
         let len = c.rng.gen_range(max / 2..=max);
         let sent = c.rng.gen_range(len / 2..len);
         let mut bytes = (len as u32).to_be_bytes().to_vec();
-        bytes.extend(std::iter::repeat_n(b' ', sent));
+        bytes.resize(bytes.len() + sent, b' ');
         c.floods.partial = Some(c.out.pushed);
         c.out.push(bytes);
         c.stream_ended = true;
