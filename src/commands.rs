@@ -14,8 +14,10 @@ use crate::telemetry::TelemetryWriter;
 use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
 use airlock_core::fsproxy::wire::{Mode, DEFAULT_MAX_READ};
 use airlock_core::fsproxy::{
-    Config, FsProxy, StdioRole, DEFAULT_MAX_OPEN_HANDLES, DEFAULT_MAX_QUEUED_REQUESTS,
-    DEFAULT_MAX_VIRTUAL_BYTES,
+    Config, FsProxy, StdioRole, DEFAULT_DESCRIPTOR_RESERVE, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CLIENTS,
+    DEFAULT_MAX_OPEN_HANDLES, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_REQUESTS,
+    DEFAULT_MAX_SESSION_QUEUED_BYTES, DEFAULT_MAX_UPSTREAM_FRAME, DEFAULT_MAX_VIRTUAL_BYTES,
+    DEFAULT_MAX_VIRTUAL_FILES,
 };
 use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
@@ -58,9 +60,44 @@ pub struct ServeArgs {
     /// Requests a client may have waiting behind the one being served.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_QUEUED_REQUESTS)]
     pub max_queued_requests: usize,
-    /// Bytes the session's virtual files may hold in all.
+    /// Bytes the session's virtual files may hold in all, names included.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_VIRTUAL_BYTES)]
     pub max_virtual_bytes: u64,
+    /// Virtual files the session may hold.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_VIRTUAL_FILES)]
+    pub max_virtual_files: usize,
+    /// Bytes of requests a client may have waiting.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_QUEUED_BYTES)]
+    pub max_queued_bytes: u64,
+    /// Bytes of requests all clients together may have waiting.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_SESSION_QUEUED_BYTES)]
+    pub max_session_queued_bytes: u64,
+    /// Clients served at once: the child and every connection attached.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CLIENTS)]
+    pub max_clients: usize,
+    /// Bytes of partial frames all connections together may hold.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BUFFERED_BYTES)]
+    pub max_buffered_bytes: u64,
+    /// Largest frame accepted from an upstream airlock (larger ones fail
+    /// the one request they answer).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_UPSTREAM_FRAME)]
+    pub max_upstream_frame: usize,
+    /// Descriptors the session may hold; default: the soft RLIMIT_NOFILE
+    /// less those airlock already uses at start.
+    #[arg(long, value_name = "N")]
+    pub max_descriptors: Option<usize>,
+    /// Of those, descriptors connections must leave free for files and
+    /// provider calls.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DESCRIPTOR_RESERVE)]
+    pub descriptor_reserve: usize,
+}
+
+/// Descriptors this process may still open: the soft `RLIMIT_NOFILE` less
+/// those open now (stdio, the runtime's, inherited ones).
+fn descriptors_available() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1 << 20);
+    let open = std::fs::read_dir("/proc/self/fd").map_or(16, Iterator::count);
+    usize::try_from(limit).unwrap_or(usize::MAX).saturating_sub(open)
 }
 
 impl ServeArgs {
@@ -82,6 +119,14 @@ impl ServeArgs {
         config.max_open_handles = self.max_open_handles;
         config.max_queued_requests = self.max_queued_requests;
         config.max_virtual_bytes = self.max_virtual_bytes;
+        config.max_virtual_files = self.max_virtual_files;
+        config.max_queued_bytes = self.max_queued_bytes;
+        config.max_session_queued_bytes = self.max_session_queued_bytes;
+        config.max_clients = self.max_clients;
+        config.max_buffered_bytes = self.max_buffered_bytes;
+        config.max_upstream_frame = self.max_upstream_frame;
+        config.max_descriptors = self.max_descriptors.unwrap_or_else(descriptors_available);
+        config.descriptor_reserve = self.descriptor_reserve;
         Ok(config)
     }
 }
@@ -307,6 +352,11 @@ pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
         let (mut session, _, report) = args.session(secrets, StdioRole::Reject, None, "serve")?;
         let stream = child::adopt_socket(fd)?;
         session.add_unix_client(CHILD, stream);
+        // The client hitting EOF ends the session, as `run`'s child exiting
+        // does: connections it attached go with it, even ones only airlock
+        // itself still holds open (both ends of one socketpair).
+        session.run_until(|s| !s.serves(CHILD)).await;
+        session.depart_all();
         session.run_until(Session::all_finished).await;
         args.close(session, report, None, None).await?;
         Ok(0)

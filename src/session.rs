@@ -42,7 +42,8 @@ pub trait Observer: Send {
     }
 }
 
-/// A passed descriptor as a stream, if it is a socket.
+/// A passed descriptor as a stream, if it is a stream socket: a datagram
+/// socket would never hit EOF, so it would be held for good.
 fn attach_stream(fd: OwnedFd) -> std::io::Result<UnixStream> {
     let stat = rustix::fs::fstat(&fd)?;
     if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Socket {
@@ -51,9 +52,20 @@ fn attach_stream(fd: OwnedFd) -> std::io::Result<UnixStream> {
             "passed descriptor is not a socket",
         ));
     }
+    let kind = rustix::net::sockopt::socket_type(&fd)?;
+    if kind != rustix::net::SocketType::STREAM {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("passed socket is not a stream socket ({kind:?})"),
+        ));
+    }
     let std = std::os::unix::net::UnixStream::from(fd);
     std.set_nonblocking(true)?;
     UnixStream::from_std(std)
+}
+
+fn is_stream_socket(fd: &OwnedFd) -> bool {
+    rustix::net::sockopt::socket_type(fd).is_ok_and(|t| t == rustix::net::SocketType::STREAM)
 }
 
 async fn write_flush(mut w: impl AsyncWrite + Unpin, data: &[u8]) -> std::io::Result<()> {
@@ -306,6 +318,11 @@ impl Session {
         self.feed(Input::Connected { client });
     }
 
+    /// Whether `client`'s connection is still served.
+    pub fn serves(&self, client: ClientId) -> bool {
+        self.conns.contains_key(&client)
+    }
+
     /// Clients being served.
     pub fn clients(&self) -> impl Iterator<Item = ClientId> + '_ {
         self.conns.keys().copied()
@@ -357,6 +374,13 @@ impl Session {
             let Some(ev) = ev else { break };
             let input = match ev {
                 Event::Passed(client, fd) => {
+                    // Only a stream socket can be a connection: anything
+                    // else (a datagram socket never hits EOF) is closed on
+                    // arrival, so the attach meant for it finds none.
+                    if !is_stream_socket(&fd) {
+                        tracing::debug!(%client, "passed descriptor is not a stream socket; closed");
+                        continue;
+                    }
                     let queue = self.passed.entry(client).or_default();
                     if !self.conns.contains_key(&client) || queue.len() >= MAX_PASSED_DESCRIPTORS {
                         continue;
@@ -503,6 +527,13 @@ impl Session {
                     drop(conn.tx);
                 }
                 self.passed.remove(&client);
+                None
+            }
+            Output::DropDescriptor { client, newest } => {
+                if let Some(q) = self.passed.get_mut(&client) {
+                    let fd = if newest { q.pop_back() } else { q.pop_front() };
+                    tracing::debug!(%client, dropped = fd.is_some(), "passed descriptor refused");
+                }
                 None
             }
             Output::Attach { from, client } => {

@@ -27,6 +27,8 @@ fn every_checked_in_trace_replays_and_its_world_still_passes() {
     traces_under(&root, &mut paths);
     let sessions = paths.iter().filter(|p| p.starts_with(root.join("sessions"))).count();
     let sims = paths.iter().filter(|p| p.starts_with(root.join("sim"))).count();
+    let planted = paths.iter().filter(|p| p.starts_with(root.join("planted"))).count();
+    assert!(planted >= 4, "expected the planted bugs' traces under {}", root.join("planted").display());
     assert!(
         sessions >= 3 && sims >= 2,
         "expected recorded sessions and simulator traces under {}",

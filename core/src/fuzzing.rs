@@ -313,6 +313,9 @@ impl Shell {
                     assert!(!self.departed.contains(&from), "attach from {from}, which has left");
                     self.events.push(Event::Attached(from, client));
                 }
+                Output::DropDescriptor { client, .. } => {
+                    assert!(!self.departed.contains(&client), "descriptor of {client} dropped after it left");
+                }
                 Output::Effect { id, effect } => self.effects.push((id, effect)),
                 Output::SendUpstream { data } => self.events.push(Event::Upstream(data)),
                 Output::StartProvider { call, request, deadline } => {

@@ -55,7 +55,27 @@ pub enum FaultKind {
     ProviderLeak,
     /// The provider's reply is thousands of small JSON values.
     ProviderHuge,
+    /// A client queues a burst of big frames behind a request that waits
+    /// (queued bytes per client and per session).
+    QueuedFlood,
+    /// A client creates virtual files with huge names.
+    HugeNames,
+    /// A client sends responses back as frames, as a socketpair looped
+    /// onto itself would.
+    SelfLoop,
+    /// A client passes a burst of descriptors and attaches them all.
+    AttachFlood,
+    /// The top sends the intermediate a frame above its upstream limit
+    /// (nested worlds only).
+    UpstreamOversize,
+    /// A client sends most of a big frame and never the rest.
+    PartialFlood,
 }
+
+/// The adversary's floods (`world::floods`), drawn after `Attach` so the
+/// swarms of seeds that draw none of them are what they were before.
+pub const FLOODS: [FaultKind; 4] =
+    [FaultKind::QueuedFlood, FaultKind::HugeNames, FaultKind::SelfLoop, FaultKind::AttachFlood];
 
 impl FaultKind {
     pub const ALL: [FaultKind; 18] = [
@@ -114,6 +134,12 @@ impl FaultKind {
             FaultKind::QueueFlood => "queue_flood",
             FaultKind::ProviderLeak => "provider_leak",
             FaultKind::ProviderHuge => "provider_huge",
+            FaultKind::QueuedFlood => "queued_flood",
+            FaultKind::HugeNames => "huge_names",
+            FaultKind::SelfLoop => "self_loop",
+            FaultKind::AttachFlood => "attach_flood",
+            FaultKind::UpstreamOversize => "upstream_oversize",
+            FaultKind::PartialFlood => "partial_flood",
         }
     }
 
@@ -136,6 +162,10 @@ impl FaultKind {
             FaultKind::QueueFlood => &[1_000, 5_000],
             FaultKind::ProviderLeak => &[100_000, 400_000],
             FaultKind::ProviderHuge => &[20_000, 100_000],
+            FaultKind::QueuedFlood | FaultKind::HugeNames | FaultKind::AttachFlood => &[2_000, 10_000],
+            FaultKind::SelfLoop => &[5_000, 30_000],
+            FaultKind::UpstreamOversize => &[1_000, 5_000],
+            FaultKind::PartialFlood => &[2_000, 10_000],
         }
     }
 }
@@ -167,6 +197,70 @@ pub struct Swarm {
     pub max_steps: usize,
     /// Faults switched on, with their rates in ppm.
     pub faults: BTreeMap<FaultKind, u32>,
+    /// The resource bounds the machines run with (small ones when floods
+    /// are on, so the floods reach them).
+    #[serde(default)]
+    pub bounds: Bounds,
+}
+
+/// Limits of `fsproxy::Config` that the adversary's floods press on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounds {
+    pub max_queued_bytes: u64,
+    pub max_session_queued_bytes: u64,
+    pub max_clients: usize,
+    pub max_buffered_bytes: u64,
+    pub max_virtual_bytes: u64,
+    pub max_virtual_files: usize,
+    #[serde(default = "default_max_upstream_frame")]
+    pub max_upstream_frame: usize,
+    #[serde(default = "default_max_descriptors")]
+    pub max_descriptors: usize,
+}
+
+fn default_max_descriptors() -> usize {
+    airlock_core::fsproxy::DEFAULT_MAX_DESCRIPTORS
+}
+
+fn default_max_upstream_frame() -> usize {
+    airlock_core::fsproxy::DEFAULT_MAX_UPSTREAM_FRAME
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        use airlock_core::fsproxy as f;
+        Bounds {
+            max_queued_bytes: f::DEFAULT_MAX_QUEUED_BYTES,
+            max_session_queued_bytes: f::DEFAULT_MAX_SESSION_QUEUED_BYTES,
+            max_clients: f::DEFAULT_MAX_CLIENTS,
+            max_buffered_bytes: f::DEFAULT_MAX_BUFFERED_BYTES,
+            max_virtual_bytes: f::DEFAULT_MAX_VIRTUAL_BYTES,
+            max_virtual_files: f::DEFAULT_MAX_VIRTUAL_FILES,
+            max_upstream_frame: f::DEFAULT_MAX_UPSTREAM_FRAME,
+            max_descriptors: f::DEFAULT_MAX_DESCRIPTORS,
+        }
+    }
+}
+
+impl Bounds {
+    /// Small enough for a flood of a few dozen frames to reach.
+    pub const SMALL: Bounds = Bounds {
+        max_queued_bytes: 24 << 10,
+        max_session_queued_bytes: 40 << 10,
+        max_clients: 4,
+        max_buffered_bytes: 48 << 10,
+        max_virtual_bytes: 48 << 10,
+        max_virtual_files: 24,
+        max_upstream_frame: airlock_core::fsproxy::DEFAULT_MAX_UPSTREAM_FRAME,
+        // With the default reserve of 64 kept from connections.
+        max_descriptors: 64 + 12,
+    };
+
+    /// An upstream limit above any answer a nested world's top sends (a
+    /// read's 4096 bytes in base64), so only the injected frames cross it.
+    pub const SMALL_UPSTREAM_FRAME: usize = 16 << 10;
+    /// Partial-frame bytes a few partial floods cross.
+    pub const SMALL_BUFFERED: u64 = 48 << 10;
 }
 
 impl Swarm {
@@ -207,6 +301,7 @@ impl Swarm {
             max_open_handles: small(&mut rng, airlock_core::fsproxy::DEFAULT_MAX_OPEN_HANDLES, 6),
             max_steps: 200_000,
             faults,
+            bounds: Bounds::default(),
         };
         // Drawn last (and not in `ALL`), so every knob above is what it was
         // before attach was modelled, and so are the worlds of seeds that
@@ -214,6 +309,29 @@ impl Swarm {
         if !broker && rng.gen_bool(0.5) {
             let rates = FaultKind::Attach.rates();
             swarm.faults.insert(FaultKind::Attach, rates[rng.gen_range(0..rates.len())]);
+        }
+        // The floods, last of all: a quarter of the seeds of every scenario
+        // but the broker's get some, most of them with small bounds.
+        if !broker && rng.gen_bool(0.25) {
+            for kind in FLOODS {
+                if rng.gen_bool(0.5) {
+                    let rates = kind.rates();
+                    swarm.faults.insert(kind, rates[rng.gen_range(0..rates.len())]);
+                }
+            }
+            if rng.gen_bool(0.7) {
+                swarm.bounds = Bounds::SMALL;
+            }
+        }
+        if nested && rng.gen_bool(0.3) {
+            let rates = FaultKind::UpstreamOversize.rates();
+            swarm.faults.insert(FaultKind::UpstreamOversize, rates[rng.gen_range(0..rates.len())]);
+            swarm.bounds.max_upstream_frame = Bounds::SMALL_UPSTREAM_FRAME;
+        }
+        if !broker && rng.gen_bool(0.15) {
+            let rates = FaultKind::PartialFlood.rates();
+            swarm.faults.insert(FaultKind::PartialFlood, rates[rng.gen_range(0..rates.len())]);
+            swarm.bounds.max_buffered_bytes = Bounds::SMALL_BUFFERED;
         }
         swarm
     }
@@ -227,7 +345,7 @@ impl Swarm {
         let faults: Vec<String> = self.faults.iter().map(|(k, r)| format!("{k}={r}")).collect();
         format!(
             "clients={} top_clients={} ops={} pipeline={} invalid={}ppm max_frame={} max_queued={} \
-             max_open={} max_steps={} faults[{}]",
+             max_open={} max_steps={} faults[{}]{}",
             self.clients,
             self.top_clients,
             self.ops_per_client,
@@ -237,7 +355,8 @@ impl Swarm {
             self.max_queued_requests,
             self.max_open_handles,
             self.max_steps,
-            faults.join(" ")
+            faults.join(" "),
+            if self.bounds == Bounds::default() { "" } else { " small_bounds" }
         )
     }
 }

@@ -4,7 +4,9 @@
 //! Everything here is driven by seeded RNGs and iterates ordered maps only,
 //! so a (seed, swarm) pair always yields the same run, step for step.
 
+mod bounds;
 mod broker;
+mod floods;
 
 use crate::fs::HostFs;
 use crate::swarm::{FaultKind, Swarm, PPM};
@@ -80,6 +82,8 @@ struct Pipe {
     /// Bytes ever pushed and taken: where in the stream each frame ends.
     pushed: u64,
     taken: u64,
+    /// Where the last piece wholly taken ends in the stream.
+    whole: u64,
 }
 
 impl Pipe {
@@ -112,14 +116,21 @@ impl Pipe {
             if self.off == front.len() {
                 self.frames.pop_front();
                 self.off = 0;
+                self.whole = self.taken;
             }
         }
         out
     }
 
+    /// Bytes taken past the end of the last piece wholly taken: what a
+    /// reader holds of a frame not yet complete.
+    fn partial(&self) -> u64 {
+        self.taken - self.whole
+    }
+
     fn clear(&mut self) {
         let pushed = self.pushed;
-        *self = Pipe { pushed, taken: pushed, ..Pipe::default() };
+        *self = Pipe { pushed, taken: pushed, whole: pushed, ..Pipe::default() };
     }
 }
 
@@ -321,6 +332,7 @@ struct Client {
     stray_fd: bool,
     /// An attached client's first frame must answer this attach.
     attach_wait: Option<String>,
+    floods: floods::ClientFloods,
 }
 
 impl Client {
@@ -354,6 +366,7 @@ impl Client {
             fds_unclaimed: 0,
             stray_fd: false,
             attach_wait: None,
+            floods: floods::ClientFloods::default(),
         }
     }
 }
@@ -448,6 +461,7 @@ pub struct World {
     finished: bool,
     /// The broker scenario's provider and checkers.
     broker: Option<BrokerSim>,
+    floods: floods::WorldFloods,
 }
 
 impl World {
@@ -469,6 +483,14 @@ impl World {
             c.max_frame = swarm.max_frame;
             c.max_queued_requests = swarm.max_queued_requests;
             c.max_open_handles = swarm.max_open_handles;
+            c.max_queued_bytes = swarm.bounds.max_queued_bytes;
+            c.max_session_queued_bytes = swarm.bounds.max_session_queued_bytes;
+            c.max_clients = swarm.bounds.max_clients;
+            c.max_buffered_bytes = swarm.bounds.max_buffered_bytes;
+            c.max_virtual_bytes = swarm.bounds.max_virtual_bytes;
+            c.max_virtual_files = swarm.bounds.max_virtual_files;
+            c.max_upstream_frame = swarm.bounds.max_upstream_frame;
+            c.max_descriptors = swarm.bounds.max_descriptors;
             c.planted_bug = bug;
             c.broker = broker_setup.clone();
             c
@@ -552,6 +574,7 @@ impl World {
             fixture,
             finished: false,
             broker: broker_setup.as_ref().map(|s| BrokerSim::new(s, bug)),
+            floods: floods::WorldFloods::default(),
         };
         if w.broker.is_some() {
             w.levels[0].m.set_redactor(broker::world_redactor(bug));
@@ -631,7 +654,7 @@ impl World {
                 self.actions.push(Action::Issue(i));
             }
             if !wants
-                && !c.stream_ended
+                && (!c.stream_ended || c.floods.partial.is_some())
                 && c.out.is_empty()
                 && c.outstanding.is_empty()
                 && c.null_expected == 0
@@ -972,6 +995,7 @@ impl World {
                     // A dead intermediate reads nothing more.
                     if let Some(link) = self.link.as_mut().filter(|_| self.levels[1].alive) {
                         link.down.push(data);
+                        self.maybe_oversize_upstream();
                     }
                     return Ok(());
                 }
@@ -987,6 +1011,7 @@ impl World {
             Output::Attach { from, client } => {
                 self.on_attach(level, from, client).map_err(|v| at(v, level, from))
             }
+            Output::DropDescriptor { client, .. } => self.on_drop_descriptor(level, client),
             Output::Close { client } => {
                 if !self.closed_by_machine.insert((level, client)) {
                     return Err(at(violation("close_once", "closed twice".into()), level, client));
@@ -1179,6 +1204,7 @@ impl World {
     /// routed.
     fn check(&mut self) -> Check {
         self.broker_check()?;
+        self.check_bounds()?;
         if !self.quiescent() {
             return Ok(());
         }
@@ -1423,9 +1449,12 @@ impl World {
             self.broker_issue(i);
             return;
         }
+        if self.issue_flood(i) {
+            return;
+        }
         // Drawn only when attach is on, so worlds without it draw as before.
         let attach = self.swarm.rate(FaultKind::Attach);
-        if attach > 0 && c.rng.gen_range(0..PPM) < attach && self.issue_attach(i) {
+        if attach > 0 && self.clients[i].rng.gen_range(0..PPM) < attach && self.issue_attach(i) {
             return;
         }
         let c = &mut self.clients[i];
@@ -1506,11 +1535,15 @@ impl World {
         if !ok && !CODES.contains(&code) {
             return Err(violation("response_shape", format!("unknown error code in {v}")));
         }
+        self.check_not_answering_echo(i, &v)?;
+        self.check_link_kept(i, &v)?;
         let level = self.clients[i].level;
         let c = &mut self.clients[i];
         let id = match v.get("id") {
             Some(Value::String(s)) => s.clone(),
+            None | Some(Value::Null) if self.buffered_closure(i, &v)? => return Ok(()),
             None | Some(Value::Null) => {
+                let c = &mut self.clients[i];
                 if c.null_expected == 0 {
                     return Err(violation("one_response_per_request", format!("unexpected response {v}")));
                 }
@@ -1750,6 +1783,7 @@ fn req(id: &str, op: &str, params: Value) -> Vec<u8> {
 
 fn send(c: &mut Client, id: String, payload: Vec<u8>, kind: Kind, must_fail: Option<&'static str>) {
     c.out.push(frame(&payload));
+    floods::note_frame(c, &id, payload.len());
     if matches!(kind, Kind::Open { .. }) {
         c.pending_opens += 1;
     }

@@ -18,13 +18,29 @@ pub const HEADER_LEN: usize = 4;
 pub enum FrameError {
     /// The length prefix announced more than the configured maximum.
     Oversized { len: u64, max: usize },
+    /// A skipping decoder ([`FrameDecoder::skipping`]) passed over a frame
+    /// of `len` bytes, above its maximum; `head` is its first bytes (at
+    /// most [`SKIP_HEAD`]), enough to read whose answer it was. The stream
+    /// keeps its framing: decoding goes on after it.
+    Skipped { len: u64, max: usize, head: Vec<u8> },
 }
+
+/// Bytes of a skipped frame kept for its reader.
+pub const SKIP_HEAD: usize = 256;
+
+/// A decoder whose buffer grew past this for one large frame gives the
+/// memory back once the frame is out, so an idle connection that once sent
+/// a big frame holds next to nothing.
+const KEEP_CAPACITY: usize = 64 * 1024;
 
 impl fmt::Display for FrameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FrameError::Oversized { len, max } => {
                 write!(f, "frame length {len} exceeds the maximum of {max} bytes")
+            }
+            FrameError::Skipped { len, max, .. } => {
+                write!(f, "frame of {len} bytes exceeds the maximum of {max} bytes and was skipped")
             }
         }
     }
@@ -39,11 +55,24 @@ pub struct FrameDecoder {
     start: usize,
     max: usize,
     failed: Option<FrameError>,
+    /// Skip oversized frames instead of failing (see [`FrameDecoder::skipping`]).
+    skips: bool,
+    /// Bytes of a skipped frame still to discard.
+    skip_left: u64,
 }
 
 impl FrameDecoder {
     pub fn new(max: usize) -> Self {
-        FrameDecoder { buf: Vec::new(), start: 0, max, failed: None }
+        FrameDecoder { buf: Vec::new(), start: 0, max, failed: None, skips: false, skip_left: 0 }
+    }
+
+    /// A decoder that passes over a frame above `max` without buffering it
+    /// (reporting it once as [`FrameError::Skipped`]) and goes on with the
+    /// next: for a stream whose sender is trusted to keep its framing (a
+    /// nested airlock's upstream), where one oversized message must not
+    /// cost the whole link.
+    pub fn skipping(max: usize) -> Self {
+        FrameDecoder { skips: true, ..FrameDecoder::new(max) }
     }
 
     /// Append received bytes. Call [`FrameDecoder::next_frame`] until it
@@ -52,6 +81,12 @@ impl FrameDecoder {
     pub fn push(&mut self, bytes: &[u8]) {
         if self.failed.is_some() {
             return;
+        }
+        let mut bytes = bytes;
+        if self.skip_left > 0 {
+            let n = usize::try_from(self.skip_left).unwrap_or(usize::MAX).min(bytes.len());
+            self.skip_left -= n as u64;
+            bytes = &bytes[n..];
         }
         if self.start > 0 && self.start >= self.buf.len() / 2 {
             self.buf.drain(..self.start);
@@ -71,6 +106,19 @@ impl FrameDecoder {
             return Ok(None);
         };
         let len = u32::from_be_bytes(*header);
+        if u64::from(len) > self.max as u64 && self.skips {
+            let total = HEADER_LEN + len as usize;
+            let keep = SKIP_HEAD.min(len as usize);
+            if avail.len() < (HEADER_LEN + keep) {
+                return Ok(None);
+            }
+            let head = avail[HEADER_LEN..HEADER_LEN + keep].to_vec();
+            let here = avail.len().min(total);
+            self.skip_left = (total - here) as u64;
+            self.start += here;
+            self.release();
+            return Err(FrameError::Skipped { len: u64::from(len), max: self.max, head });
+        }
         if u64::from(len) > self.max as u64 {
             let err = FrameError::Oversized { len: u64::from(len), max: self.max };
             self.failed = Some(err.clone());
@@ -84,11 +132,26 @@ impl FrameDecoder {
         }
         let payload = avail[HEADER_LEN..HEADER_LEN + len].to_vec();
         self.start += HEADER_LEN + len;
+        self.release();
+        Ok(Some(payload))
+    }
+
+    /// Drop consumed bytes once nothing is left after them, and give back
+    /// a large buffer's memory.
+    fn release(&mut self) {
         if self.start == self.buf.len() {
-            self.buf.clear();
+            if self.buf.capacity() > KEEP_CAPACITY {
+                self.buf = Vec::new();
+            } else {
+                self.buf.clear();
+            }
             self.start = 0;
         }
-        Ok(Some(payload))
+    }
+
+    /// Bytes of memory the decoder holds (its buffer's capacity).
+    pub fn held(&self) -> usize {
+        self.buf.capacity()
     }
 
     /// Whether a partial frame is buffered (EOF now would cut a frame).

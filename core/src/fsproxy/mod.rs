@@ -25,17 +25,23 @@
 //! `StartProvider`/`CancelProvider`/`Telemetry` come out, `ProviderDone`
 //! and `Tick` go in, and `poll_timeout` is the broker's.
 
+pub mod bounds;
 mod virtual_fs;
 pub mod wire;
 
-pub use virtual_fs::{VirtualFs, DEFAULT_MAX_VIRTUAL_BYTES};
+pub use bounds::{
+    Usage, DEFAULT_DESCRIPTOR_RESERVE, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CLIENTS,
+    DEFAULT_MAX_DESCRIPTORS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SESSION_QUEUED_BYTES,
+    DEFAULT_MAX_UPSTREAM_FRAME,
+};
+pub use virtual_fs::{VirtualFs, DEFAULT_MAX_VIRTUAL_BYTES, DEFAULT_MAX_VIRTUAL_FILES};
 
 use crate::b64;
 use crate::broker::{
     self, Broker, BrokerInput, BrokerOutput, BrokerSetup, CallId, ProviderRequest, ProviderResult,
     TelemetryRecord,
 };
-use crate::codec::frame::{self, FrameDecoder, DEFAULT_MAX_FRAME};
+use crate::codec::frame::{self, FrameDecoder, FrameError, DEFAULT_MAX_FRAME};
 use crate::handles::{ClientId, Handle, HandleTable, Missing};
 use crate::policy::{Denied, Policy, Resolved, RootId};
 use crate::time::Instant;
@@ -73,6 +79,32 @@ pub struct Config {
     pub max_open_handles: usize,
     pub max_queued_requests: usize,
     pub max_virtual_bytes: u64,
+    /// Virtual files the namespace may hold.
+    #[serde(default = "bounds::default_max_virtual_files")]
+    pub max_virtual_files: usize,
+    /// Bytes of requests one client may have queued.
+    #[serde(default = "bounds::default_max_queued_bytes")]
+    pub max_queued_bytes: u64,
+    /// Bytes of requests all clients together may have queued.
+    #[serde(default = "bounds::default_max_session_queued_bytes")]
+    pub max_session_queued_bytes: u64,
+    /// Clients served at once, attached ones included.
+    #[serde(default = "bounds::default_max_clients")]
+    pub max_clients: usize,
+    /// Bytes of partial frames all connections together may hold.
+    #[serde(default = "bounds::default_max_buffered_bytes")]
+    pub max_buffered_bytes: u64,
+    /// Largest frame accepted from upstream; larger ones are skipped.
+    #[serde(default = "bounds::default_max_upstream_frame")]
+    pub max_upstream_frame: usize,
+    /// Descriptors the session may hold (the shell derives it from
+    /// `RLIMIT_NOFILE`).
+    #[serde(default = "bounds::default_max_descriptors")]
+    pub max_descriptors: usize,
+    /// Of `max_descriptors`, those connections must leave free for host
+    /// files and provider calls.
+    #[serde(default = "bounds::default_descriptor_reserve")]
+    pub descriptor_reserve: usize,
     /// The session's LLM broker, serving `LLMCMD`, `QUOTA` and `CANCEL`.
     /// `None`: those ops answer `E_UNSUPPORTED` (or are forwarded, when
     /// `upstream` is set). Ignored when `upstream` is set: serialization
@@ -103,6 +135,18 @@ pub enum PlantedBug {
     BrokerScrubBeforeDecodeOnly,
     /// `enforce_budget` is ignored.
     BrokerIgnoresEnforceBudget,
+    /// Queued requests are bounded by count only, not by bytes.
+    NoQueuedByteBound,
+    /// Attaches are not capped by `max_clients`.
+    NoClientCap,
+    /// A frame that is a response is answered like a request.
+    AnswerResponses,
+    /// Virtual names cost nothing against `max_virtual_bytes`.
+    VirtualNamesFree,
+    /// An oversized frame from upstream ends the link (as a child's does).
+    UpstreamOversizeCutsLink,
+    /// Partial frames are bounded per connection only, not in total.
+    NoBufferedBound,
 }
 
 impl PlantedBug {
@@ -124,6 +168,14 @@ impl Config {
             max_open_handles: DEFAULT_MAX_OPEN_HANDLES,
             max_queued_requests: DEFAULT_MAX_QUEUED_REQUESTS,
             max_virtual_bytes: DEFAULT_MAX_VIRTUAL_BYTES,
+            max_virtual_files: DEFAULT_MAX_VIRTUAL_FILES,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
+            max_session_queued_bytes: DEFAULT_MAX_SESSION_QUEUED_BYTES,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
+            max_upstream_frame: DEFAULT_MAX_UPSTREAM_FRAME,
+            max_descriptors: DEFAULT_MAX_DESCRIPTORS,
+            descriptor_reserve: DEFAULT_DESCRIPTOR_RESERVE,
             broker: None,
             planted_bug: None,
         }
@@ -210,6 +262,13 @@ pub enum Output {
     Attach {
         from: ClientId,
         client: ClientId,
+    },
+    /// Close a descriptor `client` passed: the oldest (an attach that
+    /// would have claimed it was refused by a limit), or the newest, just
+    /// handed in (holding it would eat into the descriptor reserve).
+    DropDescriptor {
+        client: ClientId,
+        newest: bool,
     },
     Effect {
         id: EffectId,
@@ -315,12 +374,25 @@ pub struct Stats {
     pub truncated_frames: u64,
     /// Upstream responses that could not be matched or decoded.
     pub upstream_errors: u64,
+    /// Frames from clients that were responses, not requests: dropped
+    /// unanswered (a peer looping answers back).
+    #[serde(default)]
+    pub responses_ignored: u64,
+    /// Upstream frames above `max_upstream_frame`, skipped (each failed
+    /// the request it answered, when it could be told).
+    #[serde(default)]
+    pub upstream_oversized: u64,
+    /// Requests refused by a byte or count bound, attaches refused by
+    /// `max_clients` or the descriptor reserve, connections ended for
+    /// holding too many partial-frame bytes.
+    #[serde(default)]
+    pub bounds_refused: u64,
 }
 
 #[derive(Debug)]
 enum Target {
     Host(FileId),
-    Virtual { name: String, pos: u64 },
+    Virtual { name: virtual_fs::Name, pos: u64 },
     Upstream(Handle),
 }
 
@@ -375,17 +447,31 @@ struct Pending {
 #[derive(Debug)]
 struct Client {
     decoder: FrameDecoder,
-    /// Requests in arrival order; undecodable ones keep their place so
-    /// their errors are answered in order too.
-    queue: VecDeque<Result<Request, Rejection>>,
+    /// Requests in arrival order, as the frames they came in (their
+    /// parsed form may be many times larger); undecodable ones keep their
+    /// place so their errors are answered in order too.
+    queue: VecDeque<Queued>,
+    /// Bytes of `queue`'s frames.
+    queued_bytes: u64,
     /// Serving a request whose answer waits on an effect or upstream.
     busy: bool,
     /// Waiting on an effect on a host file: cleanup must wait for it, so
     /// a close never overtakes an operation on the same file.
     busy_on_file: bool,
     alive: bool,
-    /// Descriptors passed and not yet claimed by an `attach`.
-    descriptors: u32,
+    /// Descriptors passed and not yet claimed by an `attach`, oldest
+    /// first: `true` for one the shell holds, `false` for one dropped on
+    /// arrival (the reserve), whose attach is refused with E_RANGE. Kept
+    /// in order, so each attach claims the socket sent with it.
+    passed: VecDeque<bool>,
+}
+
+/// A request waiting its turn: its frame, and whether it closes a handle
+/// (which the queue admits past its bounds, see `enqueue`).
+#[derive(Debug)]
+struct Queued {
+    payload: Vec<u8>,
+    closes: Option<Handle>,
 }
 
 #[derive(Debug)]
@@ -400,6 +486,13 @@ pub struct FsProxy {
     /// Host opens under way, counted against the handle limit.
     opening: usize,
     upstream_decoder: FrameDecoder,
+    /// Bytes queued by all clients (`Client::queued_bytes` summed).
+    queued_total: u64,
+    /// Partial-frame bytes of all clients' decoders.
+    buffered_total: u64,
+    /// Host files open or being opened or closed: descriptors the shell
+    /// holds for them.
+    host_fds: usize,
     upstream_pending: BTreeMap<String, Pending>,
     upstream_alive: bool,
     next_upstream_id: u64,
@@ -495,12 +588,25 @@ impl FsProxy {
             next_up_token: 0,
             clients: BTreeMap::new(),
             table: HandleTable::new(),
-            virt: VirtualFs::new(config.max_virtual_bytes),
+            virt: {
+                let mut v = VirtualFs::new(config.max_virtual_bytes, config.max_virtual_files);
+                if config.planted_bug == Some(PlantedBug::VirtualNamesFree) {
+                    v.plant_names_free();
+                }
+                v
+            },
+            queued_total: 0,
+            buffered_total: 0,
+            host_fds: 0,
             pending: BTreeMap::new(),
             next_effect: 0,
             next_file: 0,
             opening: 0,
-            upstream_decoder: FrameDecoder::new(config.max_frame),
+            upstream_decoder: if config.planted_bug == Some(PlantedBug::UpstreamOversizeCutsLink) {
+                FrameDecoder::new(config.max_frame)
+            } else {
+                FrameDecoder::skipping(config.max_upstream_frame)
+            },
             upstream_pending: BTreeMap::new(),
             upstream_alive: config.upstream,
             next_upstream_id: 0,
@@ -591,11 +697,7 @@ impl FsProxy {
         self.now = self.now.max(now);
         match input {
             Input::Connected { client } => self.connect(client),
-            Input::Descriptor { client } => {
-                if let Some(c) = self.clients.get_mut(&client) {
-                    c.descriptors = c.descriptors.saturating_add(1);
-                }
-            }
+            Input::Descriptor { client } => self.on_descriptor(client),
             Input::Bytes { client, data } => self.on_bytes(client, &data),
             Input::Eof { client } => {
                 if let Some(c) = self.clients.get(&client) {
@@ -777,10 +879,11 @@ impl FsProxy {
             Client {
                 decoder: FrameDecoder::new(self.config.max_frame),
                 queue: VecDeque::new(),
+                queued_bytes: 0,
                 busy: false,
                 busy_on_file: false,
                 alive: true,
-                descriptors: 0,
+                passed: VecDeque::new(),
             },
         );
     }
@@ -790,20 +893,31 @@ impl FsProxy {
         if !c.alive {
             return;
         }
+        let before = c.decoder.buffered() as u64;
         c.decoder.push(data);
+        self.buffered_total = self.buffered_total - before + c.decoder.buffered() as u64;
         loop {
             let Some(c) = self.clients.get_mut(&client) else { return };
-            match c.decoder.next_frame() {
+            let before = c.decoder.buffered() as u64;
+            let next = c.decoder.next_frame();
+            self.buffered_total = self.buffered_total - before + c.decoder.buffered() as u64;
+            match next {
                 Ok(Some(payload)) => {
+                    if bounds::is_response(&payload)
+                        && self.config.planted_bug != Some(PlantedBug::AnswerResponses)
+                    {
+                        // Answering would loop: count it, drop it.
+                        self.stats.responses_ignored += 1;
+                        continue;
+                    }
                     self.stats.requests += 1;
-                    let parsed = wire::parse_request(&payload, self.config.limits);
-                    self.enqueue(client, parsed);
+                    self.enqueue(client, payload);
                     // Serve as each frame arrives, so what a client may have
                     // queued, and what it hears before a framing error, does
                     // not depend on how its bytes were chunked.
                     self.pump(client);
                 }
-                Ok(None) => return,
+                Ok(None) => return self.check_buffered(client),
                 Err(e) => {
                     self.stats.frames_rejected += 1;
                     self.respond(client, None, Err(Failure::new(ErrorCode::Range, e.to_string())));
@@ -814,7 +928,8 @@ impl FsProxy {
         }
     }
 
-    fn enqueue(&mut self, client: ClientId, req: Result<Request, Rejection>) {
+    fn enqueue(&mut self, client: ClientId, payload: Vec<u8>) {
+        let req = wire::parse_request(&payload, self.config.limits);
         let limit = self.config.max_queued_requests;
         // Closing a handle the client owns only ever releases resources, and
         // an intermediate proxy may send many at once (cleaning up after a
@@ -826,18 +941,45 @@ impl FsProxy {
             _ => None,
         };
         let owned_close = closing.is_some_and(|h| self.table.get_mut(client, h).is_ok());
-        let Some(c) = self.clients.get_mut(&client) else { return };
-        let queued = |q: &Result<Request, Rejection>| matches!(q, Ok(Request { op: Op::Close { h }, .. }) if Some(*h) == closing);
+        let Some(c) = self.clients.get(&client) else { return };
+        let queued = |q: &Queued| q.closes.is_some() && q.closes == closing;
         let releases = owned_close && !c.queue.iter().any(queued);
-        if c.queue.len() >= limit && !releases {
-            let msg = format!("more than {limit} requests waiting; read responses before sending more");
+        let len = payload.len() as u64;
+        // A request served at once is never queued; one that waits is held
+        // as its frame, within its client's and the session's byte bounds.
+        let waits = c.busy || !c.queue.is_empty();
+        let refusal = if c.queue.len() >= limit && !releases {
+            Some(format!("more than {limit} requests waiting; read responses before sending more"))
+        } else if waits && !releases {
+            self.queued_bytes_refusal(c, len)
+        } else {
+            None
+        };
+        if let Some(msg) = refusal {
+            self.stats.bounds_refused += 1;
             let id = match req {
                 Ok(r) => Some(r.id),
                 Err(r) => r.id,
             };
             self.respond(client, id, Err(Failure::new(ErrorCode::Range, msg)));
-        } else {
-            c.queue.push_back(req);
+            return;
+        }
+        if !waits {
+            // Served right away (`pump` finds it first): no second parse.
+            return self.serve_parsed(client, req);
+        }
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        c.queued_bytes += len;
+        self.queued_total += len;
+        c.queue.push_back(Queued { payload, closes: closing });
+    }
+
+    fn serve_parsed(&mut self, client: ClientId, req: Result<Request, Rejection>) {
+        match req {
+            Ok(req) => self.serve(client, req),
+            Err(Rejection { id, code, message }) => {
+                self.respond(client, id, Err(Failure { code, message }));
+            }
         }
     }
 
@@ -848,13 +990,13 @@ impl FsProxy {
             if !c.alive || c.busy {
                 return;
             }
-            match c.queue.pop_front() {
-                None => return,
-                Some(Ok(req)) => self.serve(client, req),
-                Some(Err(Rejection { id, code, message })) => {
-                    self.respond(client, id, Err(Failure { code, message }));
-                }
-            }
+            let Some(q) = c.queue.pop_front() else { return };
+            let len = q.payload.len() as u64;
+            c.queued_bytes -= len;
+            self.queued_total -= len;
+            let req = wire::parse_request(&q.payload, self.config.limits);
+            drop(q);
+            self.serve_parsed(client, req);
         }
     }
 
@@ -876,6 +1018,7 @@ impl FsProxy {
         self.next_effect += 1;
         if matches!(pending.waiting, Waiting::Open { .. }) {
             self.opening += 1;
+            self.host_fds += 1;
         }
         if pending.req.is_some() {
             if let Some(c) = self.clients.get_mut(&pending.client) {
@@ -962,13 +1105,30 @@ impl FsProxy {
     /// process's, and its handles are cleaned up when it, not the whole
     /// tree, goes away.
     fn attach(&mut self, client: ClientId, id: String) {
+        let live = self.live_clients();
+        let max = self.config.max_clients;
+        let capped = self.config.planted_bug != Some(PlantedBug::NoClientCap);
         let Some(c) = self.clients.get_mut(&client) else { return };
-        if c.descriptors == 0 {
+        let Some(held) = c.passed.pop_front() else {
             let msg = "attach needs a socket passed with the request (SCM_RIGHTS)";
             self.respond(client, Some(id), Err(Failure::new(ErrorCode::Arg, msg)));
             return;
+        };
+        if !held {
+            self.stats.bounds_refused += 1;
+            let msg = format!(
+                "attach refused: its socket would eat into the {} descriptors kept for files \
+                 and provider calls (--max-descriptors {})",
+                self.config.descriptor_reserve, self.config.max_descriptors
+            );
+            return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
         }
-        c.descriptors -= 1;
+        if capped && live >= max {
+            self.stats.bounds_refused += 1;
+            self.outputs.push_back(Output::DropDescriptor { client, newest: false });
+            let msg = format!("attach refused: the session serves at most {max} clients (--max-clients)");
+            return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
+        }
         let new = ClientId(self.next_attached);
         self.next_attached += 1;
         self.outputs.push_back(Output::Attach { from: client, client: new });
@@ -1028,12 +1188,25 @@ impl FsProxy {
         }
         match resolved {
             Resolved::Virtual { name } => {
-                let pos = self.virt.open(&name, mode)?;
-                let handle = self.table.insert(client, Slot { mode, target: Target::Virtual { name, pos } });
+                let name = self.virt.open(&name, mode)?;
+                let handle =
+                    self.table.insert(client, Slot { mode, target: Target::Virtual { name, pos: 0 } });
                 self.stats.handles_opened += 1;
                 Ok(Some(Success::Opened { handle }))
             }
             Resolved::Host { root, rel } => {
+                if self.descriptors_held() + 1 + bounds::PROVIDER_DESCRIPTOR_RESERVE
+                    > self.config.max_descriptors
+                {
+                    self.stats.bounds_refused += 1;
+                    return Err(Failure::new(
+                        ErrorCode::Range,
+                        format!(
+                            "too many descriptors in use to open a file (--max-descriptors {})",
+                            self.config.max_descriptors
+                        ),
+                    ));
+                }
                 let file = FileId(self.next_file);
                 self.next_file += 1;
                 self.effect(
@@ -1133,6 +1306,16 @@ impl FsProxy {
         if matches!(waiting, Waiting::Open { .. }) {
             self.opening -= 1;
         }
+        // The shell's descriptor for a file is gone once a close completes
+        // (whatever it reports) or an open fails.
+        let released = match (&waiting, &result) {
+            (Waiting::Close | Waiting::Cleanup, _) => true,
+            (Waiting::Open { .. }, r) => !matches!(r, EffectResult::Opened),
+            _ => false,
+        };
+        if released {
+            self.host_fds = self.host_fds.saturating_sub(1);
+        }
         let alive = self.clients.get(&client).is_some_and(|c| c.alive);
         let outcome = match (waiting, result) {
             (Waiting::Open { file, mode }, EffectResult::Opened) => {
@@ -1181,6 +1364,9 @@ impl FsProxy {
             return;
         }
         c.alive = false;
+        self.queued_total -= c.queued_bytes;
+        self.buffered_total -= c.decoder.buffered() as u64;
+        c.queued_bytes = 0;
         c.queue.clear();
         c.decoder = FrameDecoder::new(0);
         self.outputs.push_back(Output::Close { client });
@@ -1266,6 +1452,22 @@ impl FsProxy {
             match self.upstream_decoder.next_frame() {
                 Ok(Some(payload)) => self.on_upstream_frame(&payload),
                 Ok(None) => return,
+                Err(FrameError::Skipped { len, max, head }) => {
+                    // One oversized answer fails the one request it
+                    // answered; the link goes on.
+                    self.stats.upstream_oversized += 1;
+                    let pending =
+                        bounds::id_from_head(&head).and_then(|id| self.upstream_pending.remove(&id));
+                    let Some(pending) = pending else {
+                        self.stats.upstream_errors += 1;
+                        continue;
+                    };
+                    let msg = format!(
+                        "the upstream answer of {len} bytes exceeds {max} bytes (--max-upstream-frame) \
+                         and was dropped"
+                    );
+                    self.on_upstream_answer(pending, Err(Failure::new(ErrorCode::Range, msg)));
+                }
                 Err(e) => {
                     self.stats.upstream_errors += 1;
                     self.upstream_lost(&format!("upstream sent a bad frame: {e}"));
@@ -1281,12 +1483,11 @@ impl FsProxy {
             id: Option<String>,
         }
         let id = serde_json::from_slice::<IdOnly>(payload).ok().and_then(|r| r.id);
-        let Some(Pending { client, req, waiting }) = id.and_then(|id| self.upstream_pending.remove(&id))
-        else {
+        let Some(pending) = id.and_then(|id| self.upstream_pending.remove(&id)) else {
             self.stats.upstream_errors += 1;
             return;
         };
-        let kind = match waiting {
+        let kind = match pending.waiting {
             Waiting::UpstreamOpen { .. } => OpKind::Open,
             Waiting::Read => OpKind::Read,
             Waiting::Write => OpKind::Write,
@@ -1302,6 +1503,12 @@ impl FsProxy {
                 Err(Failure::new(ErrorCode::Io, format!("bad upstream response: {e}")))
             }
         };
+        self.on_upstream_answer(pending, outcome);
+    }
+
+    /// The upstream answered `pending` with `outcome`.
+    fn on_upstream_answer(&mut self, pending: Pending, outcome: Result<Success, Failure>) {
+        let Pending { client, req, waiting } = pending;
         let alive = self.clients.get(&client).is_some_and(|c| c.alive);
         let outcome = match (waiting, outcome) {
             (Waiting::Cleanup, _) => return,
@@ -1363,3 +1570,5 @@ impl FsProxy {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bounds;

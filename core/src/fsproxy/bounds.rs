@@ -1,0 +1,238 @@
+//! Bounded resources: the limits that keep what one session holds under
+//! control whatever its clients send (DESIGN.md, invariants 11 and 12),
+//! and the small decisions they need.
+//!
+//! Every limit counts bytes as well as items: queued request bytes per
+//! client and per session, partial-frame bytes of all connections, virtual
+//! names and contents, and the descriptors connections may take before the
+//! reserve kept for host files and provider calls.
+
+use super::{Client, ErrorCode, Failure, FsProxy, Output, PlantedBug};
+use crate::handles::ClientId;
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+
+/// Bytes of queued requests one client may have waiting by default.
+pub const DEFAULT_MAX_QUEUED_BYTES: u64 = 4 << 20;
+/// Bytes of queued requests all clients of a session may have waiting.
+pub const DEFAULT_MAX_SESSION_QUEUED_BYTES: u64 = 32 << 20;
+/// Clients a session serves at once (the first one and every attached one).
+pub const DEFAULT_MAX_CLIENTS: usize = 64;
+/// Bytes of partial frames all connections of a session may hold.
+pub const DEFAULT_MAX_BUFFERED_BYTES: u64 = 16 << 20;
+/// Largest frame a nested level accepts from its upstream: larger than
+/// what it accepts from children, since the top's answers (an LLM reply)
+/// may be; a frame above it is skipped, failing the one request it answers.
+pub const DEFAULT_MAX_UPSTREAM_FRAME: usize = 64 << 20;
+/// Descriptors the session may hold when the shell does not say
+/// (the usual soft `RLIMIT_NOFILE`).
+pub const DEFAULT_MAX_DESCRIPTORS: usize = 1024;
+/// Passed descriptors a client may have waiting for an attach, dropped
+/// ones included, that the machine remembers in order.
+const MAX_REMEMBERED_DROPS: usize = 64;
+/// Descriptors connections (clients and passed sockets) must leave free,
+/// for host files and provider calls.
+pub const DEFAULT_DESCRIPTOR_RESERVE: usize = 64;
+/// Descriptors host opens must leave free, for provider calls and the
+/// shell's own needs.
+pub const PROVIDER_DESCRIPTOR_RESERVE: usize = 8;
+
+pub(crate) fn default_max_queued_bytes() -> u64 {
+    DEFAULT_MAX_QUEUED_BYTES
+}
+pub(crate) fn default_max_session_queued_bytes() -> u64 {
+    DEFAULT_MAX_SESSION_QUEUED_BYTES
+}
+pub(crate) fn default_max_clients() -> usize {
+    DEFAULT_MAX_CLIENTS
+}
+pub(crate) fn default_max_buffered_bytes() -> u64 {
+    DEFAULT_MAX_BUFFERED_BYTES
+}
+pub(crate) fn default_max_virtual_files() -> usize {
+    super::virtual_fs::DEFAULT_MAX_VIRTUAL_FILES
+}
+pub(crate) fn default_max_upstream_frame() -> usize {
+    DEFAULT_MAX_UPSTREAM_FRAME
+}
+pub(crate) fn default_max_descriptors() -> usize {
+    DEFAULT_MAX_DESCRIPTORS
+}
+pub(crate) fn default_descriptor_reserve() -> usize {
+    DEFAULT_DESCRIPTOR_RESERVE
+}
+
+/// Whether a frame is a response rather than a request: a JSON object
+/// with `ok`, `result` or `error` and no `op`. A peer looping airlock's
+/// answers back (both ends of one socketpair attached) sends nothing
+/// else, and answering it would start the loop again.
+pub fn is_response(payload: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Shape {
+        op: Option<IgnoredAny>,
+        ok: Option<IgnoredAny>,
+        result: Option<IgnoredAny>,
+        error: Option<IgnoredAny>,
+    }
+    // Fields are skipped, not built: a huge frame costs no tree.
+    match serde_json::from_slice::<Shape>(payload) {
+        Ok(s) => s.op.is_none() && (s.ok.is_some() || s.result.is_some() || s.error.is_some()),
+        Err(_) => false,
+    }
+}
+
+/// The id an upstream response carries, read from its first bytes: the
+/// top (an airlock) writes `id` first, so a skipped frame's head tells
+/// which request it answered.
+pub fn id_from_head(head: &[u8]) -> Option<String> {
+    const KEY: &[u8] = br#""id""#;
+    let at = head.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let skip_ws = |mut i: usize| {
+        while head.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let colon = skip_ws(at);
+    if head.get(colon) != Some(&b':') {
+        return None;
+    }
+    let quote = skip_ws(colon + 1);
+    if head.get(quote) != Some(&b'"') {
+        return None;
+    }
+    let rest = &head[quote + 1..];
+    let end = rest.iter().position(|&b| b == b'"')?;
+    let id = std::str::from_utf8(&rest[..end]).ok()?;
+    // The machine's own upstream ids are `u` and digits: anything else is
+    // not one of ours (or was escaped, and then not ours either).
+    (id.starts_with('u') && id.len() > 1 && id[1..].bytes().all(|b| b.is_ascii_digit()))
+        .then(|| id.to_owned())
+}
+
+/// What a session holds against its bounds (see [`FsProxy::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub queued_bytes: u64,
+    pub buffered_bytes: u64,
+    pub virtual_bytes: u64,
+    pub virtual_files: usize,
+    pub clients: usize,
+    pub descriptors: usize,
+}
+
+impl FsProxy {
+    /// What the session holds now, against its bounds (for reports and
+    /// tests; the simulator recomputes these on its own).
+    pub fn usage(&self) -> Usage {
+        Usage {
+            queued_bytes: self.queued_total,
+            buffered_bytes: self.buffered_total,
+            virtual_bytes: self.virt.bytes(),
+            virtual_files: self.virt.files(),
+            clients: self.live_clients(),
+            descriptors: self.descriptors_held(),
+        }
+    }
+
+    pub(super) fn live_clients(&self) -> usize {
+        self.clients.values().filter(|c| c.alive).count()
+    }
+
+    /// Descriptors the shell holds for this machine: one per live
+    /// connection, one per passed descriptor not yet claimed, one per
+    /// host file.
+    pub(super) fn descriptors_held(&self) -> usize {
+        let passed: usize = self.clients.values().map(|c| c.passed.iter().filter(|h| **h).count()).sum();
+        self.live_clients() + passed + self.host_fds
+    }
+
+    /// Whether one more connection descriptor would eat into the reserve.
+    pub(super) fn connections_full(&self) -> bool {
+        self.descriptors_held() + 1 + self.config.descriptor_reserve > self.config.max_descriptors
+    }
+
+    /// The partial frames of every connection together stay under
+    /// `max_buffered_bytes`: the client whose bytes would cross it is
+    /// refused and its connection ended.
+    pub(super) fn check_buffered(&mut self, client: ClientId) {
+        let max = self.config.max_buffered_bytes;
+        let held = self.clients.get(&client).map_or(0, |c| c.decoder.buffered());
+        let planted = self.config.planted_bug == Some(PlantedBug::NoBufferedBound);
+        if held == 0 || self.buffered_total <= max || planted {
+            return;
+        }
+        self.stats.bounds_refused += 1;
+        let msg = format!(
+            "partial frames of all connections would exceed {max} bytes (--max-buffered-bytes); \
+             this connection held {held}"
+        );
+        self.respond(client, None, Err(Failure::new(ErrorCode::Range, msg)));
+        self.depart(client);
+    }
+
+    /// A descriptor passed by `client`: kept for an `attach` to claim,
+    /// unless holding it would eat into the descriptor reserve.
+    pub(super) fn on_descriptor(&mut self, client: ClientId) {
+        let full = self.connections_full();
+        // A departed client's descriptors are the shell's to close.
+        let Some(c) = self.clients.get_mut(&client).filter(|c| c.alive) else { return };
+        if full {
+            self.outputs.push_back(Output::DropDescriptor { client, newest: true });
+        }
+        // A dropped one is remembered (for its attach's E_RANGE) only up
+        // to a point: past it, its attach finds no socket (E_ARG).
+        if !full || c.passed.len() < MAX_REMEMBERED_DROPS {
+            c.passed.push_back(!full);
+        }
+    }
+
+    /// Why a request of `len` bytes that has to wait cannot be queued for
+    /// `c`: its client's or the session's queued bytes would cross their
+    /// bound.
+    pub(super) fn queued_bytes_refusal(&self, c: &Client, len: u64) -> Option<String> {
+        if self.config.planted_bug == Some(PlantedBug::NoQueuedByteBound) {
+            return None;
+        }
+        if c.queued_bytes + len > self.config.max_queued_bytes {
+            return Some(format!(
+                "queued requests of this client would exceed {} bytes (--max-queued-bytes); \
+                 read responses before sending more",
+                self.config.max_queued_bytes
+            ));
+        }
+        if self.queued_total + len > self.config.max_session_queued_bytes {
+            return Some(format!(
+                "queued requests of all clients would exceed {} bytes (--max-session-queued-bytes)",
+                self.config.max_session_queued_bytes
+            ));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_told_from_requests() {
+        assert!(is_response(br#"{"id":"1","ok":true}"#));
+        assert!(is_response(br#"{"id":null,"ok":false,"error":{"code":"E_ARG","message":"x"}}"#));
+        assert!(is_response(br#"{"result":{"handle":3}}"#));
+        assert!(!is_response(br#"{"id":"1","op":"open","ok":true}"#));
+        assert!(!is_response(br#"{"id":"1","op":"read","params":{"h":3,"max":1}}"#));
+        assert!(!is_response(b"not json"));
+        assert!(!is_response(b"[1,2]"));
+        assert!(!is_response(br#"{"id":"1"}"#));
+    }
+
+    #[test]
+    fn ids_are_read_from_a_head() {
+        assert_eq!(id_from_head(br#"{"id":"u17","ok":true,"result":{"messages":[{"#), Some("u17".into()));
+        assert_eq!(id_from_head(br#"{"id":"x1","ok":true}"#), None);
+        assert_eq!(id_from_head(br#"{"ok":true,"result":"#), None);
+        assert_eq!(id_from_head(br#"{"id":"u12"#), None);
+        assert_eq!(id_from_head(br#"{"id" : "u3", "ok": true}"#), Some("u3".into()));
+    }
+}
