@@ -43,6 +43,9 @@ impl Live {
         let mut child = Command::new(airlock())
             .current_dir(dir)
             .arg("run")
+            // The tests' Python client library, read directly by the child.
+            .arg("--sandbox-ro")
+            .arg(support(""))
             .args(args)
             .arg("--report")
             .arg(&report)
@@ -248,9 +251,10 @@ out({"made": made, "codes": codes})
 
 fn python_process(dir: &Path, script: &str) -> std::process::Output {
     let prelude = format!(
-        "import sys; sys.path.insert(0, {:?})\nfrom fsclient import *\nAIRLOCK_BIN = {:?}\n",
+        "import sys; sys.path.insert(0, {:?})\nfrom fsclient import *\nAIRLOCK_BIN = {:?}\nSUPPORT_DIR = {:?}\n",
         support("").display().to_string(),
-        airlock()
+        airlock(),
+        support("").display().to_string()
     );
     let mut cmd = Command::new("python3");
     cmd.arg("-c").arg(format!("{prelude}{script}")).current_dir(dir).env_remove("AIRLOCK_FD");
@@ -334,8 +338,11 @@ out({"write": call("write", h=h, data=b64(b"ok"))["ok"], "close": call("close", 
 import json, os, socket, struct, subprocess, time
 top, theirs = socket.socketpair()
 env = dict(os.environ, AIRLOCK_FD=str(theirs.fileno()))
-gc = "import sys, json; sys.path.insert(0, %r)\nfrom fsclient import *\n" % os.environ.get("SUPPORT", "") + {grandchild:?}
-p = subprocess.Popen([AIRLOCK_BIN, "run", "--allow-rw", os.getcwd(), "--max-upstream-frame", "2000000", "--", "python3", "-c", gc],
+gc = "import sys, json; sys.path.insert(0, %r)\nfrom fsclient import *\n" % SUPPORT_DIR + {grandchild:?}
+# The confined grandchild reads this python's own install and the client
+# library directly.
+p = subprocess.Popen([AIRLOCK_BIN, "run", "--allow-rw", os.getcwd(), "--max-upstream-frame", "2000000",
+                      "--sandbox-ro", sys.prefix, "--sandbox-ro", SUPPORT_DIR, "--", "python3", "-c", gc],
                      pass_fds=[theirs.fileno()], env=env, stdout=subprocess.PIPE)
 theirs.close()
 fd = top.fileno()
@@ -362,9 +369,10 @@ out({{"seen": seen, "exit": p.returncode}})
     );
     let mut cmd = Command::new("python3");
     let prelude = format!(
-        "import sys; sys.path.insert(0, {:?})\nfrom fsclient import *\nAIRLOCK_BIN = {:?}\n",
+        "import sys; sys.path.insert(0, {:?})\nfrom fsclient import *\nAIRLOCK_BIN = {:?}\nSUPPORT_DIR = {:?}\n",
         support("").display().to_string(),
-        airlock()
+        airlock(),
+        support("").display().to_string()
     );
     cmd.arg("-c").arg(format!("{prelude}{script}")).current_dir(dir.path()).env("SUPPORT", support(""));
     let output = output_within(cmd, Duration::from_secs(90));
