@@ -64,7 +64,13 @@ impl Bench {
         let owner = ClientId(call.0 % 64);
         self.broker.handle(
             Instant::from_micros(self.now),
-            BrokerInput::Submit { call, owner, request: self.request.clone(), cancel_token: token },
+            BrokerInput::Submit {
+                call,
+                owner,
+                scope: owner,
+                request: self.request.clone(),
+                cancel_token: token,
+            },
         );
         while self.broker.poll_output().is_some() {}
     }

@@ -1,9 +1,10 @@
-//! The FS proxy client: what a child uses to reach files through airlock.
+//! The FS proxy client: what a child uses to reach files (and the LLM
+//! broker) through airlock.
 //!
 //! Blocking and dependency-free on purpose: it runs inside children, often
 //! small shell helpers, and talks over the descriptor named by `AIRLOCK_FD`.
 
-use airlock_core::codec::frame::{self, FrameDecoder, DEFAULT_MAX_FRAME};
+use airlock_core::codec::frame::{self, FrameDecoder};
 use airlock_core::fsproxy::wire::{self, ErrorCode, Failure, Mode, Op, OpKind, Request, Success};
 use airlock_core::handles::Handle;
 use std::collections::VecDeque;
@@ -11,6 +12,9 @@ use std::fmt;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+mod broker;
+pub use broker::MAX_ANSWER_FRAME;
 
 /// The environment variable naming the proxy descriptor in a child.
 pub const FD_ENV: &str = "AIRLOCK_FD";
@@ -143,7 +147,9 @@ impl Client {
     pub fn new(conn: File) -> Self {
         Client {
             conn,
-            decoder: FrameDecoder::new(DEFAULT_MAX_FRAME),
+            // Answers, not requests: an LLMCMD result may be far larger
+            // than any request the proxy accepts.
+            decoder: FrameDecoder::new(MAX_ANSWER_FRAME),
             next_id: 1,
             inflight: VecDeque::new(),
             buf: vec![0; 64 * 1024],

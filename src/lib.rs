@@ -9,6 +9,7 @@ pub mod client;
 pub mod commands;
 pub mod config;
 pub mod hostfs;
+pub mod llm_cli;
 pub mod outfile;
 pub mod provider;
 pub mod record;

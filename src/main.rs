@@ -1,4 +1,5 @@
 use airlock::commands::{self, FsCommand, ServeArgs};
+use airlock::llm_cli::{self, LlmArgs};
 use airlock::sandbox::SandboxArgs;
 use airlock::simulate::{self, SimArgs};
 use clap::{Parser, Subcommand};
@@ -38,6 +39,19 @@ enum Command {
     /// Reach files through the proxy from inside a child.
     #[command(subcommand)]
     Fs(FsCommand),
+    /// Ask the session's LLM broker, from inside a child; prints the answer.
+    Llm(LlmArgs),
+    /// The LLM budget left, from inside a child.
+    Quota {
+        /// Print the whole QUOTA result.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel an `airlock llm --cancel-token TOKEN` call of this child's tree.
+    Cancel {
+        #[arg(value_name = "TOKEN")]
+        token: String,
+    },
     /// Run the deterministic simulator over many seeds.
     Sim(SimArgs),
     /// Replay traces against the core; fail on the first output that differs.
@@ -60,6 +74,9 @@ fn main() -> ExitCode {
         Command::Run { serve, sandbox, argv } => commands::run(serve, sandbox, argv),
         Command::Serve { fd, serve } => commands::serve(serve, *fd),
         Command::Fs(cmd) => commands::fs(cmd),
+        Command::Llm(args) => Ok(llm_cli::llm(args)),
+        Command::Quota { json } => Ok(llm_cli::quota(*json)),
+        Command::Cancel { token } => Ok(llm_cli::cancel(token)),
         Command::Sim(args) => simulate::sim(args),
         Command::Replay { traces } => simulate::replay(traces),
     };

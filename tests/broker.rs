@@ -983,3 +983,153 @@ fn enforce_budget_refuses_without_a_call_and_the_default_does_not() {
     assert_eq!(run.lines()[0]["ok"], true, "{}", run.lines()[0]);
     assert_eq!(fake.seen().len(), 1);
 }
+
+// ------------------------------------------------------ airlock llm CLI --
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+#[test]
+fn airlock_llm_prints_the_answer_the_json_result_and_the_quota() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+"$AIRLOCK" llm --max-tokens 50 "tag=plain"; echo "rc=$?"
+"$AIRLOCK" llm --json --system "be brief" --model gpt-4o-mini "tag=json prompt=1000000 completion=0"
+echo "tag=stdin" | "$AIRLOCK" llm -; echo "rc=$?"
+"$AIRLOCK" quota; echo "rc=$?"
+"$AIRLOCK" quota --json
+"#;
+    let run = run_broker(dir.path(), &config(&fake, ""), &[], &sh(script), &[]);
+    ok(&run);
+    let out = run.stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "tag=plain max_tokens=50", "{out}");
+    assert_eq!(lines[1], "rc=0", "{out}");
+    let result: Value = serde_json::from_str(lines[2]).expect("--json prints one JSON object");
+    assert_eq!(result["messages"][0]["content"], "tag=json max_tokens=4096", "{result}");
+    assert_eq!(result["model"], "gpt-4o-mini-fake");
+    assert_eq!(result["usage"]["prompt_tokens"], 1_000_000);
+    assert_eq!(lines[3], "tag=stdin max_tokens=4096", "{out}");
+    assert_eq!(lines[4], "rc=0", "{out}");
+    // 5 USD less 1M input tokens at 0.15 and the small calls' usage.
+    assert!(
+        lines[5].contains(" USD remaining (model gpt-4o-mini, window session, session airlock-"),
+        "{out}"
+    );
+    assert_eq!(lines[6], "rc=0", "{out}");
+    let quota: Value = serde_json::from_str(lines[7]).expect("quota --json");
+    let remaining = quota["remaining_units"].as_f64().unwrap();
+    assert!(remaining < 4.86 && remaining > 4.8, "{quota}");
+    assert_eq!(quota["currency"], "USD");
+    // The system message went first, the prompt as the user's.
+    let seen = fake.seen();
+    let json_call = seen.iter().find(|s| s.tag == "json").expect("json call");
+    assert_eq!(
+        json_call.body["messages"],
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "tag=json prompt=1000000 completion=0"}])
+    );
+    let stdin_call = seen.iter().find(|s| s.tag == "stdin").expect("stdin call");
+    assert_eq!(stdin_call.body["messages"], json!([{"role": "user", "content": "tag=stdin\n"}]));
+}
+
+#[test]
+fn airlock_llm_exits_with_a_status_per_error_code() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+"$AIRLOCK" llm --model no-such-model "tag=x"; echo "unpriced=$?"
+"$AIRLOCK" llm "tag=fail status=500"; echo "provider_error=$?"
+"$AIRLOCK" llm "tag=slow delay=3000"; echo "provider_timeout=$?"
+"$AIRLOCK" llm "tag=hold delay=1900" >/dev/null &
+sleep 0.5
+"$AIRLOCK" llm "tag=late"; echo "queue_timeout=$?"
+wait
+"$AIRLOCK" llm --max-tokens 0 "tag=zero"; echo "zero=$?"
+"$AIRLOCK" llm --no-such-flag x; echo "usage=$?"
+"#;
+    let cfg = config(&fake, "[broker.queue]\nmax_wait_seconds = 1\n[broker.request]\ntimeout_seconds = 2\n");
+    let run = run_broker(dir.path(), &cfg, &[], &sh(script), &[]);
+    ok(&run);
+    let out = run.stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        ["unpriced=3", "provider_error=16", "provider_timeout=15", "queue_timeout=10", "zero=3", "usage=2"],
+        "stderr: {}",
+        run.stderr()
+    );
+    let err = run.stderr();
+    assert!(err.contains("airlock llm: E_ARG: unknown model"), "{err}");
+    assert!(err.contains("airlock llm: provider_error:"), "{err}");
+    assert!(err.contains("airlock llm: queue_timeout:"), "{err}");
+    let tags: Vec<String> = fake.seen().into_iter().map(|s| s.tag).collect();
+    assert_eq!(tags, ["fail", "slow", "hold"]);
+}
+
+#[test]
+fn airlock_cancel_from_another_process_cancels_a_queued_and_a_running_call() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+"$AIRLOCK" llm --cancel-token run "tag=run delay=5000" >/dev/null 2>&1 & run=$!
+sleep 0.5
+"$AIRLOCK" llm --cancel-token queued "tag=queued" >/dev/null 2>&1 & queued=$!
+sleep 0.5
+"$AIRLOCK" cancel queued; echo "cancel_queued=$?"
+wait $queued; echo "queued=$?"
+"$AIRLOCK" cancel queued; echo "again=$?"
+"$AIRLOCK" cancel run; echo "cancel_run=$?"
+wait $run; echo "run=$?"
+"#;
+    let run = run_broker(dir.path(), &config(&fake, ""), &[], &sh(script), &[]);
+    ok(&run);
+    let out = run.stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "before_start",
+            "cancel_queued=0",
+            "queued=13",
+            "not_found",
+            "again=6",
+            "after_start",
+            "cancel_run=0",
+            "run=14"
+        ],
+        "stderr: {}",
+        run.stderr()
+    );
+    assert!(run.elapsed < Duration::from_secs(4), "the running call was not dropped: {:?}", run.elapsed);
+    let seen = fake.wait_for("the running call dropped", |s| s.iter().any(|s| s.tag == "run" && s.dropped));
+    let tags: Vec<&str> = seen.iter().map(|s| s.tag.as_str()).collect();
+    assert_eq!(tags, ["run"]);
+}
+
+#[test]
+fn airlock_llm_without_a_broker_exits_unsupported() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+"$AIRLOCK" llm hi; echo "llm=$?"
+"$AIRLOCK" quota; echo "quota=$?"
+"$AIRLOCK" cancel t; echo "cancel=$?"
+"#;
+    let run = run_broker(dir.path(), "# nothing configured\n", &[], &sh(script), &[]);
+    ok(&run);
+    assert_eq!(run.stdout().lines().collect::<Vec<_>>(), ["llm=4", "quota=4", "cancel=4"]);
+    assert!(run.stderr().contains("airlock llm: E_UNSUPPORTED"), "{}", run.stderr());
+}
+
+#[test]
+fn airlock_llm_outside_airlock_exits_1() {
+    let out = Command::new(airlock())
+        .args(["llm", "hi"])
+        .env_remove("AIRLOCK_FD")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is this process running under `airlock run`?"));
+}

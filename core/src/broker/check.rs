@@ -223,7 +223,13 @@ impl Checker {
                 let mut request = LlmRequest::new(vec![serde_json::json!({"role": "user", "content": "hi"})]);
                 request.model = model.map(str::to_owned);
                 request.max_tokens = *max_tokens;
-                self.input(BrokerInput::Submit { call, owner, request, cancel_token: token.clone() });
+                self.input(BrokerInput::Submit {
+                    call,
+                    owner,
+                    scope: owner,
+                    request,
+                    cancel_token: token.clone(),
+                });
                 // Timers fire before the submit, so a token is busy only if
                 // its call is still open after this step.
                 let token_busy = token.as_ref().is_some_and(|t| {

@@ -304,11 +304,16 @@ pub enum BrokerInput {
     Submit {
         call: CallId,
         owner: ClientId,
+        /// The namespace of its cancel token: the connection the owner
+        /// attached from (its own id when it did not attach), so any
+        /// process of one child's tree may cancel another's call by token.
+        scope: ClientId,
         request: LlmRequest,
         cancel_token: Option<String>,
     },
     /// `CANCEL`, itself a request (`request`) answered by a `CancelResult`.
-    /// Tokens are scoped to their owner: a client cancels only its own calls.
+    /// Tokens are scoped: a canceller finds only calls submitted under
+    /// its own `scope` (see `Submit::scope`), passed here as `owner`.
     Cancel {
         request: CallId,
         owner: ClientId,
@@ -429,6 +434,7 @@ pub struct BrokerStats {
 struct Waiter {
     call: CallId,
     owner: ClientId,
+    scope: ClientId,
     request: LlmRequest,
     model: String,
     weights: Weights,
@@ -444,6 +450,7 @@ struct Waiter {
 struct Running {
     call: CallId,
     owner: ClientId,
+    scope: ClientId,
     owner_gone: bool,
     model: String,
     weights: Weights,
@@ -498,7 +505,7 @@ pub struct Broker {
     queue: BTreeMap<u64, Waiter>,
     /// Every live call (queued or running).
     calls: BTreeMap<CallId, Place>,
-    /// Live cancel tokens, per owner.
+    /// Live cancel tokens, per scope.
     tokens: BTreeMap<(ClientId, String), CallId>,
     /// Waiters per owner, for `OwnerGone`.
     by_owner: BTreeSet<(ClientId, u64)>,
@@ -689,8 +696,8 @@ impl Broker {
         }
         self.fire_timers(now);
         match input {
-            BrokerInput::Submit { call, owner, request, cancel_token } => {
-                self.submit(now, call, owner, request, cancel_token)
+            BrokerInput::Submit { call, owner, scope, request, cancel_token } => {
+                self.submit(now, call, (owner, scope), request, cancel_token)
             }
             BrokerInput::Cancel { request, owner, token } => self.cancel(now, request, owner, token),
             BrokerInput::OwnerGone { .. } => {}
@@ -740,7 +747,7 @@ impl Broker {
         &mut self,
         now: Instant,
         call: CallId,
-        owner: ClientId,
+        (owner, scope): (ClientId, ClientId),
         request: LlmRequest,
         cancel_token: Option<String>,
     ) {
@@ -755,8 +762,11 @@ impl Broker {
         let byte_bound = self.bug != Some(BrokerBug::NoPendingByteBound);
         let checked = if self.calls.contains_key(&call) || self.abandoned.contains_key(&call) {
             Err(refused(format!("{call} is already in use")))
-        } else if cancel_token.as_ref().is_some_and(|t| self.tokens.contains_key(&(owner, t.clone()))) {
-            Err(refused("cancel_token is already in use by another call of this client".into()))
+        } else if cancel_token.as_ref().is_some_and(|t| self.tokens.contains_key(&(scope, t.clone()))) {
+            Err(refused(
+                "cancel_token is already in use by another live call of this client or its process tree"
+                    .into(),
+            ))
         } else if self.queue.len() >= self.config.max_pending {
             Err(full(format!(
                 "{} calls already wait for the broker lock (queue.max_pending)",
@@ -782,13 +792,14 @@ impl Broker {
         let seq = self.next_seq;
         self.next_seq += 1;
         if let Some(t) = &cancel_token {
-            self.tokens.insert((owner, t.clone()), call);
+            self.tokens.insert((scope, t.clone()), call);
         }
         self.calls.insert(call, Place::Queued(seq));
         self.by_owner.insert((owner, seq));
         let waiter = Waiter {
             call,
             owner,
+            scope,
             request,
             model,
             weights,
@@ -808,7 +819,7 @@ impl Broker {
         self.by_owner.remove(&(w.owner, seq));
         self.calls.remove(&w.call);
         if let Some(t) = &w.cancel_token {
-            self.tokens.remove(&(w.owner, t.clone()));
+            self.tokens.remove(&(w.scope, t.clone()));
         }
         Some(w)
     }
@@ -892,11 +903,12 @@ impl Broker {
         self.outputs.push_back(BrokerOutput::StartProvider { call: w.call, request, deadline });
         self.calls.insert(w.call, Place::Running);
         if let Some(t) = &w.cancel_token {
-            self.tokens.insert((w.owner, t.clone()), w.call);
+            self.tokens.insert((w.scope, t.clone()), w.call);
         }
         self.running = Some(Running {
             call: w.call,
             owner: w.owner,
+            scope: w.scope,
             owner_gone: false,
             model: w.model,
             weights: w.weights,
@@ -915,7 +927,7 @@ impl Broker {
         let r = self.running.take()?;
         self.calls.remove(&r.call);
         if let Some(t) = &r.cancel_token {
-            self.tokens.remove(&(r.owner, t.clone()));
+            self.tokens.remove(&(r.scope, t.clone()));
         }
         Some(r)
     }

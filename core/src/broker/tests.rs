@@ -48,7 +48,13 @@ fn submit(
 ) {
     b.handle(
         now,
-        BrokerInput::Submit { call: CallId(call), owner, request, cancel_token: token.map(Into::into) },
+        BrokerInput::Submit {
+            call: CallId(call),
+            owner,
+            scope: owner,
+            request,
+            cancel_token: token.map(Into::into),
+        },
     );
 }
 
@@ -648,6 +654,7 @@ fn inputs_and_outputs_round_trip_through_serde() {
     let input = BrokerInput::Submit {
         call: CallId(0),
         owner: A,
+        scope: A,
         request: req_max(7),
         cancel_token: Some("k".into()),
     };
@@ -913,4 +920,46 @@ proptest! {
             prop_assert!(charged <= budget, "charged {} of {}", charged, budget);
         }
     }
+}
+
+/// Processes of one child's tree (attached from one connection) share a
+/// token scope: one may cancel another's call, a process of another tree
+/// may not, and a token names one live call across the whole scope.
+#[test]
+fn cancel_tokens_are_scoped_to_the_tree_not_the_connection() {
+    const ROOT: ClientId = ClientId(1);
+    const P1: ClientId = ClientId(1001);
+    const P2: ClientId = ClientId(1002);
+    const OTHER: ClientId = ClientId(7);
+    let mut b = broker("5");
+    let sub = |b: &mut Broker, call: u64, owner: ClientId, scope: ClientId| {
+        let input = BrokerInput::Submit {
+            call: CallId(call),
+            owner,
+            scope,
+            request: req(),
+            cancel_token: Some("k".into()),
+        };
+        b.handle(t(0), input);
+    };
+    sub(&mut b, 0, P1, ROOT); // runs
+    sub(&mut b, 1, P2, ROOT); // same token, same tree: refused
+    let out = drain(&mut b);
+    assert_eq!(codes(&out), [(CallId(1), Some(BrokerErrorCode::InvalidRequest))], "{out:?}");
+    sub(&mut b, 2, OTHER, OTHER); // another tree may use it
+    drain(&mut b);
+    b.handle(t(1), BrokerInput::Cancel { request: CallId(100), owner: ClientId(9), token: "k".into() });
+    let out = drain(&mut b);
+    assert!(out.contains(&BrokerOutput::CancelResult {
+        request: CallId(100),
+        owner: ClientId(9),
+        outcome: CancelOutcome::NotFound
+    }));
+    // P2's scope is ROOT: it finds P1's running call.
+    b.handle(t(1), BrokerInput::Cancel { request: CallId(101), owner: ROOT, token: "k".into() });
+    let out = drain(&mut b);
+    assert_eq!(codes(&out), [(CallId(0), Some(BrokerErrorCode::CancelledAfterStart))], "{out:?}");
+    // P1 going away does not touch OTHER's call, now running.
+    b.handle(t(2), BrokerInput::OwnerGone { owner: P1 });
+    assert_eq!(b.running(), Some(CallId(2)));
 }

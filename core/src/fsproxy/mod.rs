@@ -511,7 +511,10 @@ pub struct FsProxy {
     /// `t1`, …), so children's tokens can never collide at the top, and
     /// every forwarded call has one, so a departed child's calls can be
     /// cancelled there.
-    up_tokens: BTreeMap<(ClientId, String), String>,
+    up_tokens: BTreeMap<(ClientId, String), (String, ClientId)>,
+    /// Attached clients' cancel-token scope: the connection their chain of
+    /// attaches started from (see `BrokerInput::Submit::scope`).
+    scopes: BTreeMap<ClientId, ClientId>,
     next_up_token: u64,
 }
 
@@ -585,6 +588,7 @@ impl FsProxy {
             next_call: 0,
             calls: BTreeMap::new(),
             up_tokens: BTreeMap::new(),
+            scopes: BTreeMap::new(),
             next_up_token: 0,
             clients: BTreeMap::new(),
             table: HandleTable::new(),
@@ -775,6 +779,7 @@ impl FsProxy {
                     let submit = BrokerInput::Submit {
                         call,
                         owner: client,
+                        scope: self.scope(client),
                         request: p.request,
                         cancel_token: p.cancel_token,
                     };
@@ -785,7 +790,8 @@ impl FsProxy {
             Op::Cancel { params } => match broker::wire::parse_cancel(&params) {
                 Ok(token) => {
                     let request = self.new_call(client, id);
-                    self.feed_broker(BrokerInput::Cancel { request, owner: client, token });
+                    let owner = self.scope(client);
+                    self.feed_broker(BrokerInput::Cancel { request, owner, token });
                 }
                 Err(e) => self.respond(client, Some(id), Err(arg(e))),
             },
@@ -824,15 +830,15 @@ impl FsProxy {
                     Err(e) => return self.respond(client, Some(id), Err(arg(e))),
                 };
                 if let Some(t) = &token {
-                    if self.up_tokens.contains_key(&(client, t.clone())) {
-                        let msg = "cancel_token is already in use by another call of this client";
+                    if self.up_tokens.contains_key(&(self.scope(client), t.clone())) {
+                        let msg = "cancel_token is already in use by another live call of this client or its process tree";
                         return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Arg, msg)));
                     }
                 }
                 let up_token = format!("t{}", self.next_up_token);
                 self.next_up_token += 1;
                 if let Some(t) = &token {
-                    self.up_tokens.insert((client, t.clone()), up_token.clone());
+                    self.up_tokens.insert((self.scope(client), t.clone()), (up_token.clone(), client));
                 }
                 params.insert("cancel_token".into(), up_token.clone().into());
                 self.forward(
@@ -847,8 +853,8 @@ impl FsProxy {
                     Ok(t) => t,
                     Err(e) => return self.respond(client, Some(id), Err(arg(e))),
                 };
-                match self.up_tokens.get(&(client, token)).cloned() {
-                    Some(up) => {
+                match self.up_tokens.get(&(self.scope(client), token)).cloned() {
+                    Some((up, _)) => {
                         let mut params = serde_json::Map::new();
                         params.insert("cancel_token".into(), up.into());
                         self.forward(client, Some(id), Waiting::UpstreamBroker, Op::Cancel { params });
@@ -867,6 +873,11 @@ impl FsProxy {
                 self.respond(client, Some(id), Err(Failure::new(ErrorCode::Arg, msg)));
             }
         }
+    }
+
+    /// The cancel-token scope of `client`.
+    fn scope(&self, client: ClientId) -> ClientId {
+        self.scopes.get(&client).copied().unwrap_or(client)
     }
 
     fn connect(&mut self, client: ClientId) {
@@ -1131,6 +1142,7 @@ impl FsProxy {
         }
         let new = ClientId(self.next_attached);
         self.next_attached += 1;
+        self.scopes.insert(new, self.scope(client));
         self.outputs.push_back(Output::Attach { from: client, client: new });
         self.connect(new);
         self.respond(new, Some(id), Ok(Success::Attached));
@@ -1383,7 +1395,8 @@ impl FsProxy {
         if self.broker.is_some() {
             self.feed_broker(BrokerInput::OwnerGone { owner: client });
         }
-        self.up_tokens.retain(|(c, _), _| *c != client);
+        self.up_tokens.retain(|_, (_, owner)| *owner != client);
+        self.scopes.remove(&client);
         let mut cancels = Vec::new();
         for p in self.upstream_pending.values_mut() {
             if p.client != client || p.waiting.holds_client() || p.req.is_none() {
@@ -1515,7 +1528,8 @@ impl FsProxy {
             (Waiting::UpstreamLlm { token, .. }, outcome) => {
                 // The call is over at the top: its token is free again.
                 if let Some(t) = token.filter(|_| req.is_some()) {
-                    self.up_tokens.remove(&(client, t));
+                    let scope = self.scope(client);
+                    self.up_tokens.remove(&(scope, t));
                 }
                 return self.finish_upstream(client, req, false, outcome);
             }
