@@ -1133,3 +1133,53 @@ fn airlock_llm_outside_airlock_exits_1() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is this process running under `airlock run`?"));
 }
+
+#[test]
+fn openai_parameters_reach_the_provider_in_the_models_max_tokens_field() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+r = llm("tag=all", model="gpt-5-mini", max_completion_tokens=77, temperature=1, top_p=0.5, stop=["END"], seed=42,
+        response_format={"type": "json_object"}, tools=tools, tool_choice="auto", n=1, user="u-1")
+out(code(r))
+out(code(llm("tag=old", max_completion_tokens=33)))
+r = llm("tag=n2", n=2)
+out([code(r), r["error"]["message"]])
+r = llm("tag=typo", top_k=3)
+out([code(r), r["error"]["message"]])
+"#;
+    let run = run_broker(dir.path(), &config(&fake, ""), &[], &python(script), &[]);
+    ok(&run);
+    let lines = run.lines();
+    assert_eq!(lines[0], Value::Null, "{lines:?}");
+    assert_eq!(lines[1], Value::Null, "{lines:?}");
+    assert_eq!(lines[2][0], "E_ARG");
+    assert!(lines[2][1].as_str().unwrap().contains("n = 2 is refused"), "{lines:?}");
+    assert_eq!(lines[3][0], "E_ARG");
+    assert!(lines[3][1].as_str().unwrap().starts_with("unknown param \"top_k\""), "{lines:?}");
+    let seen = fake.seen();
+    let tags: Vec<&str> = seen.iter().map(|s| s.tag.as_str()).collect();
+    assert_eq!(tags, ["all", "old"]);
+    let all = &seen[0].body;
+    assert_eq!(all["model"], "gpt-5-mini");
+    assert_eq!(all["max_completion_tokens"], 77);
+    assert!(all.get("max_tokens").is_none(), "{all}");
+    for (k, v) in [
+        ("temperature", json!(1.0)),
+        ("top_p", json!(0.5)),
+        ("stop", json!(["END"])),
+        ("seed", json!(42)),
+        ("response_format", json!({"type": "json_object"})),
+        ("tool_choice", json!("auto")),
+        ("n", json!(1)),
+        ("user", json!("u-1")),
+    ] {
+        assert_eq!(all[k], v, "{k} in {all}");
+    }
+    assert_eq!(all["tools"][0]["function"]["name"], "f");
+    // A model without a field in the catalog gets max_tokens, whichever name the child used.
+    let old = &seen[1].body;
+    assert_eq!(old["max_tokens"], 33, "{old}");
+    assert!(old.get("max_completion_tokens").is_none(), "{old}");
+}

@@ -49,11 +49,13 @@ pub mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use pricing::{CatalogError, Price, PricingCatalog, Weights, SAMPLE_CATALOG_JSON};
+pub use pricing::{CatalogError, MaxTokensField, Price, PricingCatalog, Weights, SAMPLE_CATALOG_JSON};
 pub use quota::{Money, Trim, Usage, UsageError};
 pub use raw::{RawJson, ReadLimits};
 pub use secret::{Redactor, SecretError};
-pub use wire::{CancelOutcome, LlmCmdParams, LlmRequest, LlmResult, ParamError, QuotaSnapshot};
+pub use wire::{
+    CancelOutcome, LlmCmdParams, LlmRequest, LlmResult, ParamError, QuotaSnapshot, PASSTHROUGH_PARAMS,
+};
 
 use crate::handles::ClientId;
 use crate::time::Instant;
@@ -349,6 +351,17 @@ pub struct ProviderRequest {
     /// A JSON object, as text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<RawJson>,
+    /// The checked pass-through parameters (`top_p`, `stop`, ...), a JSON
+    /// object as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<RawJson>,
+    /// The field `max_tokens` is sent as: the model's, from the catalog.
+    #[serde(default, skip_serializing_if = "is_default_field")]
+    pub max_tokens_field: MaxTokensField,
+}
+
+fn is_default_field(f: &MaxTokensField) -> bool {
+    *f == MaxTokensField::default()
 }
 
 impl ProviderRequest {
@@ -853,6 +866,8 @@ impl Broker {
             temperature: w.request.temperature,
             tools: w.request.tools,
             metadata: w.request.metadata,
+            options: w.request.options,
+            max_tokens_field: w.weights.max_tokens_field,
         };
         let mut reserve = Money::ZERO;
         if self.config.enforce_budget && self.bug != Some(BrokerBug::IgnoreEnforceBudget) {

@@ -27,14 +27,16 @@ fn error(message: String) -> ProviderResult {
 }
 
 /// The chat-completions request, as JSON text: `{model, messages,
-/// max_tokens, temperature?, tools?}`. The messages and tools are spliced
-/// in as held. The child's `metadata` stays with airlock: the OpenAI API
-/// accepts `metadata` only with `store: true`, and other compatible
-/// servers refuse unknown fields.
+/// max_tokens | max_completion_tokens (the model's field), temperature?,
+/// tools?, top_p?, stop?, seed?, response_format?, tool_choice?, n?,
+/// user?}`. The messages, tools and options are spliced in as held. The
+/// child's `metadata` stays with airlock: the OpenAI API accepts
+/// `metadata` only with `store: true`, and other compatible servers
+/// refuse unknown fields.
 pub fn request_body(request: &ProviderRequest) -> String {
     let mut head = Map::new();
     head.insert("model".into(), request.model.clone().into());
-    head.insert("max_tokens".into(), request.max_tokens.into());
+    head.insert(request.max_tokens_field.as_str().into(), request.max_tokens.into());
     if let Some(t) = request.temperature {
         head.insert("temperature".into(), json!(t));
     }
@@ -47,6 +49,15 @@ pub fn request_body(request: &ProviderRequest) -> String {
     if let Some(tools) = &request.tools {
         body.push_str(",\"tools\":");
         body.push_str(tools.as_str());
+    }
+    // A non-empty object held as compact text: its members go in as they are.
+    if let Some(inner) =
+        request.options.as_ref().and_then(|o| o.as_str().strip_prefix('{')?.strip_suffix('}'))
+    {
+        if !inner.is_empty() {
+            body.push(',');
+            body.push_str(inner);
+        }
     }
     body.push('}');
     body
@@ -277,7 +288,44 @@ mod tests {
             temperature: Some(0.5),
             tools: None,
             metadata: Some(RawJson::from_value(&json!({"k": "v"}))),
+            options: None,
+            max_tokens_field: Default::default(),
         }
+    }
+
+    /// The body for an o-series model with every pass-through parameter,
+    /// byte for byte: what a real server parses.
+    #[test]
+    fn body_with_every_parameter_for_a_max_completion_tokens_model() {
+        let params = json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "model": "o4-mini",
+            "max_completion_tokens": 9,
+            "temperature": 1,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            "tool_choice": "auto",
+            "top_p": 0.5,
+            "stop": ["\n\n", "END"],
+            "seed": -3,
+            "response_format": {"type": "json_object"},
+            "n": 1,
+            "user": "u-1",
+        });
+        let Value::Object(params) = params else { unreachable!() };
+        let p = crate::broker::wire::parse_llmcmd(&params).expect("valid params");
+        let catalog = crate::broker::PricingCatalog::builtin();
+        let weights = catalog.get("o4-mini").expect("o4-mini is priced");
+        let request = ProviderRequest {
+            model: "o4-mini".into(),
+            messages: p.request.messages,
+            max_tokens: p.request.max_tokens.unwrap_or(0),
+            temperature: p.request.temperature,
+            tools: p.request.tools,
+            metadata: None,
+            options: p.request.options,
+            max_tokens_field: weights.max_tokens_field,
+        };
+        insta::assert_snapshot!(request_body(&request));
     }
     #[test]
     fn body_has_the_openai_fields_and_not_metadata() {

@@ -53,12 +53,39 @@ impl<'de> Deserialize<'de> for Price {
     }
 }
 
-/// What one model costs, per 1M tokens.
+/// The request field a model takes its output bound in. OpenAI's o-series
+/// and gpt-5 refuse `max_tokens` and want `max_completion_tokens`; most
+/// compatible servers know only `max_tokens`, hence the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensField {
+    #[default]
+    MaxTokens,
+    MaxCompletionTokens,
+}
+
+impl MaxTokensField {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            MaxTokensField::MaxTokens => "max_tokens",
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == MaxTokensField::MaxTokens
+    }
+}
+
+/// What one model costs, per 1M tokens, and (kept with its prices so one
+/// catalog entry describes a model) how its output bound is named.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Weights {
     pub input: Price,
     pub cached: Price,
     pub output: Price,
+    #[serde(default, skip_serializing_if = "MaxTokensField::is_default")]
+    pub max_tokens_field: MaxTokensField,
 }
 
 /// Why a catalog could not be loaded. Every variant names what is wrong
@@ -72,6 +99,7 @@ pub enum CatalogError {
     MissingPrice { model: String, key: &'static str },
     UnknownKey { model: String, key: String },
     BadPrice { model: String, key: String, value: String, why: String },
+    BadMaxTokensField { model: String, value: String },
 }
 
 impl fmt::Display for CatalogError {
@@ -85,8 +113,15 @@ impl fmt::Display for CatalogError {
             }
             CatalogError::MissingPrice { model, key } => write!(f, "model {model:?} has no {key:?} price"),
             CatalogError::UnknownKey { model, key } => {
-                write!(f, "model {model:?}: unknown key {key:?} (want input, cached, output)")
+                write!(
+                    f,
+                    "model {model:?}: unknown key {key:?} (want input, cached, output, max_tokens_field)"
+                )
             }
+            CatalogError::BadMaxTokensField { model, value } => write!(
+                f,
+                "model {model:?}: max_tokens_field {value} is not \"max_tokens\" or \"max_completion_tokens\""
+            ),
             CatalogError::BadPrice { model, key, value, why } => {
                 write!(f, "model {model:?}: {key} price {value} is {why} (want USD per 1M tokens, at most 6 decimals)")
             }
@@ -104,7 +139,9 @@ pub struct PricingCatalog {
 }
 
 impl PricingCatalog {
-    /// Parse `{"model": {"input": 0.15, "cached": 0.075, "output": 0.6}}`.
+    /// Parse `{"model": {"input": 0.15, "cached": 0.075, "output": 0.6}}`,
+    /// each entry optionally with `"max_tokens_field": "max_completion_tokens"`
+    /// (see [`MaxTokensField`]; `max_tokens` when absent).
     /// `cached` may be left out for a model without a cache discount: it
     /// then costs the input price, which never undercharges.
     pub fn from_json(text: &str) -> Result<Self, CatalogError> {
@@ -142,7 +179,8 @@ impl PricingCatalog {
 }
 
 fn parse_weights(model: &str, prices: &Map<String, Value>) -> Result<Weights, CatalogError> {
-    if let Some(key) = prices.keys().find(|k| !matches!(k.as_str(), "input" | "cached" | "output")) {
+    let known = |k: &str| matches!(k, "input" | "cached" | "output" | "max_tokens_field");
+    if let Some(key) = prices.keys().find(|k| !known(k)) {
         return Err(CatalogError::UnknownKey { model: model.into(), key: key.clone() });
     }
     let price = |key: &'static str| -> Result<Option<Price>, CatalogError> {
@@ -162,5 +200,11 @@ fn parse_weights(model: &str, prices: &Map<String, Value>) -> Result<Weights, Ca
     let input = price("input")?.ok_or_else(|| missing("input"))?;
     let output = price("output")?.ok_or_else(|| missing("output"))?;
     let cached = price("cached")?.unwrap_or(input);
-    Ok(Weights { input, cached, output })
+    let max_tokens_field = match prices.get("max_tokens_field") {
+        None => MaxTokensField::default(),
+        Some(Value::String(s)) if s == "max_tokens" => MaxTokensField::MaxTokens,
+        Some(Value::String(s)) if s == "max_completion_tokens" => MaxTokensField::MaxCompletionTokens,
+        Some(v) => return Err(CatalogError::BadMaxTokensField { model: model.into(), value: v.to_string() }),
+    };
+    Ok(Weights { input, cached, output, max_tokens_field })
 }

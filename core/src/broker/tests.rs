@@ -18,7 +18,7 @@ fn usd(s: &str) -> Money {
 
 fn weights(input: &str, cached: &str, output: &str) -> Weights {
     let p = |s| Price::parse(s).expect("test price");
-    Weights { input: p(input), cached: p(cached), output: p(output) }
+    Weights { input: p(input), cached: p(cached), output: p(output), ..Weights::default() }
 }
 
 fn req() -> LlmRequest {
@@ -962,4 +962,86 @@ fn cancel_tokens_are_scoped_to_the_tree_not_the_connection() {
     // P1 going away does not touch OTHER's call, now running.
     b.handle(t(2), BrokerInput::OwnerGone { owner: P1 });
     assert_eq!(b.running(), Some(CallId(2)));
+}
+
+fn with_messages(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    let mut p = serde_json::Map::new();
+    p.insert("messages".into(), json!([{"role": "user", "content": "hi"}]));
+    if let serde_json::Value::Object(m) = v {
+        p.extend(m);
+    }
+    p
+}
+
+#[test]
+fn passthrough_params_are_checked_and_errors_name_the_param() {
+    let bad = |v: serde_json::Value| wire::parse_llmcmd(&with_messages(v)).expect_err("refused").0;
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    assert!(bad(json!({"top_p": 1.5})).contains("top_p"));
+    assert!(bad(json!({"top_p": "x"})).contains("top_p"));
+    assert!(bad(json!({"stop": 3})).contains("stop"));
+    assert!(bad(json!({"stop": ["a", "b", "c", "d", "e"]})).contains("at most 4"));
+    assert!(bad(json!({"stop": ["a", 1]})).contains("stop"));
+    assert!(bad(json!({"seed": 1.5})).contains("seed"));
+    assert!(bad(json!({"response_format": "json"})).contains("response_format"));
+    assert!(bad(json!({"response_format": {"kind": "json"}})).contains("response_format"));
+    assert!(bad(json!({"tool_choice": "sometimes", "tools": tools})).contains("tool_choice"));
+    assert!(bad(json!({"tool_choice": "auto"})).contains("tool_choice given without tools"));
+    let n = bad(json!({"n": 2}));
+    assert!(n.contains("n = 2 is refused"), "{n}");
+    assert!(bad(json!({"n": 0})).contains("invalid n"));
+    assert!(bad(json!({"user": 7})).contains("user"));
+    assert!(bad(json!({"max_completion_tokens": 0})).contains("max_completion_tokens must be at least 1"));
+    assert!(bad(json!({"max_completion_tokens": -1})).contains("invalid max_completion_tokens"));
+    assert!(bad(json!({"max_tokens": 5, "max_completion_tokens": 6})).contains("disagree"));
+    let unknown = bad(json!({"frequency_penaltyy": 1}));
+    assert!(unknown.starts_with("unknown param \"frequency_penaltyy\""), "{unknown}");
+    // Good ones pass, in a canonical order; nulls are dropped.
+    let ok = wire::parse_llmcmd(&with_messages(json!({
+        "n": 1, "user": "u", "seed": 4, "stop": "x", "top_p": 0, "tool_choice": {"type": "function", "function": {"name": "f"}},
+        "tools": tools, "response_format": null, "max_completion_tokens": 12, "max_tokens": 12,
+    })))
+    .expect("valid");
+    assert_eq!(ok.request.max_tokens, Some(12));
+    assert_eq!(
+        ok.request.options.expect("options").to_value(),
+        json!({"n": 1, "user": "u", "seed": 4, "stop": "x", "top_p": 0, "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    );
+    let none = wire::parse_llmcmd(&with_messages(json!({}))).expect("valid");
+    assert_eq!(none.request.options, None);
+}
+
+#[test]
+fn max_completion_tokens_is_trimmed_and_sent_in_the_models_field() {
+    // 0.0006 USD at gpt-5-mini's 2.0/1M output, safety 0.9: 270 tokens.
+    let mut b =
+        Broker::new(BrokerConfig::default(), PricingCatalog::builtin(), usd("0.0006"), "s").expect("config");
+    let p = wire::parse_llmcmd(&with_messages(json!({"model": "gpt-5-mini", "max_completion_tokens": 1000})))
+        .expect("valid");
+    b.handle(
+        t(0),
+        BrokerInput::Submit { call: CallId(0), owner: A, scope: A, request: p.request, cancel_token: None },
+    );
+    let out = drain(&mut b);
+    let request = out
+        .iter()
+        .find_map(|o| match o {
+            BrokerOutput::StartProvider { request, .. } => Some(request.clone()),
+            _ => None,
+        })
+        .expect("started");
+    assert_eq!(request.max_tokens_field, MaxTokensField::MaxCompletionTokens);
+    assert_eq!(request.max_tokens, 270);
+    let body: serde_json::Value = serde_json::from_str(&openai::request_body(&request)).expect("JSON");
+    assert_eq!(body["max_completion_tokens"], 270);
+    assert!(body.get("max_tokens").is_none(), "{body}");
+    // And the default field for a model that names none.
+    assert_eq!(
+        PricingCatalog::builtin().get("gpt-4o-mini").map(|w| w.max_tokens_field),
+        Some(MaxTokensField::MaxTokens)
+    );
+    let e = PricingCatalog::from_json(r#"{"m": {"input": 1, "output": 2, "max_tokens_field": "max_len"}}"#)
+        .expect_err("bad field")
+        .to_string();
+    assert!(e.contains("max_tokens_field \"max_len\""), "{e}");
 }

@@ -58,7 +58,19 @@ pub struct LlmRequest {
     /// A JSON object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<RawJson>,
+    /// The other OpenAI parameters the child gave ([`PASSTHROUGH_PARAMS`]),
+    /// checked, as a JSON object passed to the provider as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<RawJson>,
 }
+
+/// OpenAI chat-completions parameters checked here and passed to the
+/// provider unchanged.
+pub const PASSTHROUGH_PARAMS: [&str; 7] =
+    ["top_p", "stop", "seed", "response_format", "tool_choice", "n", "user"];
+
+/// Most `stop` sequences (OpenAI's limit).
+pub const MAX_STOP_SEQUENCES: usize = 4;
 
 impl LlmRequest {
     /// A request of `messages` with every option left out.
@@ -70,13 +82,14 @@ impl LlmRequest {
             temperature: None,
             tools: None,
             metadata: None,
+            options: None,
         }
     }
 
     /// Bytes of JSON text it holds.
     pub fn held_bytes(&self) -> u64 {
         let opt = |r: &Option<RawJson>| r.as_ref().map_or(0, RawJson::len);
-        (self.messages.len() + opt(&self.tools) + opt(&self.metadata)) as u64
+        (self.messages.len() + opt(&self.tools) + opt(&self.metadata) + opt(&self.options)) as u64
     }
 }
 
@@ -87,15 +100,23 @@ pub struct LlmCmdParams {
     pub cancel_token: Option<String>,
 }
 
-/// Parse `LLMCMD` params:
-/// `{messages, model?, max_tokens?, temperature?, tools?, metadata?, cancel_token?}`.
-/// Unknown keys are refused, so a misspelt `max_token` does not silently
-/// go unbounded.
+/// Parse `LLMCMD` params: `{messages, model?, max_tokens? |
+/// max_completion_tokens?, temperature?, tools?, metadata?, cancel_token?}`
+/// and the [`PASSTHROUGH_PARAMS`]. Unknown keys are refused, so a misspelt
+/// `max_token` does not silently go unbounded.
 pub fn parse_llmcmd(params: &Map<String, Value>) -> Result<LlmCmdParams, ParamError> {
-    only_keys(
-        params,
-        &["messages", "model", "max_tokens", "temperature", "tools", "metadata", "cancel_token"],
-    )?;
+    let mut known = vec![
+        "messages",
+        "model",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "tools",
+        "metadata",
+        "cancel_token",
+    ];
+    known.extend(PASSTHROUGH_PARAMS);
+    only_keys(params, &known)?;
     let (messages_value, messages) = match params.get("messages") {
         Some(Value::Array(m)) if m.is_empty() => return err("messages is empty"),
         Some(v @ Value::Array(m)) => (v, m),
@@ -115,14 +136,7 @@ pub fn parse_llmcmd(params: &Map<String, Value>) -> Result<LlmCmdParams, ParamEr
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => return err("model is not a string"),
     };
-    let max_tokens = match params.get("max_tokens") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
-            Some(0) => return err("max_tokens must be at least 1"),
-            Some(n) => Some(n),
-            None => return err(format!("invalid max_tokens: {v}")),
-        },
-    };
+    let max_tokens = parse_max_tokens(params)?;
     let temperature = match params.get("temperature") {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_f64() {
@@ -140,13 +154,95 @@ pub fn parse_llmcmd(params: &Map<String, Value>) -> Result<LlmCmdParams, ParamEr
         Some(m @ Value::Object(_)) => Some(RawJson::from_value(m)),
         Some(_) => return err("metadata is not an object"),
     };
+    let options = parse_options(params, tools.is_some())?;
     let cancel_token = match params.get("cancel_token") {
         None | Some(Value::Null) => None,
         Some(v) => Some(parse_token(v)?),
     };
     let messages = RawJson::from_value(messages_value);
-    let request = LlmRequest { messages, model, max_tokens, temperature, tools, metadata };
+    let request = LlmRequest { messages, model, max_tokens, temperature, tools, metadata, options };
     Ok(LlmCmdParams { request, cancel_token })
+}
+
+/// The output bound, given as `max_tokens` or `max_completion_tokens`
+/// (OpenAI's newer name): either is the one the soft trim cuts. Which
+/// field the provider is sent is the model's (`MaxTokensField`).
+fn parse_max_tokens(params: &Map<String, Value>) -> Result<Option<u32>, ParamError> {
+    let one = |key: &str| match params.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(0) => err(format!("{key} must be at least 1")),
+            Some(n) => Ok(Some(n)),
+            None => err(format!("invalid {key}: {v} (want an integer from 1 to {})", u32::MAX)),
+        },
+    };
+    match (one("max_tokens")?, one("max_completion_tokens")?) {
+        (Some(a), Some(b)) if a != b => {
+            err(format!("max_tokens ({a}) and max_completion_tokens ({b}) disagree: give one"))
+        }
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
+/// The [`PASSTHROUGH_PARAMS`] present (nulls dropped), each checked the
+/// way the OpenAI API would, so a bad one costs no provider call.
+fn parse_options(params: &Map<String, Value>, has_tools: bool) -> Result<Option<RawJson>, ParamError> {
+    let mut out = Map::new();
+    for key in PASSTHROUGH_PARAMS {
+        let v = match params.get(key) {
+            None | Some(Value::Null) => continue,
+            Some(v) => v,
+        };
+        match key {
+            "top_p" => match v.as_f64() {
+                Some(p) if (0.0..=1.0).contains(&p) => {}
+                _ => return err(format!("invalid top_p: {v} (want a number from 0 to 1)")),
+            },
+            "stop" => match v {
+                Value::String(_) => {}
+                Value::Array(a) if a.len() <= MAX_STOP_SEQUENCES && a.iter().all(Value::is_string) => {}
+                _ => {
+                    return err(format!(
+                        "invalid stop: want a string or an array of at most {MAX_STOP_SEQUENCES} strings"
+                    ))
+                }
+            },
+            "seed" if v.as_i64().is_none() => {
+                return err(format!("invalid seed: {v} (want a 64-bit integer)"))
+            }
+            "response_format" => match v.get("type") {
+                Some(Value::String(_)) if v.is_object() => {}
+                _ => return err("invalid response_format: want an object with a string type"),
+            },
+            "tool_choice" => {
+                match v {
+                    Value::String(s) if matches!(s.as_str(), "none" | "auto" | "required") => {}
+                    Value::Object(_) if v.get("type").is_some_and(Value::is_string) => {}
+                    _ => {
+                        return err(
+                            "invalid tool_choice: want \"none\", \"auto\", \"required\" or an object with a string type",
+                        )
+                    }
+                }
+                if !has_tools {
+                    return err("tool_choice given without tools");
+                }
+            }
+            "n" => match v.as_u64() {
+                Some(1) => {}
+                Some(n) if n > 1 => {
+                    return err(format!(
+                        "n = {n} is refused: the broker answers one choice per call (make {n} calls)"
+                    ))
+                }
+                _ => return err(format!("invalid n: {v} (want 1)")),
+            },
+            "user" if !v.is_string() => return err("user is not a string"),
+            _ => {}
+        }
+        out.insert(key.to_owned(), v.clone());
+    }
+    Ok((!out.is_empty()).then(|| RawJson::from_value(&Value::Object(out))))
 }
 
 fn parse_token(v: &Value) -> Result<String, ParamError> {
