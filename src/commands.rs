@@ -166,6 +166,9 @@ impl ServeArgs {
                     "this airlock runs under another: its [broker] is ignored, LLMCMD goes upstream"
                 );
             } else {
+                if let Some(w) = config::api_key_warning(&b.api_key_env, key.as_deref()) {
+                    eprintln!("airlock: warning: {w}");
+                }
                 let key = key.filter(|k| !k.is_empty());
                 let redactor = key_redactor(&b.api_key_env, key.as_deref())?;
                 let provider: Arc<dyn Provider> =

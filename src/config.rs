@@ -123,6 +123,19 @@ impl Default for RequestSection {
     }
 }
 
+/// What is wrong with the API key variable `var` whose value is `value`,
+/// for a start-up warning: a missing key otherwise shows only as the
+/// provider's 401 on the first call.
+pub fn api_key_warning(var: &str, value: Option<&str>) -> Option<String> {
+    let why = match value {
+        // `std::env::var` reads a value that is not UTF-8 as absent too.
+        None => "is not set (or not UTF-8)",
+        Some("") => "is empty",
+        Some(_) => return None,
+    };
+    Some(format!("{var} (broker.api_key_env) {why}: provider calls are sent without an Authorization header"))
+}
+
 /// `api_key_env` when the file names none.
 pub const DEFAULT_API_KEY_ENV: &str = "OPENAI_API_KEY";
 /// `initial_units` when the file names none, in USD.
@@ -248,6 +261,17 @@ fn resolve_broker(s: BrokerSection, dir: &Path) -> anyhow::Result<BrokerShellCon
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_unset_or_empty_key_is_warned_about() {
+        let w = |v: Option<&str>| super::api_key_warning("K", v);
+        assert_eq!(
+            w(None).as_deref(),
+            Some("K (broker.api_key_env) is not set (or not UTF-8): provider calls are sent without an Authorization header")
+        );
+        assert!(w(Some("")).is_some_and(|m| m.contains("K (broker.api_key_env) is empty")));
+        assert_eq!(w(Some("sk-123")), None);
+    }
+
     use super::*;
 
     fn err(text: &str) -> String {

@@ -664,6 +664,7 @@ out(llm("tag=bad status=401 echo_auth=1"))
     let msg = l[2]["error"]["message"].as_str().unwrap();
     assert!(msg.contains("Incorrect API key provided: Bearer [redacted]"), "{msg}");
     assert!(!run.stdout().contains(key), "the key reached the child: {}", run.stdout());
+    assert!(!run.stderr().contains("warning"), "a set key is not warned about: {}", run.stderr());
 }
 
 #[test]
@@ -680,6 +681,23 @@ fn without_an_api_key_no_authorization_is_sent() {
     ok(&run);
     assert_eq!(run.lines()[0]["ok"], true);
     assert_eq!(fake.seen()[0].auth, None);
+    let warning = "airlock: warning: AIRLOCK_TEST_UNSET_KEY (broker.api_key_env) is not set (or not UTF-8): provider calls are sent without an Authorization header";
+    assert!(run.stderr().contains(warning), "{}", run.stderr());
+    // Empty is as good as unset, and warned about too.
+    let run = run_broker(
+        dir.path(),
+        &config(&fake, "api_key_env = \"AIRLOCK_TEST_EMPTY_KEY\"\n"),
+        &[],
+        &python(r#"out(llm("tag=e"))"#),
+        &[("AIRLOCK_TEST_EMPTY_KEY", "")],
+    );
+    ok(&run);
+    assert!(
+        run.stderr().contains("AIRLOCK_TEST_EMPTY_KEY (broker.api_key_env) is empty"),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(fake.seen()[1].auth, None);
 }
 
 #[test]
