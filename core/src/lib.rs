@@ -15,6 +15,8 @@ pub mod fsproxy;
 pub mod fuzzing;
 pub mod handles;
 pub mod policy;
+pub mod resolve;
+pub mod scope;
 pub mod sandbox;
 pub mod time;
 pub mod trace;
