@@ -194,7 +194,7 @@ impl Client {
     }
 
     pub fn open(&mut self, path: &str, mode: Mode) -> Result<Handle, ClientError> {
-        match self.call(Op::Open { path: path.to_owned(), mode })? {
+        match self.call(Op::Open { path: path.to_owned(), mode, scope: None })? {
             Success::Opened { handle } => Ok(handle),
             other => Err(ClientError::BadResponse(format!("open answered {other:?}"))),
         }

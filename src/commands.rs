@@ -103,11 +103,14 @@ fn descriptors_available() -> usize {
 impl ServeArgs {
     fn policy(&self) -> anyhow::Result<Policy> {
         let cwd = std::env::current_dir().context("reading the working directory")?;
-        let roots = self
+        let roots: Vec<Root> = self
             .allow
             .iter()
-            .map(|p| Root { path: p.clone(), access: Access::ReadOnly })
-            .chain(self.allow_rw.iter().map(|p| Root { path: p.clone(), access: Access::ReadWrite }));
+            .map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadOnly })
+            .chain(
+                self.allow_rw.iter().map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadWrite }),
+            )
+            .collect();
         Ok(Policy::new(cwd, roots))
     }
 
@@ -128,6 +131,22 @@ impl ServeArgs {
         config.max_descriptors = self.max_descriptors.unwrap_or_else(descriptors_available);
         config.descriptor_reserve = self.descriptor_reserve;
         Ok(config)
+    }
+}
+
+/// A root by its physical path: symlinks on the way to it are resolved
+/// once, at start-up, so the resolved paths of files beneath it compare
+/// with it (see `resolve`); a file root's own name is never followed, so a
+/// file root that is a symlink leads nowhere it does not itself allow.
+fn physical_root(cwd: &std::path::Path, p: &std::path::Path) -> PathBuf {
+    let joined = cwd.join(p);
+    let abs = airlock_core::policy::normalize(&joined).unwrap_or(joined);
+    if abs.is_dir() {
+        return std::fs::canonicalize(&abs).unwrap_or(abs);
+    }
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent).map(|c| c.join(name)).unwrap_or(abs),
+        _ => abs,
     }
 }
 

@@ -54,8 +54,25 @@ pub enum Refusal {
     ReadOnly(PathBuf),
     TooManyLinks,
     NotFound,
-    /// The namespace failed (I/O error, not a regular file, …).
+    /// The file system refused (permission, not a regular file, …).
+    Denied(String),
+    /// The namespace failed otherwise (I/O error, …).
     Fs(String),
+}
+
+impl Refusal {
+    /// How the machine reports it: `E_PERM` for every refusal of the
+    /// policy or the file system, `E_NOENT`, or `E_IO`.
+    pub fn kind(&self) -> crate::fsproxy::FsErrorKind {
+        use crate::fsproxy::FsErrorKind;
+        match self {
+            Refusal::Outside(_) | Refusal::ReadOnly(_) | Refusal::TooManyLinks | Refusal::Denied(_) => {
+                FsErrorKind::Denied
+            }
+            Refusal::NotFound => FsErrorKind::NotFound,
+            Refusal::Fs(_) => FsErrorKind::Other,
+        }
+    }
 }
 
 impl std::fmt::Display for Refusal {
@@ -65,7 +82,7 @@ impl std::fmt::Display for Refusal {
             Refusal::ReadOnly(p) => write!(f, "{} resolves to a read-only path", p.display()),
             Refusal::TooManyLinks => write!(f, "more than {MAX_SYMLINK_HOPS} symlinks"),
             Refusal::NotFound => f.write_str("no such file or directory"),
-            Refusal::Fs(m) => f.write_str(m),
+            Refusal::Denied(m) | Refusal::Fs(m) => f.write_str(m),
         }
     }
 }
@@ -135,7 +152,7 @@ pub fn open<N: Namespace>(
     let mut hops = 0;
     'walk: loop {
         let Some((name, parent)) = parts.split_last() else {
-            return Err(Refusal::Fs("not a regular file".into()));
+            return Err(Refusal::Denied("not a regular file".into()));
         };
         let parent_path = to_path(parent);
         // The deepest anchor containing the directory the file is in.
@@ -160,7 +177,7 @@ pub fn open<N: Namespace>(
                     parts = rewrite(&parent[..i], &target, &parts[i + 1..]);
                     continue 'walk;
                 }
-                Entry::NotDir => return Err(Refusal::Fs("not a directory".into())),
+                Entry::NotDir => return Err(Refusal::NotFound),
                 Entry::Missing => return Err(Refusal::NotFound),
             }
         }
@@ -231,7 +248,7 @@ mod tests {
             match self.nodes.get(&p).cloned() {
                 Some(Node::File) => Ok(Final::File(p)),
                 Some(Node::Link(t)) => Ok(Final::Symlink(t)),
-                Some(Node::Dir) => Err(Refusal::Fs("not a regular file".into())),
+                Some(Node::Dir) => Err(Refusal::Denied("not a regular file".into())),
                 None if mode == Mode::Read => Err(Refusal::NotFound),
                 None => {
                     self.nodes.insert(p.clone(), Node::File);

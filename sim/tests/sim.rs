@@ -62,6 +62,11 @@ fn broker_scenario_seeds_pass() {
 }
 
 #[test]
+fn adversary_scenario_seeds_pass() {
+    assert_all_pass(Scenario::Adversary);
+}
+
+#[test]
 fn broker_worlds_exercise_the_broker() {
     let summary = run_many(&opts(Scenario::Broker, 0..40, 2), |_| {});
     assert!(
