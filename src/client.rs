@@ -133,6 +133,12 @@ impl Client {
         Ok(client)
     }
 
+    /// The connection itself, once no request is in flight (a nested
+    /// airlock takes its attached connection as its upstream).
+    pub fn into_file(self) -> File {
+        self.conn
+    }
+
     /// Use the descriptor named by `AIRLOCK_FD` (default 3) directly. Only
     /// safe while no other process uses it at the same time.
     pub fn shared() -> Result<Self, ClientError> {

@@ -300,7 +300,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         Plan::Unconfined { .. } => None,
     };
     block_on(async {
-        let upstream = child::inherited_upstream()?;
+        let upstream = nested_upstream()?;
         let (mut session, remove_env, report) =
             args.session(secrets, StdioRole::Local, upstream.as_ref().map(|u| u.as_fd()), "run")?;
         if let Some(up) = upstream {
@@ -339,6 +339,20 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         args.close(session, report, exit, Some(&plan)).await?;
         Ok(code)
     })
+}
+
+/// Under another airlock, a connection of this level's own, attached over
+/// the inherited descriptor: the narrowing this level sends upstream then
+/// applies to its requests alone, never to other processes that share the
+/// descriptor (the shell that started it, say, or its siblings).
+fn nested_upstream() -> anyhow::Result<Option<tokio::net::UnixStream>> {
+    if std::env::var_os(crate::client::FD_ENV).is_none() {
+        return Ok(None);
+    }
+    let client = Client::connect().context("attaching to the upstream airlock")?;
+    let std = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(client.into_file()));
+    std.set_nonblocking(true)?;
+    Ok(Some(tokio::net::UnixStream::from_std(std)?))
 }
 
 /// Pass termination requests on to the child, so airlock outlives it long

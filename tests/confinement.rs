@@ -176,3 +176,109 @@ fn swapping_a_symlink_during_writes_never_reaches_the_read_only_file() {
     assert_eq!(read(&d.join("ro/keep.txt")), "keep");
     run.assert_no_leaks();
 }
+
+/// A nested airlock narrows a connection of its own (attached), so the
+/// processes that share its descriptor keep what they had.
+#[test]
+fn a_nested_level_narrows_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::fs::write(dir.path().join("other.txt"), "other").unwrap();
+    let script = r#""$AIRLOCK" run --allow sub -- sh -c '"$AIRLOCK" fs cat other.txt 2>/dev/null; echo "inner $?"'
+"$AIRLOCK" fs cat other.txt; echo; echo "outer $?""#;
+    let run = run_in(dir.path(), &["--allow-rw", "."], &sh(script));
+    assert_eq!(run.code(), Some(0), "stderr: {}", run.stderr());
+    // Inside, other.txt is a virtual name of the nested level (absent).
+    assert_eq!(run.stdout(), "inner 1\nother\nouter 0\n");
+    run.assert_no_leaks();
+}
+
+/// An upstream that does not know `narrow` (here a minimal server that
+/// answers `attach` and refuses every other op) gets nothing forwarded.
+#[test]
+fn an_upstream_that_cannot_narrow_gets_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f.txt"), "f").unwrap();
+    let server = r#"
+import os, socket, struct, json, sys
+srv = socket.socket(fileno=3)
+def frames(s):
+    buf = b""
+    while True:
+        while len(buf) >= 4 and len(buf) - 4 >= struct.unpack(">I", buf[:4])[0]:
+            n = struct.unpack(">I", buf[:4])[0]
+            yield json.loads(buf[4:4 + n]); buf = buf[4 + n:]
+        d = s.recv(65536)
+        if not d: return
+        buf += d
+def send(s, obj):
+    p = json.dumps(obj).encode(); s.sendall(struct.pack(">I", len(p)) + p)
+msg, fds, _, _ = socket.recv_fds(srv, 65536, 4)
+conn = socket.socket(fileno=fds[0])
+req = json.loads(msg[4:])
+send(conn, {"id": req["id"], "ok": True})
+for r in frames(conn):
+    print(r["op"], flush=True, file=sys.stderr)
+    send(conn, {"id": r["id"], "ok": False, "error": {"code": "E_UNSUPPORTED", "message": "unknown op"}})
+"#;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    use std::os::fd::AsRawFd;
+    let theirs_fd = theirs.as_raw_fd();
+    let mut srv = std::process::Command::new("python3");
+    srv.arg("-c").arg(server).stderr(std::process::Stdio::piped());
+    // SAFETY: dup2 in the forked child before exec, async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        srv.pre_exec(move || {
+            if libc_dup2(theirs_fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let srv = srv.spawn().unwrap();
+    drop(theirs);
+    let ours_fd = ours.as_raw_fd();
+    let mut nested = std::process::Command::new(airlock());
+    nested
+        .current_dir(dir.path())
+        .args(["run", "--allow-rw", ".", "--", "sh", "-c", r#""$AIRLOCK" fs cat f.txt; echo "rc $?""#])
+        .env("AIRLOCK_FD", "3");
+    // SAFETY: dup2 in the forked child before exec, async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        nested.pre_exec(move || {
+            if libc_dup2(ours_fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = nested.output().unwrap();
+    drop(ours);
+    let srv = srv.wait_with_output().unwrap();
+    let seen = String::from_utf8_lossy(&srv.stderr).into_owned();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "rc 1\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot narrow"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(seen.trim(), "narrow", "the upstream saw more than the narrow: {seen}");
+}
+
+/// dup2 that leaves `to` open across exec (onto itself: clears CLOEXEC).
+fn libc_dup2(from: i32, to: i32) -> i32 {
+    // SAFETY: both are plain descriptor numbers; dup2 and fcntl have no
+    // memory effects, and `to` is never closed here.
+    unsafe {
+        if from == to {
+            let fd = std::os::fd::BorrowedFd::borrow_raw(from);
+            return match rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()) {
+                Ok(()) => 0,
+                Err(_) => -1,
+            };
+        }
+        let mut target = std::mem::ManuallyDrop::new(<std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(to));
+        match rustix::io::dup2(std::os::fd::BorrowedFd::borrow_raw(from), &mut target) {
+            Ok(()) => 0,
+            Err(_) => -1,
+        }
+    }
+}
