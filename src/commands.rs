@@ -108,7 +108,9 @@ impl ServeArgs {
             .iter()
             .map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadOnly })
             .chain(
-                self.allow_rw.iter().map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadWrite }),
+                self.allow_rw
+                    .iter()
+                    .map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadWrite }),
             )
             .collect();
         Ok(Policy::new(cwd, roots))

@@ -74,8 +74,13 @@ impl Namespace for Caps<'_> {
 
     fn anchor(&mut self, index: usize) -> Result<OwnedFd, Refusal> {
         let dir = self.dirs.get(index).ok_or_else(|| Refusal::Fs("unknown anchor".into()))?;
-        rustix::fs::openat(dir.as_fd(), ".", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, rustix::fs::Mode::empty())
-            .map_err(errno_refusal)
+        rustix::fs::openat(
+            dir.as_fd(),
+            ".",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(errno_refusal)
     }
 
     fn lookup(&mut self, dir: &OwnedFd, name: &OsStr) -> Result<Entry<OwnedFd>, Refusal> {
@@ -97,7 +102,13 @@ impl Namespace for Caps<'_> {
         })
     }
 
-    fn open_final(&mut self, dir: &OwnedFd, name: &OsStr, _: &Path, mode: Mode) -> Result<Final<File>, Refusal> {
+    fn open_final(
+        &mut self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        _: &Path,
+        mode: Mode,
+    ) -> Result<Final<File>, Refusal> {
         let access = match mode {
             Mode::Read => OFlags::RDONLY,
             Mode::Write => OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
@@ -131,7 +142,8 @@ impl HostFs {
     /// be created). Root paths are taken as physical (the shell resolves
     /// them when it builds the policy).
     pub fn new(policy: &Policy) -> anyhow::Result<Self> {
-        let mut hostfs = HostFs { roots: Vec::new(), dirs: Vec::new(), anchors: Vec::new(), files: BTreeMap::new() };
+        let mut hostfs =
+            HostFs { roots: Vec::new(), dirs: Vec::new(), anchors: Vec::new(), files: BTreeMap::new() };
         for root in policy.roots() {
             let path = &root.path;
             hostfs.roots.push(path.clone());

@@ -18,7 +18,7 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// 1. A nested airlock with no roots: its relative names are its own
+/// Attack 1: a nested airlock with no roots: its relative names are its own
 /// virtual files and never reach a host file at any level above.
 #[test]
 fn nested_level_without_roots_sees_only_its_own_virtual_files() {
@@ -47,7 +47,7 @@ echo pwned | "$AIRLOCK" fs write host.txt; echo "write host.txt $?"
     run.assert_no_leaks();
 }
 
-/// 2. A nested `--allow-rw a/sub` cannot be left through a symlink inside
+/// Attack 2: a nested `--allow-rw a/sub` cannot be left through a symlink inside
 /// `a/sub` to `a/other`, though the top level allows all of `.`.
 #[test]
 fn nested_level_cannot_be_left_through_a_symlink() {
@@ -59,7 +59,8 @@ fn nested_level_cannot_be_left_through_a_symlink() {
     symlink("../other", a.join("sub/up")).unwrap();
     symlink(a.join("other/secret.txt"), a.join("sub/abs")).unwrap();
     symlink("ok.txt", a.join("sub/in")).unwrap();
-    let mut script = String::from(r#"echo fine | "$AIRLOCK" fs write a/sub/ok.txt; "$AIRLOCK" fs cat a/sub/in; "#);
+    let mut script =
+        String::from(r#"echo fine | "$AIRLOCK" fs write a/sub/ok.txt; "$AIRLOCK" fs cat a/sub/in; "#);
     for (cmd, path) in [
         ("cat", "a/sub/up/secret.txt"),
         ("write", "a/sub/up/secret.txt"),
@@ -81,7 +82,7 @@ fn nested_level_cannot_be_left_through_a_symlink() {
     run.assert_no_leaks();
 }
 
-/// 3. A single-file root that is a symlink to a sibling does not open the
+/// Attack 3: a single-file root that is a symlink to a sibling does not open the
 /// sibling, directly or under a nested level.
 #[test]
 fn single_file_root_that_is_a_symlink_leads_nowhere() {
@@ -91,7 +92,8 @@ fn single_file_root_that_is_a_symlink_leads_nowhere() {
     std::fs::write(d.join("secret.txt"), "secret").unwrap();
     symlink("secret.txt", d.join("out.txt")).unwrap();
     for args in [&["--allow", "d/out.txt"][..], &["--allow-rw", "d/out.txt"]] {
-        let script = attempt("cat", "d/out.txt") + &attempt("write", "d/out.txt") + &attempt("append", "d/out.txt");
+        let script =
+            attempt("cat", "d/out.txt") + &attempt("write", "d/out.txt") + &attempt("append", "d/out.txt");
         let run = run_in(dir.path(), args, &sh(&script));
         assert_eq!(run.code(), Some(0), "stderr: {}", run.stderr());
         assert_eq!(run.stdout(), "cat d/out.txt 1\nwrite d/out.txt 1\nappend d/out.txt 1\n", "{args:?}");
@@ -99,19 +101,23 @@ fn single_file_root_that_is_a_symlink_leads_nowhere() {
         run.assert_no_leaks();
     }
     // Under a nested level, whose top allows the whole directory.
-    let inner = format!(r#""$AIRLOCK" run --allow-rw d/out.txt -- sh -c '{}'"#, attempt("cat", "d/out.txt").replace('\'', r#"'\''"#));
+    let inner = format!(
+        r#""$AIRLOCK" run --allow-rw d/out.txt -- sh -c '{}'"#,
+        attempt("cat", "d/out.txt").replace('\'', r#"'\''"#)
+    );
     let run = run_in(dir.path(), &["--allow-rw", "."], &sh(&inner));
     assert_eq!(run.stdout(), "cat d/out.txt 1\n", "stderr: {}", run.stderr());
     assert_eq!(read(&d.join("secret.txt")), "secret");
     assert!(std::fs::symlink_metadata(d.join("out.txt")).unwrap().file_type().is_symlink());
     // A plain file root still works.
     std::fs::remove_file(d.join("out.txt")).unwrap();
-    let run = run_in(dir.path(), &["--allow-rw", "d/out.txt"], &sh(r#"echo ok | "$AIRLOCK" fs write d/out.txt"#));
+    let run =
+        run_in(dir.path(), &["--allow-rw", "d/out.txt"], &sh(r#"echo ok | "$AIRLOCK" fs write d/out.txt"#));
     assert_eq!(run.code(), Some(0), "stderr: {}", run.stderr());
     assert_eq!(read(&d.join("out.txt")), "ok\n");
 }
 
-/// 4. Read-only is decided on the resolved file: `d/rolink -> ro` does not
+/// Attack 4: read-only is decided on the resolved file: `d/rolink -> ro` does not
 /// make `d/ro/keep.txt` writable, nor let a file be created in `d/ro`.
 #[test]
 fn read_only_holds_through_a_symlink() {
@@ -259,7 +265,11 @@ for r in frames(conn):
     let srv = srv.wait_with_output().unwrap();
     let seen = String::from_utf8_lossy(&srv.stderr).into_owned();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "rc 1\n", "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot narrow"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot narrow"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(seen.trim(), "narrow", "the upstream saw more than the narrow: {seen}");
 }
 
@@ -275,7 +285,8 @@ fn libc_dup2(from: i32, to: i32) -> i32 {
                 Err(_) => -1,
             };
         }
-        let mut target = std::mem::ManuallyDrop::new(<std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(to));
+        let mut target =
+            std::mem::ManuallyDrop::new(<std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(to));
         match rustix::io::dup2(std::os::fd::BorrowedFd::borrow_raw(from), &mut target) {
             Ok(()) => 0,
             Err(_) => -1,

@@ -59,7 +59,13 @@ impl Namespace for Walk<'_> {
         })
     }
 
-    fn open_final(&mut self, dir: &PathBuf, name: &OsStr, _: &Path, mode: Mode) -> Result<Final<PathBuf>, Refusal> {
+    fn open_final(
+        &mut self,
+        dir: &PathBuf,
+        name: &OsStr,
+        _: &Path,
+        mode: Mode,
+    ) -> Result<Final<PathBuf>, Refusal> {
         let p = dir.join(name);
         if let Some(t) = self.fs.links.get(&p) {
             return Ok(Final::Symlink(t.clone()));
@@ -137,7 +143,10 @@ impl HostFs {
         let mut walk = Walk { fs: self, anchors };
         match resolve::open(&mut walk, anchors, path, mode, scope) {
             Ok((p, _)) => {
-                self.open.insert((level, file), OpenFile { path: p.clone(), pos: 0, append: mode == Mode::Append });
+                self.open.insert(
+                    (level, file),
+                    OpenFile { path: p.clone(), pos: 0, append: mode == Mode::Append },
+                );
                 Ok((EffectResult::Opened, Some(p)))
             }
             Err(r) => Ok((EffectResult::Failed { kind: r.kind(), message: r.to_string() }, None)),
@@ -191,7 +200,11 @@ impl HostFs {
 pub fn anchors(fs: &HostFs, roots: &[airlock_core::policy::Root]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     for r in roots {
-        let a = if fs.is_dir(&r.path) { r.path.clone() } else { r.path.parent().map_or_else(|| r.path.clone(), Path::to_path_buf) };
+        let a = if fs.is_dir(&r.path) {
+            r.path.clone()
+        } else {
+            r.path.parent().map_or_else(|| r.path.clone(), Path::to_path_buf)
+        };
         if !out.contains(&a) {
             out.push(a);
         }

@@ -36,7 +36,8 @@ fn found(bug: PlantedBug, name: &str) {
     assert_eq!(report.header.config.planted_bug, Some(bug));
     assert_eq!(report.header.meta.as_ref().unwrap()["failure"]["invariant"], "confinement");
     if std::env::var_os("AIRLOCK_KEEP_PLANTED_TRACES").is_some() {
-        let keep = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/planted").join(format!("{name}.jsonl"));
+        let keep =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/planted").join(format!("{name}.jsonl"));
         std::fs::write(&keep, &text).unwrap();
     }
     eprintln!("{bug:?}: seed {} shrunk to {}, {lines} trace lines", res.seed, shrunk.describe());

@@ -42,7 +42,10 @@ pub struct Adversary {
 /// Attack sites: where the attacker puts symlinks, and what they may point at
 /// (`None`: no link, a regular file or nothing).
 const SITES: [(&str, &[Option<&str>]); 5] = [
-    ("/data/rw/rolink", &[Some("sub"), Some("./sub"), Some("/data/rw/sub"), Some("../rw/sub"), Some("a"), None]),
+    (
+        "/data/rw/rolink",
+        &[Some("sub"), Some("./sub"), Some("/data/rw/sub"), Some("../rw/sub"), Some("a"), None],
+    ),
     (
         "/data/one/out.txt",
         &[
