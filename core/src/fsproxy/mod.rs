@@ -486,6 +486,9 @@ struct Client {
     /// What the client narrowed itself to (`narrow`), inherited by the
     /// clients attached from it.
     scope: Option<Scope>,
+    /// This level's own scope intersected with `scope`, computed once per
+    /// `narrow` rather than per open.
+    effective: Option<Scope>,
 }
 
 /// A nested level narrows its upstream before forwarding anything.
@@ -922,6 +925,7 @@ impl FsProxy {
                 alive: true,
                 passed: VecDeque::new(),
                 scope: None,
+                effective: None,
             },
         );
     }
@@ -1149,11 +1153,14 @@ impl FsProxy {
     /// `narrow`: the client (a nested level) may reach only what `scope`
     /// also allows, from now on; it can never widen.
     fn narrow(&mut self, client: ClientId, id: String, scope: Scope) {
+        let own = self.own_scope.clone();
         let Some(c) = self.clients.get_mut(&client) else { return };
-        c.scope = Some(match c.scope.take() {
+        let narrowed = match c.scope.take() {
             Some(s) => s.intersect(&scope),
             None => scope,
-        });
+        };
+        c.effective = Some(own.intersect(&narrowed));
+        c.scope = Some(narrowed);
         self.respond(client, Some(id), Ok(Success::Value(serde_json::Map::new())));
     }
 
@@ -1229,7 +1236,7 @@ impl FsProxy {
             let msg = format!("attach refused: the session serves at most {max} clients (--max-clients)");
             return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
         }
-        let scope = c.scope.clone();
+        let (scope, effective) = (c.scope.clone(), c.effective.clone());
         let new = ClientId(self.next_attached);
         self.next_attached += 1;
         self.outputs.push_back(Output::Attach { from: client, client: new });
@@ -1237,6 +1244,7 @@ impl FsProxy {
         // A process attached from a narrowed connection is just as narrow.
         if let Some(c) = self.clients.get_mut(&new) {
             c.scope = scope;
+            c.effective = effective;
         }
         self.respond(new, Some(id), Ok(Success::Attached));
     }
@@ -1278,6 +1286,7 @@ impl FsProxy {
             ));
         }
         // What the client (a nested level) and the request narrowed to.
+        let request_scoped = scope.is_some();
         let narrowing = match (self.clients.get(&client).and_then(|c| c.scope.clone()), scope) {
             (Some(a), Some(b)) => Some(a.intersect(&b)),
             (a, b) => a.or(b),
@@ -1309,6 +1318,7 @@ impl FsProxy {
         let Some(r) = self.config.policy.root(root) else {
             return Err(Failure::new(ErrorCode::Io, "unknown root"));
         };
+        let effective = self.clients.get(&client).and_then(|c| c.effective.clone());
         let abs = r.path.join(&rel);
         if let Some(n) = &narrowing {
             if !n.permits(&abs, mode.writable()) {
@@ -1332,9 +1342,12 @@ impl FsProxy {
             Some(PlantedBug::LexicalFileRoot) if rel.as_os_str().is_empty() => Scope::everything(),
             _ => self.own_scope.clone(),
         };
-        let scope = match &narrowing {
-            Some(n) => own.intersect(n),
-            None => own,
+        let scope = match (&narrowing, effective, request_scoped) {
+            // The usual case: no request scope, and the client's
+            // intersection with this level was computed at its `narrow`.
+            (Some(_), Some(eff), false) if bug.is_none() => eff,
+            (Some(n), _, _) => own.intersect(n),
+            (None, _, _) => own,
         };
         if self.descriptors_held() + 1 + bounds::PROVIDER_DESCRIPTOR_RESERVE > self.config.max_descriptors {
             self.stats.bounds_refused += 1;
