@@ -16,8 +16,8 @@ pub mod fuzzing;
 pub mod handles;
 pub mod policy;
 pub mod resolve;
-pub mod scope;
 pub mod sandbox;
+pub mod scope;
 pub mod time;
 pub mod trace;
 
