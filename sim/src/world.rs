@@ -4,8 +4,8 @@
 //! Everything here is driven by seeded RNGs and iterates ordered maps only,
 //! so a (seed, swarm) pair always yields the same run, step for step.
 
-mod bounds;
 mod adversary;
+mod bounds;
 mod broker;
 mod floods;
 
