@@ -137,6 +137,12 @@ impl Client {
         Ok(client)
     }
 
+    /// The connection itself, once no request is in flight (a nested
+    /// airlock takes its attached connection as its upstream).
+    pub fn into_file(self) -> File {
+        self.conn
+    }
+
     /// Use the descriptor named by `AIRLOCK_FD` (default 3) directly. Only
     /// safe while no other process uses it at the same time.
     pub fn shared() -> Result<Self, ClientError> {
@@ -200,7 +206,7 @@ impl Client {
     }
 
     pub fn open(&mut self, path: &str, mode: Mode) -> Result<Handle, ClientError> {
-        match self.call(Op::Open { path: path.to_owned(), mode })? {
+        match self.call(Op::Open { path: path.to_owned(), mode, scope: None })? {
             Success::Opened { handle } => Ok(handle),
             other => Err(ClientError::BadResponse(format!("open answered {other:?}"))),
         }

@@ -103,11 +103,16 @@ fn descriptors_available() -> usize {
 impl ServeArgs {
     fn policy(&self) -> anyhow::Result<Policy> {
         let cwd = std::env::current_dir().context("reading the working directory")?;
-        let roots = self
+        let roots: Vec<Root> = self
             .allow
             .iter()
-            .map(|p| Root { path: p.clone(), access: Access::ReadOnly })
-            .chain(self.allow_rw.iter().map(|p| Root { path: p.clone(), access: Access::ReadWrite }));
+            .map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadOnly })
+            .chain(
+                self.allow_rw
+                    .iter()
+                    .map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadWrite }),
+            )
+            .collect();
         Ok(Policy::new(cwd, roots))
     }
 
@@ -128,6 +133,22 @@ impl ServeArgs {
         config.max_descriptors = self.max_descriptors.unwrap_or_else(descriptors_available);
         config.descriptor_reserve = self.descriptor_reserve;
         Ok(config)
+    }
+}
+
+/// A root by its physical path: symlinks on the way to it are resolved
+/// once, at start-up, so the resolved paths of files beneath it compare
+/// with it (see `resolve`); a file root's own name is never followed, so a
+/// file root that is a symlink leads nowhere it does not itself allow.
+fn physical_root(cwd: &std::path::Path, p: &std::path::Path) -> PathBuf {
+    let joined = cwd.join(p);
+    let abs = airlock_core::policy::normalize(&joined).unwrap_or(joined);
+    if abs.is_dir() {
+        return std::fs::canonicalize(&abs).unwrap_or(abs);
+    }
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent).map(|c| c.join(name)).unwrap_or(abs),
+        _ => abs,
     }
 }
 
@@ -284,7 +305,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         Plan::Unconfined { .. } => None,
     };
     block_on(async {
-        let upstream = child::inherited_upstream()?;
+        let upstream = nested_upstream()?;
         let (mut session, remove_env, report) =
             args.session(secrets, StdioRole::Local, upstream.as_ref().map(|u| u.as_fd()), "run")?;
         if let Some(up) = upstream {
@@ -323,6 +344,20 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         args.close(session, report, exit, Some(&plan)).await?;
         Ok(code)
     })
+}
+
+/// Under another airlock, a connection of this level's own, attached over
+/// the inherited descriptor: the narrowing this level sends upstream then
+/// applies to its requests alone, never to other processes that share the
+/// descriptor (the shell that started it, say, or its siblings).
+fn nested_upstream() -> anyhow::Result<Option<tokio::net::UnixStream>> {
+    if std::env::var_os(crate::client::FD_ENV).is_none() {
+        return Ok(None);
+    }
+    let client = Client::connect().context("attaching to the upstream airlock")?;
+    let std = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(client.into_file()));
+    std.set_nonblocking(true)?;
+    Ok(Some(tokio::net::UnixStream::from_std(std)?))
 }
 
 /// Pass termination requests on to the child, so airlock outlives it long

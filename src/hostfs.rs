@@ -1,28 +1,42 @@
 //! Performs the FS proxy's file effects on the real filesystem.
 //!
-//! Every root of the policy is opened once as a capability (`cap_std::fs::Dir`)
-//! and every file is opened *relative to* its root through it, so a symlink
-//! or `..` that would lead out of the root is refused by the kernel-backed
-//! resolution of cap-std, not by string checks.
+//! Every directory a root needs (the root itself, or a file root's parent)
+//! is opened once at start-up as a capability (`cap_std::fs::Dir`), and
+//! every file is reached from those descriptors only, one component at a
+//! time, by the core's walk ([`airlock_core::resolve`]): each component is
+//! opened with `O_PATH|O_NOFOLLOW` relative to the descriptor of the
+//! directory already reached, a symlink is read from its own descriptor
+//! (`readlinkat(fd, "")`) and handed to the walk, which rewrites the path
+//! and starts again from the root containing the new one, and the final
+//! component is opened with `O_NOFOLLOW` only once the scope permits the
+//! fully resolved path in the mode asked. A name swapped after it was
+//! looked at cannot redirect anything: every step acts on a descriptor,
+//! and the final open refuses a symlink (nor creates through one).
 
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{Effect, EffectResult, FileId, FsErrorKind};
 use airlock_core::policy::{Policy, RootId};
+use airlock_core::resolve::{self, Entry, Final, Namespace, Refusal};
+use airlock_core::scope::Scope;
 use anyhow::{bail, Context};
 use cap_std::ambient_authority;
-use cap_std::fs::{Dir, File, OpenOptions, OpenOptionsExt};
+use cap_std::fs::Dir;
+use rustix::fs::{FileType, OFlags};
+use rustix::io::Errno;
 use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{self, Read, Write};
-use std::path::Path;
-
-struct RootDir {
-    dir: Dir,
-    /// A root that names a single file: the file's name inside `dir`.
-    file_name: Option<std::ffi::OsString>,
-}
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 
 pub struct HostFs {
-    roots: Vec<RootDir>,
+    /// Each policy root's absolute path, by root id.
+    roots: Vec<PathBuf>,
+    /// Directories held open, and their physical paths (the walk's anchors).
+    dirs: Vec<Dir>,
+    anchors: Vec<PathBuf>,
     files: BTreeMap<FileId, File>,
 }
 
@@ -33,45 +47,127 @@ fn failed(kind: FsErrorKind, message: impl Into<String>) -> EffectResult {
 fn io_failure(e: &io::Error) -> EffectResult {
     let kind = match e.kind() {
         io::ErrorKind::NotFound => FsErrorKind::NotFound,
-        // cap-std reports a path that led out of its root as PermissionDenied;
-        // ELOOP is what a refused trailing symlink looks like.
         io::ErrorKind::PermissionDenied => FsErrorKind::Denied,
-        _ if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => FsErrorKind::Denied,
         _ => FsErrorKind::Other,
     };
     failed(kind, e.to_string())
 }
 
+fn errno_refusal(e: Errno) -> Refusal {
+    match e {
+        Errno::NOENT | Errno::NOTDIR => Refusal::NotFound,
+        Errno::ACCESS | Errno::PERM | Errno::ISDIR | Errno::NXIO | Errno::ROFS => {
+            Refusal::Denied(io::Error::from(e).to_string())
+        }
+        other => Refusal::Fs(io::Error::from(other).to_string()),
+    }
+}
+
+/// The root directories as the walk's namespace.
+struct Caps<'a> {
+    dirs: &'a [Dir],
+}
+
+impl Namespace for Caps<'_> {
+    type Dir = OwnedFd;
+    type File = File;
+
+    fn anchor(&mut self, index: usize) -> Result<OwnedFd, Refusal> {
+        let dir = self.dirs.get(index).ok_or_else(|| Refusal::Fs("unknown anchor".into()))?;
+        rustix::fs::openat(
+            dir.as_fd(),
+            ".",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(errno_refusal)
+    }
+
+    fn lookup(&mut self, dir: &OwnedFd, name: &OsStr) -> Result<Entry<OwnedFd>, Refusal> {
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(dir, name, flags, rustix::fs::Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(Entry::Missing),
+            Err(e) => return Err(errno_refusal(e)),
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(errno_refusal)?;
+        Ok(match FileType::from_raw_mode(stat.st_mode) {
+            FileType::Directory => Entry::Dir(fd),
+            // Read from the link's own descriptor: the link looked at.
+            FileType::Symlink => {
+                let target = rustix::fs::readlinkat(&fd, "", Vec::new()).map_err(errno_refusal)?;
+                Entry::Symlink(PathBuf::from(OsString::from_vec(target.into_bytes())))
+            }
+            _ => Entry::NotDir,
+        })
+    }
+
+    fn open_final(
+        &mut self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        _: &Path,
+        mode: Mode,
+    ) -> Result<Final<File>, Refusal> {
+        let access = match mode {
+            Mode::Read => OFlags::RDONLY,
+            Mode::Write => OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
+            Mode::Append => OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE,
+            Mode::ReadWrite => OFlags::RDWR | OFlags::CREATE,
+        };
+        // Never follow (nor create through) a final symlink; never block in
+        // open (a FIFO would) nor hand a tty to the child.
+        let flags = access | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        match rustix::fs::openat(dir, name, flags, rustix::fs::Mode::from_raw_mode(0o666)) {
+            Ok(fd) => {
+                let stat = rustix::fs::fstat(&fd).map_err(errno_refusal)?;
+                if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+                    return Err(Refusal::Denied("not a regular file".into()));
+                }
+                Ok(Final::File(File::from(fd)))
+            }
+            // O_NOFOLLOW met a symlink: hand its target to the walk.
+            Err(Errno::LOOP) => match rustix::fs::readlinkat(dir, name, Vec::new()) {
+                Ok(target) => Ok(Final::Symlink(PathBuf::from(OsString::from_vec(target.into_bytes())))),
+                Err(e) => Err(errno_refusal(e)),
+            },
+            Err(e) => Err(errno_refusal(e)),
+        }
+    }
+}
+
 impl HostFs {
-    /// Open every root of `policy`. A root that does not exist is accepted
-    /// when its parent directory does (it names a file to be created).
+    /// Open every directory the roots of `policy` need. A root that does not
+    /// exist is accepted when its parent directory does (it names a file to
+    /// be created). Root paths are taken as physical (the shell resolves
+    /// them when it builds the policy).
     pub fn new(policy: &Policy) -> anyhow::Result<Self> {
-        let mut roots = Vec::new();
+        let mut hostfs =
+            HostFs { roots: Vec::new(), dirs: Vec::new(), anchors: Vec::new(), files: BTreeMap::new() };
         for root in policy.roots() {
             let path = &root.path;
-            let rd = match std::fs::metadata(path) {
-                Ok(m) if m.is_dir() => RootDir {
-                    dir: Dir::open_ambient_dir(path, ambient_authority())
-                        .with_context(|| format!("opening allowed directory {}", path.display()))?,
-                    file_name: None,
-                },
-                Ok(_) | Err(_) => {
-                    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-                        bail!("allowed path {} is neither a directory nor a file name", path.display());
-                    };
-                    if !parent.is_dir() {
-                        bail!("allowed path {}: no such file or directory", path.display());
-                    }
-                    RootDir {
-                        dir: Dir::open_ambient_dir(parent, ambient_authority())
-                            .with_context(|| format!("opening directory {}", parent.display()))?,
-                        file_name: Some(name.to_owned()),
-                    }
+            hostfs.roots.push(path.clone());
+            let is_dir = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir());
+            let anchor = if is_dir {
+                path.clone()
+            } else {
+                let Some(parent) = path.parent().filter(|_| path.file_name().is_some()) else {
+                    bail!("allowed path {} is neither a directory nor a file name", path.display());
+                };
+                if !parent.is_dir() {
+                    bail!("allowed path {}: no such file or directory", path.display());
                 }
+                parent.to_path_buf()
             };
-            roots.push(rd);
+            if hostfs.anchors.contains(&anchor) {
+                continue;
+            }
+            let dir = Dir::open_ambient_dir(&anchor, ambient_authority())
+                .with_context(|| format!("opening directory {}", anchor.display()))?;
+            hostfs.dirs.push(dir);
+            hostfs.anchors.push(anchor);
         }
-        Ok(HostFs { roots, files: BTreeMap::new() })
+        Ok(hostfs)
     }
 
     /// Files currently open on the machine's behalf.
@@ -83,7 +179,7 @@ impl HostFs {
     /// and must not reach here.
     pub fn execute(&mut self, effect: Effect) -> EffectResult {
         match effect {
-            Effect::Open { file, root, rel, mode } => self.open(file, root, &rel, mode),
+            Effect::Open { file, root, rel, mode, scope } => self.open(file, root, &rel, mode, &scope),
             Effect::Read { file, max } => {
                 let Some(f) = self.files.get_mut(&file) else {
                     return failed(FsErrorKind::Other, "file is not open");
@@ -116,36 +212,18 @@ impl HostFs {
         }
     }
 
-    fn open(&mut self, file: FileId, root: RootId, rel: &Path, mode: Mode) -> EffectResult {
-        let Some(rd) = self.roots.get(root.0) else {
+    fn open(&mut self, file: FileId, root: RootId, rel: &Path, mode: Mode, scope: &Scope) -> EffectResult {
+        let Some(root_path) = self.roots.get(root.0) else {
             return failed(FsErrorKind::Other, "unknown root");
         };
-        let target: &Path = match &rd.file_name {
-            None if rel.as_os_str().is_empty() => Path::new("."),
-            None => rel,
-            Some(name) if rel.as_os_str().is_empty() => Path::new(name),
-            Some(_) => return failed(FsErrorKind::NotFound, "the allowed path is a file, not a directory"),
-        };
-        let mut opts = OpenOptions::new();
-        match mode {
-            Mode::Read => opts.read(true),
-            Mode::Write => opts.write(true).create(true).truncate(true),
-            Mode::Append => opts.append(true).create(true),
-            Mode::ReadWrite => opts.read(true).write(true).create(true),
-        };
-        // Never block in open (a FIFO would) nor hand a tty to the child.
-        opts.custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32);
-        let f = match rd.dir.open_with(target, &opts) {
-            Ok(f) => f,
-            Err(e) => return io_failure(&e),
-        };
-        match f.metadata() {
-            Ok(m) if m.is_file() => {
+        let path = root_path.join(rel);
+        let mut caps = Caps { dirs: &self.dirs };
+        match resolve::open(&mut caps, &self.anchors, &path, mode, scope) {
+            Ok((f, _)) => {
                 self.files.insert(file, f);
                 EffectResult::Opened
             }
-            Ok(_) => failed(FsErrorKind::Denied, "not a regular file"),
-            Err(e) => io_failure(&e),
+            Err(refusal) => failed(refusal.kind(), refusal.to_string()),
         }
     }
 }

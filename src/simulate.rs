@@ -17,8 +17,10 @@ pub struct SimArgs {
     #[arg(long, value_name = "S")]
     pub seed: Option<u64>,
     /// The world: `default` (one proxy, several clients), `nested` (an
-    /// intermediate proxy in front of the top one) or `broker` (LLM calls
-    /// through the broker with a simulated provider).
+    /// intermediate proxy in front of the top one), `broker` (LLM calls
+    /// through the broker with a simulated provider) or `adversary`
+    /// (symlinks swapped inside the roots, nested levels with wider,
+    /// narrower and empty policies).
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub scenario: Scenario,
     /// Steps before each world winds down (default: the seed's choice).

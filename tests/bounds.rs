@@ -345,10 +345,17 @@ p = subprocess.Popen([AIRLOCK_BIN, "run", "--allow-rw", os.getcwd(), "--max-upst
                       "--sandbox-ro", sys.prefix, "--sandbox-ro", SUPPORT_DIR, "--", "python3", "-c", gc],
                      pass_fds=[theirs.fileno()], env=env, stdout=subprocess.PIPE)
 theirs.close()
-fd = top.fileno()
+# The nested airlock attaches a connection of its own, then narrows it.
+msg, fds, _, _ = socket.recv_fds(top, 65536, 4)
+conn = socket.socket(fileno=fds[0])
+fd = conn.fileno()
 def answer(payload):
     data = json.dumps(payload).encode()
-    top.sendall(struct.pack(">I", len(data)) + data)
+    conn.sendall(struct.pack(">I", len(data)) + data)
+answer({{"id": json.loads(msg[4:])["id"], "ok": True}})
+req = recv(fd)
+assert req["op"] == "narrow", req
+answer({{"id": req["id"], "ok": True, "result": {{}}}})
 seen = []
 for reply in [1_500_000, 3_000_000, None, None, None]:
     req = recv(fd)

@@ -67,7 +67,7 @@ impl MemFs {
     /// read-only open, an open of a path that is not confined to its root.
     pub fn perform(&mut self, effect: &Effect) -> EffectResult {
         match effect {
-            Effect::Open { file, root, rel, mode } => {
+            Effect::Open { file, root, rel, mode, .. } => {
                 assert!(!self.open.contains_key(file), "{file:?} opened twice");
                 assert!(
                     rel.components().all(|c| matches!(c, Component::Normal(_))),

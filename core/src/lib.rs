@@ -15,7 +15,9 @@ pub mod fsproxy;
 pub mod fuzzing;
 pub mod handles;
 pub mod policy;
+pub mod resolve;
 pub mod sandbox;
+pub mod scope;
 pub mod time;
 pub mod trace;
 

@@ -3,9 +3,10 @@
 //! This is the lexical half of confinement. It decides, from the path text
 //! alone, whether a request names a host file under an allowed root (and
 //! which root, and the path relative to it), a file of the session's virtual
-//! namespace, or nothing the child may touch. The other half — symlinks that
-//! lead out of a root — is enforced by the shell opening the relative path
-//! through a capability handle on the root (cap-std), which refuses escapes.
+//! namespace, or nothing the child may touch. The other half — where the
+//! path leads once symlinks are resolved — is decided by the level that owns
+//! the files, on the resolved path, against the intersection of every
+//! level's policy (`crate::scope`, `crate::resolve`).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

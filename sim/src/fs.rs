@@ -1,9 +1,14 @@
 //! The simulated host filesystem: answers the file effects of the level that
-//! holds files, with the semantics the real shell gives them.
+//! holds files, with the semantics the real shell gives them — symlinks
+//! included (relative and absolute targets, chains, loops), resolved by the
+//! core's own walk (`airlock_core::resolve`), exactly as production does.
 
 use airlock_core::fsproxy::wire::Mode;
-use airlock_core::fsproxy::{EffectResult, FileId, FsErrorKind};
+use airlock_core::fsproxy::{EffectResult, FileId};
+use airlock_core::resolve::{self, Entry, Final, Namespace, Refusal};
+use airlock_core::scope::Scope;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug)]
@@ -17,16 +22,73 @@ struct OpenFile {
 #[derive(Debug, Default)]
 pub struct HostFs {
     files: BTreeMap<PathBuf, Vec<u8>>,
-    /// Directories (the roots): opening one fails as on a real system.
     dirs: BTreeSet<PathBuf>,
+    links: BTreeMap<PathBuf, PathBuf>,
     /// Keyed by (level, file): file ids are per machine.
     open: BTreeMap<(usize, FileId), OpenFile>,
     /// Paths changed since the checkers last looked.
     pub dirty: BTreeSet<PathBuf>,
 }
 
-fn failed(kind: FsErrorKind, message: &str) -> EffectResult {
-    EffectResult::Failed { kind, message: message.to_owned() }
+/// The in-memory tree as the walk's namespace: a "descriptor" is the
+/// directory's physical path, which stays valid because the simulator
+/// never renames directories.
+struct Walk<'a> {
+    fs: &'a mut HostFs,
+    anchors: &'a [PathBuf],
+}
+
+impl Namespace for Walk<'_> {
+    type Dir = PathBuf;
+    type File = PathBuf;
+
+    fn anchor(&mut self, index: usize) -> Result<PathBuf, Refusal> {
+        self.anchors.get(index).cloned().ok_or_else(|| Refusal::Fs("unknown anchor".into()))
+    }
+
+    fn lookup(&mut self, dir: &PathBuf, name: &OsStr) -> Result<Entry<PathBuf>, Refusal> {
+        let p = dir.join(name);
+        Ok(if self.fs.dirs.contains(&p) {
+            Entry::Dir(p)
+        } else if let Some(t) = self.fs.links.get(&p) {
+            Entry::Symlink(t.clone())
+        } else if self.fs.files.contains_key(&p) {
+            Entry::NotDir
+        } else {
+            Entry::Missing
+        })
+    }
+
+    fn open_final(
+        &mut self,
+        dir: &PathBuf,
+        name: &OsStr,
+        _: &Path,
+        mode: Mode,
+    ) -> Result<Final<PathBuf>, Refusal> {
+        let p = dir.join(name);
+        if let Some(t) = self.fs.links.get(&p) {
+            return Ok(Final::Symlink(t.clone()));
+        }
+        if self.fs.dirs.contains(&p) {
+            return Err(Refusal::Denied("not a regular file".into()));
+        }
+        match mode {
+            Mode::Read if !self.fs.files.contains_key(&p) => return Err(Refusal::NotFound),
+            Mode::Read => {}
+            Mode::Write => {
+                self.fs.files.insert(p.clone(), Vec::new());
+                self.fs.dirty.insert(p.clone());
+            }
+            Mode::Append | Mode::ReadWrite => {
+                if !self.fs.files.contains_key(&p) {
+                    self.fs.files.insert(p.clone(), Vec::new());
+                    self.fs.dirty.insert(p.clone());
+                }
+            }
+        }
+        Ok(Final::File(p))
+    }
 }
 
 impl HostFs {
@@ -38,50 +100,57 @@ impl HostFs {
         self.files.insert(path, content);
     }
 
+    /// Make `path` a symlink to `target`, replacing whatever file or link
+    /// was there (an attacker swapping names between requests).
+    pub fn set_link(&mut self, path: PathBuf, target: PathBuf) {
+        self.files.remove(&path);
+        self.links.insert(path, target);
+    }
+
+    /// Make `path` a regular file again (empty if it was not one).
+    pub fn unlink(&mut self, path: &Path) {
+        self.links.remove(path);
+    }
+
     pub fn get(&self, path: &Path) -> Option<&[u8]> {
         self.files.get(path).map(Vec::as_slice)
+    }
+
+    pub fn is_dir(&self, path: &Path) -> bool {
+        self.dirs.contains(path)
     }
 
     pub fn open_count(&self) -> usize {
         self.open.len()
     }
 
+    /// Open `path` as the production shell would: resolve it from the
+    /// `anchors` and refuse unless `scope` permits the resolved file in
+    /// `mode`. Returns the result and, when opened, the resolved path.
     /// `Err` is a misuse by the machine (an id opened twice).
     pub fn open(
         &mut self,
         level: usize,
         file: FileId,
-        path: PathBuf,
+        path: &Path,
         mode: Mode,
-    ) -> Result<EffectResult, String> {
+        anchors: &[PathBuf],
+        scope: &Scope,
+    ) -> Result<(EffectResult, Option<PathBuf>), String> {
         if self.open.contains_key(&(level, file)) {
             return Err(format!("level {level} opened file {file:?} twice"));
         }
-        if self.dirs.contains(&path) {
-            return Ok(failed(FsErrorKind::Other, "is a directory"));
+        let mut walk = Walk { fs: self, anchors };
+        match resolve::open(&mut walk, anchors, path, mode, scope) {
+            Ok((p, _)) => {
+                self.open.insert(
+                    (level, file),
+                    OpenFile { path: p.clone(), pos: 0, append: mode == Mode::Append },
+                );
+                Ok((EffectResult::Opened, Some(p)))
+            }
+            Err(r) => Ok((EffectResult::Failed { kind: r.kind(), message: r.to_string() }, None)),
         }
-        let pos = match mode {
-            Mode::Read => {
-                if !self.files.contains_key(&path) {
-                    return Ok(failed(FsErrorKind::NotFound, "no such file"));
-                }
-                0
-            }
-            Mode::Write => {
-                self.files.insert(path.clone(), Vec::new());
-                self.dirty.insert(path.clone());
-                0
-            }
-            Mode::Append | Mode::ReadWrite => {
-                if !self.files.contains_key(&path) {
-                    self.files.insert(path.clone(), Vec::new());
-                    self.dirty.insert(path.clone());
-                }
-                0
-            }
-        };
-        self.open.insert((level, file), OpenFile { path, pos, append: mode == Mode::Append });
-        Ok(EffectResult::Opened)
     }
 
     pub fn read(&mut self, level: usize, file: FileId, max: u32) -> Result<EffectResult, String> {
@@ -124,4 +193,21 @@ impl HostFs {
             None => Err(format!("level {level} closed unopened {file:?}")),
         }
     }
+}
+
+/// The directories the production shell would hold open for `roots`: each
+/// directory root, and each file root's parent.
+pub fn anchors(fs: &HostFs, roots: &[airlock_core::policy::Root]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for r in roots {
+        let a = if fs.is_dir(&r.path) {
+            r.path.clone()
+        } else {
+            r.path.parent().map_or_else(|| r.path.clone(), Path::to_path_buf)
+        };
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    out
 }

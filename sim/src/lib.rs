@@ -53,6 +53,10 @@ pub enum Scenario {
     /// LLMCMD, CANCEL and QUOTA with file ops, against a simulated
     /// provider.
     Broker,
+    /// A nested level with a wider, narrower or empty policy, clients
+    /// aiming at every way out of it, and symlinks created and swapped
+    /// inside the roots between requests (`world/adversary.rs`).
+    Adversary,
 }
 
 impl fmt::Display for Scenario {
@@ -61,6 +65,7 @@ impl fmt::Display for Scenario {
             Scenario::Default => "default",
             Scenario::Nested => "nested",
             Scenario::Broker => "broker",
+            Scenario::Adversary => "adversary",
         })
     }
 }
@@ -73,7 +78,8 @@ impl FromStr for Scenario {
             "default" => Ok(Scenario::Default),
             "nested" => Ok(Scenario::Nested),
             "broker" => Ok(Scenario::Broker),
-            other => Err(format!("unknown scenario {other:?} (want default, nested or broker)")),
+            "adversary" => Ok(Scenario::Adversary),
+            other => Err(format!("unknown scenario {other:?} (want default, nested, broker or adversary)")),
         }
     }
 }

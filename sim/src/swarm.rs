@@ -70,6 +70,9 @@ pub enum FaultKind {
     UpstreamOversize,
     /// A client sends most of a big frame and never the rest.
     PartialFlood,
+    /// An attacker outside airlock creates or swaps a symlink inside the
+    /// roots between two steps (adversary worlds only; drawn last).
+    SymlinkSwap,
 }
 
 /// The adversary's floods (`world::floods`), drawn after `Attach` so the
@@ -140,6 +143,7 @@ impl FaultKind {
             FaultKind::AttachFlood => "attach_flood",
             FaultKind::UpstreamOversize => "upstream_oversize",
             FaultKind::PartialFlood => "partial_flood",
+            FaultKind::SymlinkSwap => "symlink_swap",
         }
     }
 
@@ -166,6 +170,7 @@ impl FaultKind {
             FaultKind::SelfLoop => &[5_000, 30_000],
             FaultKind::UpstreamOversize => &[1_000, 5_000],
             FaultKind::PartialFlood => &[2_000, 10_000],
+            FaultKind::SymlinkSwap => &[20_000, 100_000, 400_000],
         }
     }
 }
@@ -268,7 +273,7 @@ impl Swarm {
     pub fn from_seed(seed: u64, scenario: Scenario) -> Self {
         // Its own stream, so the swarm does not shift the world's draws.
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5157_4152_4d00_0000);
-        let nested = scenario == Scenario::Nested;
+        let nested = matches!(scenario, Scenario::Nested | Scenario::Adversary);
         let broker = scenario == Scenario::Broker;
         let mut faults = BTreeMap::new();
         for kind in FaultKind::ALL {
@@ -332,6 +337,14 @@ impl Swarm {
             let rates = FaultKind::PartialFlood.rates();
             swarm.faults.insert(FaultKind::PartialFlood, rates[rng.gen_range(0..rates.len())]);
             swarm.bounds.max_buffered_bytes = Bounds::SMALL_BUFFERED;
+        }
+        // Adversary worlds: every top-level effect is the intermediate's, so
+        // the checker knows whose policies it must lie in; and symlinks
+        // are always swapped.
+        if scenario == Scenario::Adversary {
+            swarm.top_clients = 0;
+            let rates = FaultKind::SymlinkSwap.rates();
+            swarm.faults.insert(FaultKind::SymlinkSwap, rates[rng.gen_range(0..rates.len())]);
         }
         swarm
     }

@@ -4,6 +4,7 @@
 //! Everything here is driven by seeded RNGs and iterates ordered maps only,
 //! so a (seed, swarm) pair always yields the same run, step for step.
 
+mod adversary;
 mod bounds;
 mod broker;
 mod floods;
@@ -195,7 +196,8 @@ enum Class {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Loc {
     Host(PathBuf),
-    Virtual(String),
+    /// A virtual file of the level named.
+    Virtual(String, usize),
 }
 
 #[derive(Debug)]
@@ -372,14 +374,14 @@ impl Client {
 }
 
 /// Client `idx`'s own files, whose content is modelled exactly.
-fn add_private_files(files: &mut BTreeMap<String, FileModel>, idx: usize) {
+fn add_private_files(files: &mut BTreeMap<String, FileModel>, idx: usize, level: usize) {
     for (key, loc) in [
         (format!("/data/rw/c{idx}.dat"), None),
         (format!("/work/proj/scratch/c{idx}.log"), None),
         (format!("v/c{idx}.txt"), Some(format!("v/c{idx}.txt"))),
     ] {
         let loc = match loc {
-            Some(name) => Loc::Virtual(name),
+            Some(name) => Loc::Virtual(name, level),
             None => Loc::Host(key.clone().into()),
         };
         files.insert(key, FileModel::new(Class::Private, loc));
@@ -462,6 +464,12 @@ pub struct World {
     /// The broker scenario's provider and checkers.
     broker: Option<BrokerSim>,
     floods: floods::WorldFloods,
+    /// Each level's policy, as the checkers know it.
+    policies: Vec<Policy>,
+    /// The directories the store level's shell holds open.
+    anchors: Vec<PathBuf>,
+    /// The adversary scenario's setup.
+    adversary: Option<adversary::Adversary>,
 }
 
 impl World {
@@ -473,12 +481,17 @@ impl World {
         bug: Option<PlantedBug>,
         record: Option<Option<Value>>,
     ) -> Self {
-        let nested = scenario == Scenario::Nested;
+        let nested = matches!(scenario, Scenario::Nested | Scenario::Adversary);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // Drawn first in broker worlds only, so other worlds draw as before.
         let broker_setup = (scenario == Scenario::Broker).then(|| broker::setup(&mut rng));
-        let config = |stdio: StdioRole, upstream: bool| {
-            let mut c = Config::new(policy(), stdio);
+        let adversary = (scenario == Scenario::Adversary).then(|| adversary::setup(&mut rng));
+        let policies = match &adversary {
+            Some(a) => vec![adversary::top_policy(), adversary::middle_policy(a.middle)],
+            None => vec![policy(), policy()],
+        };
+        let config = |level: usize, stdio: StdioRole, upstream: bool| {
+            let mut c = Config::new(policies[level].clone(), stdio);
             c.upstream = upstream;
             c.max_frame = swarm.max_frame;
             c.max_queued_requests = swarm.max_queued_requests;
@@ -496,9 +509,9 @@ impl World {
             c
         };
         let configs = if nested {
-            vec![config(StdioRole::Reject, false), config(StdioRole::Local, true)]
+            vec![config(0, StdioRole::Reject, false), config(1, StdioRole::Local, true)]
         } else {
-            vec![config(StdioRole::Reject, false)]
+            vec![config(0, StdioRole::Reject, false)]
         };
         let trace = if let Some(failure) = record {
             let mut header = Header::fsproxy(configs[0].clone());
@@ -527,6 +540,10 @@ impl World {
         let fixture: Vec<u8> = (0..rng.gen_range(0..6000)).map(|_| rng.gen()).collect();
         fs.add_file("/data/ro/a.txt".into(), fixture.clone());
         fs.add_file("/data/ro/empty".into(), Vec::new());
+        if adversary.is_some() {
+            adversary::populate(&mut fs, &mut rng);
+        }
+        let anchors = crate::fs::anchors(&fs, policies[0].roots());
         let mut files = BTreeMap::new();
         for (key, content) in [("/data/ro/a.txt", fixture.clone()), ("/data/ro/empty", Vec::new())] {
             let mut m = FileModel::new(Class::Fixture, Loc::Host(key.into()));
@@ -545,7 +562,7 @@ impl World {
         let total = swarm.clients + if nested { swarm.top_clients } else { 0 };
         for idx in 1..=total {
             let level = if idx <= swarm.clients { client_level } else { 0 };
-            add_private_files(&mut files, idx);
+            add_private_files(&mut files, idx, level);
             clients.push(Client::new(seed, idx, level, ClientId(idx as u64), swarm.ops_per_client));
         }
         let mut w = World {
@@ -575,6 +592,9 @@ impl World {
             finished: false,
             broker: broker_setup.as_ref().map(|s| BrokerSim::new(s, bug)),
             floods: floods::WorldFloods::default(),
+            policies,
+            anchors,
+            adversary,
         };
         if w.broker.is_some() {
             w.levels[0].m.set_redactor(broker::world_redactor(bug));
@@ -802,6 +822,7 @@ impl World {
     }
 
     fn faults_step(&mut self) {
+        self.adversary_swap();
         if self.fires(FaultKind::ClockJump) {
             self.count(FaultKind::ClockJump);
             let jump = self.rng.gen_range(1_000_000..3_600_000_000);
@@ -1070,6 +1091,8 @@ impl World {
                             format!("{mode:?} open under read-only {:?}", r.path),
                         ));
                     }
+                    let named = r.path.join(rel);
+                    self.check_confined(&named, *mode, false)?;
                 }
                 self.effect_seq += 1;
                 self.effects.entry((level, queue)).or_default().push_back((self.effect_seq, id, effect));
@@ -1096,6 +1119,14 @@ impl World {
                     let h = v.get("params").and_then(|p| p.get("h")).and_then(Value::as_u64);
                     if let Some(h) = h.filter(|h| *h < 3) {
                         return Err(violation("stdio_never_upstream", format!("handle {h} forwarded: {v}")));
+                    }
+                    // Invariant 10: a level's virtual namespace is its own.
+                    let path = v.get("params").and_then(|p| p.get("path")).and_then(Value::as_str);
+                    if let Some(p) = path.filter(|p| v["op"] == "open" && !p.starts_with('/')) {
+                        return Err(violation(
+                            "confinement",
+                            format!("level 1 forwarded its virtual name {p:?} upstream: {v}"),
+                        ));
                     }
                 }
                 if !self.gone.contains(&(0, MIDDLE_CONN)) {
@@ -1137,7 +1168,7 @@ impl World {
             .ok_or_else(|| violation("no_attach_without_descriptor", format!("attach of {new} unasked")))?;
         c.outstanding.remove(&id);
         let idx = self.clients.len() + 1;
-        add_private_files(&mut self.files, idx);
+        add_private_files(&mut self.files, idx, level);
         let mut c = Client::new(self.seed, idx, level, new, (self.swarm.ops_per_client / 2).max(1));
         c.order.push_back(id.clone());
         c.outstanding.insert(id.clone(), Sent { kind: Kind::Attached, must_fail: None });
@@ -1163,7 +1194,7 @@ impl World {
         let level = key.0;
         let misuse = |e: String| violation("fs_misuse", e);
         let result = match effect {
-            Effect::Open { file, root, rel, mode } => {
+            Effect::Open { file, root, rel, mode, scope } => {
                 let Some(r) = self.levels[level].m.config().policy.root(root) else {
                     return Err(violation("policy", format!("unknown root {root:?}")));
                 };
@@ -1172,7 +1203,14 @@ impl World {
                     self.count(FaultKind::FsError);
                     EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
                 } else {
-                    self.fs.open(level, file, path, mode).map_err(misuse)?
+                    let anchors = std::mem::take(&mut self.anchors);
+                    let opened = self.fs.open(level, file, &path, mode, &anchors, &scope);
+                    self.anchors = anchors;
+                    let (result, resolved) = opened.map_err(misuse)?;
+                    if let Some(p) = resolved {
+                        self.check_confined(&p, mode, true)?;
+                    }
+                    result
                 }
             }
             Effect::Read { file, max } => self.fs.read(level, file, max).map_err(misuse)?,
@@ -1270,7 +1308,9 @@ impl World {
             totals[c.level] += n;
             let hosts = c.handles.values().filter(|h| h.host).count();
             if c.level == 1 {
-                middle_total += n;
+                // Only host files are held at the top: the intermediate's
+                // virtual files are its own.
+                middle_total += hosts;
                 if middle_up {
                     host_open += hosts;
                 }
@@ -1316,12 +1356,12 @@ impl World {
                 f.dirty = true;
             }
         }
-        let store = &self.levels[self.store].m;
+        let levels = &self.levels;
         for (key, f) in self.files.iter_mut().filter(|(_, f)| f.dirty) {
             f.dirty = false;
             let actual = match &f.loc {
                 Loc::Host(p) => self.fs.get(p),
-                Loc::Virtual(name) => store.virtual_file(name),
+                Loc::Virtual(name, level) => levels[*level].m.virtual_file(name),
             };
             match f.class {
                 Class::Private if !f.unknown => {
@@ -1450,6 +1490,10 @@ impl World {
             return;
         }
         if self.issue_flood(i) {
+            return;
+        }
+        if self.adversary.is_some() {
+            self.adversary_issue(i);
             return;
         }
         // Drawn only when attach is on, so worlds without it draw as before.

@@ -62,6 +62,11 @@ fn broker_scenario_seeds_pass() {
 }
 
 #[test]
+fn adversary_scenario_seeds_pass() {
+    assert_all_pass(Scenario::Adversary);
+}
+
+#[test]
 fn broker_worlds_exercise_the_broker() {
     let summary = run_many(&opts(Scenario::Broker, 0..40, 2), |_| {});
     assert!(
@@ -110,7 +115,7 @@ fn planted_broker_bug_is_caught() {
 
 #[test]
 fn same_seed_same_trace_byte_for_byte() {
-    for scenario in [Scenario::Default, Scenario::Nested] {
+    for scenario in [Scenario::Default, Scenario::Nested, Scenario::Adversary] {
         let o = opts(scenario, 0..1, 1);
         for seed in 0..15 {
             let (a, ta) = record_trace(seed, &o);

@@ -44,6 +44,7 @@ use crate::broker::{
 use crate::codec::frame::{self, FrameDecoder, FrameError, DEFAULT_MAX_FRAME};
 use crate::handles::{ClientId, Handle, HandleTable, Missing};
 use crate::policy::{Denied, Policy, Resolved, RootId};
+use crate::scope::Scope;
 use crate::time::Instant;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -147,6 +148,19 @@ pub enum PlantedBug {
     UpstreamOversizeCutsLink,
     /// Partial frames are bounded per connection only, not in total.
     NoBufferedBound,
+    /// Read-only is decided on the path text: an open's scope is only the
+    /// root the path names, so a symlink into a read-only root inside it
+    /// is writable.
+    LexicalReadOnly,
+    /// A single-file root is checked on its name alone: opening the root
+    /// itself follows whatever it links to.
+    LexicalFileRoot,
+    /// A nested level forwards relative names (its virtual namespace)
+    /// upstream, where the top resolves them against its own roots.
+    ForwardVirtualUpstream,
+    /// A nested level never narrows its upstream, so the top resolves its
+    /// requests under the top's policy alone.
+    NestedSkipsNarrow,
 }
 
 impl PlantedBug {
@@ -300,12 +314,15 @@ pub enum Output {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "effect")]
 pub enum Effect {
-    /// Open `rel` beneath root `root` (never following a path out of it).
+    /// Open `rel` beneath root `root`, resolving symlinks under a
+    /// capability and refusing unless `scope` permits the resolved path in
+    /// `mode` (see [`crate::resolve`]).
     Open {
         file: FileId,
         root: RootId,
         rel: PathBuf,
         mode: Mode,
+        scope: Scope,
     },
     Read {
         file: FileId,
@@ -427,12 +444,14 @@ enum Waiting {
     },
     /// A forwarded `QUOTA` or `CANCEL`. Does not make the client busy.
     UpstreamBroker,
+    /// This level's own `narrow` of its upstream.
+    Narrow,
 }
 
 impl Waiting {
     /// Broker ops never hold up the client's other requests.
     fn holds_client(&self) -> bool {
-        !matches!(self, Waiting::UpstreamLlm { .. } | Waiting::UpstreamBroker)
+        !matches!(self, Waiting::UpstreamLlm { .. } | Waiting::UpstreamBroker | Waiting::Narrow)
     }
 }
 
@@ -464,6 +483,22 @@ struct Client {
     /// arrival (the reserve), whose attach is refused with E_RANGE. Kept
     /// in order, so each attach claims the socket sent with it.
     passed: VecDeque<bool>,
+    /// What the client narrowed itself to (`narrow`), inherited by the
+    /// clients attached from it.
+    scope: Option<Scope>,
+    /// This level's own scope intersected with `scope`, computed once per
+    /// `narrow` rather than per open.
+    effective: Option<Scope>,
+}
+
+/// A nested level narrows its upstream before forwarding anything.
+#[derive(Debug)]
+enum UpNarrow {
+    NotSent,
+    /// Sent; frames forwarded meanwhile wait here for its answer, so none
+    /// reaches an upstream that has not narrowed.
+    Waiting(Vec<Vec<u8>>),
+    Done,
 }
 
 /// A request waiting its turn: its frame, and whether it closes a handle
@@ -516,6 +551,9 @@ pub struct FsProxy {
     /// attaches started from (see `BrokerInput::Submit::scope`).
     scopes: BTreeMap<ClientId, ClientId>,
     next_up_token: u64,
+    /// This level's own policy as a scope.
+    own_scope: Scope,
+    up_narrow: UpNarrow,
 }
 
 fn missing_failure(h: Handle, m: Missing) -> Failure {
@@ -615,6 +653,8 @@ impl FsProxy {
             upstream_alive: config.upstream,
             next_upstream_id: 0,
             next_attached: ATTACHED_CLIENT_BASE,
+            own_scope: Scope::from_roots(config.policy.roots()),
+            up_narrow: UpNarrow::NotSent,
             outputs: VecDeque::new(),
             stats: Stats::default(),
             config,
@@ -895,6 +935,8 @@ impl FsProxy {
                 busy_on_file: false,
                 alive: true,
                 passed: VecDeque::new(),
+                scope: None,
+                effective: None,
             },
         );
     }
@@ -1042,6 +1084,11 @@ impl FsProxy {
     }
 
     fn forward(&mut self, client: ClientId, req: Option<String>, waiting: Waiting, op: Op) {
+        if matches!(self.up_narrow, UpNarrow::NotSent)
+            && self.config.planted_bug != Some(PlantedBug::NestedSkipsNarrow)
+        {
+            self.narrow_upstream();
+        }
         let id = format!("u{}", self.next_upstream_id);
         self.next_upstream_id += 1;
         let closing = matches!(op, Op::Close { .. });
@@ -1069,7 +1116,63 @@ impl FsProxy {
             }
         }
         self.upstream_pending.insert(id, Pending { client, req, waiting });
+        let data = frame::encode(&payload);
+        match &mut self.up_narrow {
+            UpNarrow::Waiting(held) => held.push(data),
+            _ => self.outputs.push_back(Output::SendUpstream { data }),
+        }
+    }
+
+    /// Before its first forwarded request, a nested level narrows its
+    /// upstream connection to its own policy, so the level that owns the
+    /// files resolves everything from here under the intersection.
+    fn narrow_upstream(&mut self) {
+        let id = format!("u{}", self.next_upstream_id);
+        self.next_upstream_id += 1;
+        let op = Op::Narrow { scope: self.own_scope.clone() };
+        let payload = wire::encode_request(&Request { id: id.clone(), op });
+        let nobody = Pending { client: ClientId(u64::MAX), req: None, waiting: Waiting::Narrow };
+        self.upstream_pending.insert(id, nobody);
         self.outputs.push_back(Output::SendUpstream { data: frame::encode(&payload) });
+        self.up_narrow = UpNarrow::Waiting(Vec::new());
+    }
+
+    /// The upstream answered this level's `narrow`: send what waited, or,
+    /// if it refused (an upstream that does not know `narrow` would apply
+    /// none of this level's policy), forward nothing ever.
+    fn upstream_narrowed(&mut self, outcome: Result<Success, Failure>) {
+        let held = match std::mem::replace(&mut self.up_narrow, UpNarrow::Done) {
+            UpNarrow::Waiting(held) => held,
+            _ => Vec::new(),
+        };
+        match outcome {
+            Ok(_) => {
+                for data in held {
+                    self.outputs.push_back(Output::SendUpstream { data });
+                }
+            }
+            Err(f) => {
+                self.stats.upstream_errors += 1;
+                self.upstream_lost(&format!(
+                    "the upstream proxy cannot narrow to this level's policy ({}: {}); nothing is forwarded",
+                    f.code, f.message
+                ));
+            }
+        }
+    }
+
+    /// `narrow`: the client (a nested level) may reach only what `scope`
+    /// also allows, from now on; it can never widen.
+    fn narrow(&mut self, client: ClientId, id: String, scope: Scope) {
+        let own = self.own_scope.clone();
+        let Some(c) = self.clients.get_mut(&client) else { return };
+        let narrowed = match c.scope.take() {
+            Some(s) => s.intersect(&scope),
+            None => scope,
+        };
+        c.effective = Some(own.intersect(&narrowed));
+        c.scope = Some(narrowed);
+        self.respond(client, Some(id), Ok(Success::Value(serde_json::Map::new())));
     }
 
     fn serve(&mut self, client: ClientId, req: Request) {
@@ -1083,11 +1186,15 @@ impl FsProxy {
                 self.attach(client, id);
                 return;
             }
+            Op::Narrow { scope } => {
+                self.narrow(client, id, scope);
+                return;
+            }
             Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if h.is_stdio() => {
                 self.serve_stdio(client, id, op);
                 return;
             }
-            Op::Open { path, mode } => match self.open(client, &id, &path, mode) {
+            Op::Open { path, mode, scope } => match self.open(client, &id, &path, mode, scope) {
                 Ok(Some(s)) => Ok(s),
                 Ok(None) => return,
                 Err(f) => Err(f),
@@ -1140,11 +1247,17 @@ impl FsProxy {
             let msg = format!("attach refused: the session serves at most {max} clients (--max-clients)");
             return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
         }
+        let (scope, effective) = (c.scope.clone(), c.effective.clone());
         let new = ClientId(self.next_attached);
         self.next_attached += 1;
         self.scopes.insert(new, self.scope(client));
         self.outputs.push_back(Output::Attach { from: client, client: new });
         self.connect(new);
+        // A process attached from a narrowed connection is just as narrow.
+        if let Some(c) = self.clients.get_mut(&new) {
+            c.scope = scope;
+            c.effective = effective;
+        }
         self.respond(new, Some(id), Ok(Success::Attached));
     }
 
@@ -1175,6 +1288,7 @@ impl FsProxy {
         id: &str,
         path: &str,
         mode: Mode,
+        scope: Option<Scope>,
     ) -> Result<Option<Success>, Failure> {
         let resolved = self.config.policy.resolve(path, mode.writable()).map_err(denied_failure)?;
         if self.table.len() + self.opening >= self.config.max_open_handles {
@@ -1183,51 +1297,87 @@ impl FsProxy {
                 format!("too many open handles (limit {})", self.config.max_open_handles),
             ));
         }
+        // What the client (a nested level) and the request narrowed to.
+        let request_scoped = scope.is_some();
+        let narrowing = match (self.clients.get(&client).and_then(|c| c.scope.clone()), scope) {
+            (Some(a), Some(b)) => Some(a.intersect(&b)),
+            (a, b) => a.or(b),
+        };
         let req = Some(id.to_owned());
-        if self.config.upstream {
-            if !self.upstream_alive {
-                return Err(Failure::new(ErrorCode::Io, "upstream closed"));
+        let bug = self.config.planted_bug;
+        let (root, rel) = match resolved {
+            Resolved::Virtual { name }
+                if self.config.upstream && bug == Some(PlantedBug::ForwardVirtualUpstream) =>
+            {
+                if !self.upstream_alive {
+                    return Err(Failure::new(ErrorCode::Io, "upstream closed"));
+                }
+                let op = Op::Open { path: name, mode, scope: None };
+                self.forward(client, req, Waiting::UpstreamOpen { mode }, op);
+                return Ok(None);
             }
-            let path = match resolved {
-                Resolved::Host { root, rel } => match self.config.policy.root(root) {
-                    Some(r) => r.path.join(rel).to_string_lossy().into_owned(),
-                    None => return Err(Failure::new(ErrorCode::Io, "unknown root")),
-                },
-                Resolved::Virtual { name } => name,
-            };
-            self.forward(client, req, Waiting::UpstreamOpen { mode }, Op::Open { path, mode });
-            return Ok(None);
-        }
-        match resolved {
+            // A level's virtual namespace is its own: a relative name under
+            // none of its roots never reaches a level above.
             Resolved::Virtual { name } => {
                 let name = self.virt.open(&name, mode)?;
                 let handle =
                     self.table.insert(client, Slot { mode, target: Target::Virtual { name, pos: 0 } });
                 self.stats.handles_opened += 1;
-                Ok(Some(Success::Opened { handle }))
+                return Ok(Some(Success::Opened { handle }));
             }
-            Resolved::Host { root, rel } => {
-                if self.descriptors_held() + 1 + bounds::PROVIDER_DESCRIPTOR_RESERVE
-                    > self.config.max_descriptors
-                {
-                    self.stats.bounds_refused += 1;
-                    return Err(Failure::new(
-                        ErrorCode::Range,
-                        format!(
-                            "too many descriptors in use to open a file (--max-descriptors {})",
-                            self.config.max_descriptors
-                        ),
-                    ));
-                }
-                let file = FileId(self.next_file);
-                self.next_file += 1;
-                self.effect(
-                    Pending { client, req, waiting: Waiting::Open { file, mode } },
-                    Effect::Open { file, root, rel, mode },
-                );
-                Ok(None)
+            Resolved::Host { root, rel } => (root, rel),
+        };
+        let Some(r) = self.config.policy.root(root) else {
+            return Err(Failure::new(ErrorCode::Io, "unknown root"));
+        };
+        let effective = self.clients.get(&client).and_then(|c| c.effective.clone());
+        let abs = r.path.join(&rel);
+        if let Some(n) = &narrowing {
+            if !n.permits(&abs, mode.writable()) {
+                let what = if n.permits(&abs, false) { "read-only" } else { "outside the allowed paths" };
+                return Err(Failure::new(ErrorCode::Perm, format!("path is {what} for a nested level")));
             }
         }
+        if self.config.upstream {
+            if !self.upstream_alive {
+                return Err(Failure::new(ErrorCode::Io, "upstream closed"));
+            }
+            let path = abs.to_string_lossy().into_owned();
+            let scope = narrowing.filter(|_| bug != Some(PlantedBug::NestedSkipsNarrow));
+            self.forward(client, req, Waiting::UpstreamOpen { mode }, Op::Open { path, mode, scope });
+            return Ok(None);
+        }
+        let own = match bug {
+            Some(PlantedBug::LexicalReadOnly) => {
+                Scope::from_roots(&[crate::policy::Root { path: r.path.clone(), access: r.access }])
+            }
+            Some(PlantedBug::LexicalFileRoot) if rel.as_os_str().is_empty() => Scope::everything(),
+            _ => self.own_scope.clone(),
+        };
+        let scope = match (&narrowing, effective, request_scoped) {
+            // The usual case: no request scope, and the client's
+            // intersection with this level was computed at its `narrow`.
+            (Some(_), Some(eff), false) if bug.is_none() => eff,
+            (Some(n), _, _) => own.intersect(n),
+            (None, _, _) => own,
+        };
+        if self.descriptors_held() + 1 + bounds::PROVIDER_DESCRIPTOR_RESERVE > self.config.max_descriptors {
+            self.stats.bounds_refused += 1;
+            return Err(Failure::new(
+                ErrorCode::Range,
+                format!(
+                    "too many descriptors in use to open a file (--max-descriptors {})",
+                    self.config.max_descriptors
+                ),
+            ));
+        }
+        let file = FileId(self.next_file);
+        self.next_file += 1;
+        self.effect(
+            Pending { client, req, waiting: Waiting::Open { file, mode } },
+            Effect::Open { file, root, rel, mode, scope },
+        );
+        Ok(None)
     }
 
     fn read(&mut self, client: ClientId, id: &str, h: Handle, max: u32) -> Result<Option<Success>, Failure> {
@@ -1505,9 +1655,11 @@ impl FsProxy {
             Waiting::Read => OpKind::Read,
             Waiting::Write => OpKind::Write,
             Waiting::Close | Waiting::Cleanup => OpKind::Close,
-            Waiting::Open { .. } | Waiting::Stdio | Waiting::UpstreamLlm { .. } | Waiting::UpstreamBroker => {
-                OpKind::Other
-            }
+            Waiting::Open { .. }
+            | Waiting::Stdio
+            | Waiting::UpstreamLlm { .. }
+            | Waiting::UpstreamBroker
+            | Waiting::Narrow => OpKind::Other,
         };
         let outcome = match wire::parse_response(payload, kind) {
             Ok(r) => r.outcome,
@@ -1525,6 +1677,7 @@ impl FsProxy {
         let alive = self.clients.get(&client).is_some_and(|c| c.alive);
         let outcome = match (waiting, outcome) {
             (Waiting::Cleanup, _) => return,
+            (Waiting::Narrow, outcome) => return self.upstream_narrowed(outcome),
             (Waiting::UpstreamLlm { token, .. }, outcome) => {
                 // The call is over at the top: its token is free again.
                 if let Some(t) = token.filter(|_| req.is_some()) {

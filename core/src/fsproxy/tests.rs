@@ -718,14 +718,25 @@ fn intermediate() -> Shell {
     shell_with(config)
 }
 
+/// What the intermediate sent upstream, its own `narrow` answered (and
+/// left out) on the way: what it held back for the answer follows.
 fn upstream_requests(s: &mut Shell) -> Vec<Value> {
-    s.take_upstream()
-        .iter()
-        .map(|f| {
+    let mut out = Vec::new();
+    loop {
+        let frames = s.take_upstream();
+        if frames.is_empty() {
+            return out;
+        }
+        for f in frames {
             assert_eq!(u32::from_be_bytes([f[0], f[1], f[2], f[3]]) as usize, f.len() - 4);
-            serde_json::from_slice(&f[4..]).unwrap_or_else(|e| panic!("{e}"))
-        })
-        .collect()
+            let v: Value = serde_json::from_slice(&f[4..]).unwrap_or_else(|e| panic!("{e}"));
+            if v["op"] == "narrow" {
+                reply_upstream(s, json!({"id": v["id"], "ok": true, "result": {}}));
+            } else {
+                out.push(v);
+            }
+        }
+    }
 }
 
 fn reply_upstream(s: &mut Shell, resp: Value) {
@@ -736,19 +747,19 @@ fn reply_upstream(s: &mut Shell, resp: Value) {
 fn forwarding_maps_ids_and_handles() {
     let mut s = intermediate();
     s.send_json(A, &json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "rw"}}));
-    s.send_json(B, &json!({"id": "b1", "op": "open", "params": {"path": "scratch", "mode": "w"}}));
+    s.send_json(B, &json!({"id": "b1", "op": "open", "params": {"path": "/rw/scratch", "mode": "w"}}));
     let up = upstream_requests(&mut s);
     assert_eq!(
         up,
         vec![
-            json!({"id": "u0", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "rw"}}),
-            json!({"id": "u1", "op": "open", "params": {"path": "scratch", "mode": "w"}}),
+            json!({"id": "u1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "rw"}}),
+            json!({"id": "u2", "op": "open", "params": {"path": "/rw/scratch", "mode": "w"}}),
         ]
     );
     assert!(s.effects.is_empty(), "a forwarding proxy touched files itself");
     // Answers may come back in any order.
-    reply_upstream(&mut s, json!({"id": "u1", "ok": true, "result": {"handle": 41}}));
-    reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"handle": 40}}));
+    reply_upstream(&mut s, json!({"id": "u2", "ok": true, "result": {"handle": 41}}));
+    reply_upstream(&mut s, json!({"id": "u1", "ok": true, "result": {"handle": 40}}));
     assert_eq!(s.responses(B), vec![json!({"id": "b1", "ok": true, "result": {"handle": 3}})]);
     assert_eq!(s.responses(A), vec![json!({"id": "a1", "ok": true, "result": {"handle": 4}})]);
 
@@ -756,11 +767,11 @@ fn forwarding_maps_ids_and_handles() {
     s.send_json(A, &json!({"id": "a3", "op": "write", "params": {"h": 4, "data": "aGk="}}));
     // A's second request waits for its first.
     let up = upstream_requests(&mut s);
-    assert_eq!(up, vec![json!({"id": "u2", "op": "read", "params": {"h": 40, "max": 10}})]);
-    reply_upstream(&mut s, json!({"id": "u2", "ok": true, "result": {"data": "aGVsbG8=", "eof": false}}));
+    assert_eq!(up, vec![json!({"id": "u3", "op": "read", "params": {"h": 40, "max": 10}})]);
+    reply_upstream(&mut s, json!({"id": "u3", "ok": true, "result": {"data": "aGVsbG8=", "eof": false}}));
     let up = upstream_requests(&mut s);
-    assert_eq!(up, vec![json!({"id": "u3", "op": "write", "params": {"h": 40, "data": "aGk="}})]);
-    reply_upstream(&mut s, json!({"id": "u3", "ok": false, "error": {"code": "E_IO", "message": "disk"}}));
+    assert_eq!(up, vec![json!({"id": "u4", "op": "write", "params": {"h": 40, "data": "aGk="}})]);
+    reply_upstream(&mut s, json!({"id": "u4", "ok": false, "error": {"code": "E_IO", "message": "disk"}}));
     let got = s.responses(A);
     assert_eq!(got[1], json!({"id": "a2", "ok": true, "result": {"data": "aGVsbG8=", "eof": false}}));
     assert_eq!(got[2], json!({"id": "a3", "ok": false, "error": {"code": "E_IO", "message": "disk"}}));
@@ -772,12 +783,12 @@ fn forwarding_maps_ids_and_handles() {
     // Death: a close goes upstream for each handle A held.
     s.input(Input::Died { client: A });
     let up = upstream_requests(&mut s);
-    assert_eq!(up, vec![json!({"id": "u4", "op": "close", "params": {"h": 40}})]);
+    assert_eq!(up, vec![json!({"id": "u5", "op": "close", "params": {"h": 40}})]);
     assert_eq!(s.proxy.open_handles(), 1);
     assert_eq!(s.proxy.tracked_clients(), 1);
-    reply_upstream(&mut s, json!({"id": "u4", "ok": true}));
+    reply_upstream(&mut s, json!({"id": "u5", "ok": true}));
     // Garbage and unknown ids from upstream are counted, not fatal.
-    reply_upstream(&mut s, json!({"id": "u99", "ok": true}));
+    reply_upstream(&mut s, json!({"id": "u100", "ok": true}));
     s.input(Input::UpstreamBytes { data: frame::encode(b"nope") });
     assert_eq!(s.proxy.stats().upstream_errors, 2);
     assert_eq!(code(&read(&mut s, B, 99, 1)), "E_NOENT");
@@ -786,8 +797,8 @@ fn forwarding_maps_ids_and_handles() {
 #[test]
 fn bad_upstream_response_is_e_io() {
     let mut s = intermediate();
-    s.send_json(A, &json!({"id": "a", "op": "open", "params": {"path": "x", "mode": "w"}}));
-    reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"nohandle": 1}}));
+    s.send_json(A, &json!({"id": "a", "op": "open", "params": {"path": "/rw/x", "mode": "w"}}));
+    reply_upstream(&mut s, json!({"id": "u1", "ok": true, "result": {"nohandle": 1}}));
     let resp = s.responses(A).pop().unwrap_or_default();
     assert_eq!(resp["id"], json!("a"));
     assert_eq!(code(&resp), "E_IO");
@@ -798,10 +809,10 @@ fn bad_upstream_response_is_e_io() {
 fn upstream_eof_answers_pending_requests_with_e_io() {
     let mut s = intermediate();
     s.send_json(A, &json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "r"}}));
-    reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"handle": 9}}));
+    reply_upstream(&mut s, json!({"id": "u1", "ok": true, "result": {"handle": 9}}));
     s.send_json(A, &json!({"id": "a2", "op": "read", "params": {"h": 3, "max": 1}}));
     s.send_json(A, &json!({"id": "a3", "op": "read", "params": {"h": 3, "max": 1}}));
-    s.send_json(B, &json!({"id": "b1", "op": "open", "params": {"path": "y", "mode": "w"}}));
+    s.send_json(B, &json!({"id": "b1", "op": "open", "params": {"path": "/rw/y", "mode": "w"}}));
     assert_eq!(upstream_requests(&mut s).len(), 3);
     s.input(Input::UpstreamEof);
     let a: Vec<(Value, String)> = s.responses(A).iter().map(|r| (r["id"].clone(), code_or_ok(r))).collect();
@@ -813,7 +824,7 @@ fn upstream_eof_answers_pending_requests_with_e_io() {
     assert_eq!((b[0]["id"].clone(), code(&b[0])), (json!("b1"), "E_IO"));
     // Later requests fail at once; close of a handle upstream already
     // dropped succeeds; stdio still works.
-    assert_eq!(code(&open(&mut s, B, "z", "w")), "E_IO");
+    assert_eq!(code(&open(&mut s, B, "/rw/z", "w")), "E_IO");
     assert_eq!(close(&mut s, A, 3)["ok"], json!(true));
     assert_eq!(write(&mut s, A, 1, b"x")["ok"], json!(true));
     assert!(upstream_requests(&mut s).is_empty());
@@ -895,8 +906,10 @@ fn chained_proxies_clean_up_on_both_levels() {
     let resp = c.call(B, json!({"id": "7", "op": "write", "params": {"h": 1, "data": "aGk="}}));
     assert_eq!(resp["result"]["written"], json!(2));
     assert_eq!(c.mid.fs.stdout, b"hi");
-    assert_eq!(c.top.proxy.virtual_file("virt.txt"), Some(&b"hi"[..]));
-    assert_eq!(c.top.proxy.handles_of(UP), 3);
+    // The intermediate's virtual namespace is its own.
+    assert_eq!(c.mid.proxy.virtual_file("virt.txt"), Some(&b"hi"[..]));
+    assert_eq!(c.top.proxy.virtual_file("virt.txt"), None);
+    assert_eq!(c.top.proxy.handles_of(UP), 2);
     assert_eq!(c.top.fs.open_files(), 3);
 
     c.mid.input(Input::Died { client: A });
@@ -944,11 +957,11 @@ fn intermediate_death_closes_everything_on_the_top_level() {
 #[test]
 fn upstream_open_answered_after_death_is_closed_upstream() {
     let mut s = intermediate();
-    s.send_json(A, &json!({"id": "a", "op": "open", "params": {"path": "x", "mode": "w"}}));
+    s.send_json(A, &json!({"id": "a", "op": "open", "params": {"path": "/rw/x", "mode": "w"}}));
     s.input(Input::Eof { client: A });
     assert_eq!(upstream_requests(&mut s).len(), 1);
-    reply_upstream(&mut s, json!({"id": "u0", "ok": true, "result": {"handle": 12}}));
-    assert_eq!(upstream_requests(&mut s), vec![json!({"id": "u1", "op": "close", "params": {"h": 12}})]);
+    reply_upstream(&mut s, json!({"id": "u1", "ok": true, "result": {"handle": 12}}));
+    assert_eq!(upstream_requests(&mut s), vec![json!({"id": "u2", "op": "close", "params": {"h": 12}})]);
     assert!(s.responses(A).is_empty());
     assert_eq!(s.proxy.open_handles(), 0);
 }
@@ -1416,24 +1429,24 @@ fn nested_forwards_broker_ops_with_its_own_cancel_tokens() {
     assert_eq!(tokens, vec![&json!("t0"), &json!("t1"), &json!("t2"), &Value::Null]);
     assert_eq!(up[0]["op"], json!("LLMCMD"));
     assert_eq!(up[0]["params"]["messages"], json!([{"role": "user", "content": "hi"}]));
-    assert_eq!(up[3], json!({"id": "u3", "op": "QUOTA", "params": {}}));
+    assert_eq!(up[3], json!({"id": "u4", "op": "QUOTA", "params": {}}));
     assert!(s.started.is_empty(), "a forwarding level called the provider");
     // B cancels its "x": the top hears B's token, not A's.
     submit(&mut s, B, cancel("bc", "x"));
     let up = upstream_requests(&mut s);
-    assert_eq!(up, vec![json!({"id": "u4", "op": "CANCEL", "params": {"cancel_token": "t1"}})]);
+    assert_eq!(up, vec![json!({"id": "u5", "op": "CANCEL", "params": {"cancel_token": "t1"}})]);
     // A token no live call of the client carries is answered here.
     assert_eq!(call(&mut s, A, cancel("ac", "nope"))["result"]["state"], json!("not_found"));
     // Answers come back with their codes, broker codes included.
     reply_upstream(
         &mut s,
-        json!({"id": "u4", "ok": true, "result": {"cancelled": true, "state": "before_start"}}),
+        json!({"id": "u5", "ok": true, "result": {"cancelled": true, "state": "before_start"}}),
     );
     reply_upstream(
         &mut s,
-        json!({"id": "u1", "ok": false, "error": {"code": "cancelled_before_start", "message": "m"}}),
+        json!({"id": "u2", "ok": false, "error": {"code": "cancelled_before_start", "message": "m"}}),
     );
-    reply_upstream(&mut s, json!({"id": "u3", "ok": true, "result": {"remaining_units": 0.5}}));
+    reply_upstream(&mut s, json!({"id": "u4", "ok": true, "result": {"remaining_units": 0.5}}));
     assert_eq!(only_answer(&s, B, "bc")["result"]["state"], json!("before_start"));
     assert_eq!(code(&only_answer(&s, B, "b1")), "cancelled_before_start");
     assert_eq!(only_answer(&s, A, "a2")["result"], json!({"remaining_units": 0.5}));
@@ -1443,14 +1456,14 @@ fn nested_forwards_broker_ops_with_its_own_cancel_tokens() {
     // A departs: its outstanding call is cancelled at the top.
     s.input(Input::Died { client: A });
     let up = upstream_requests(&mut s);
-    assert_eq!(up, vec![json!({"id": "u6", "op": "CANCEL", "params": {"cancel_token": "t0"}})]);
+    assert_eq!(up, vec![json!({"id": "u7", "op": "CANCEL", "params": {"cancel_token": "t0"}})]);
     reply_upstream(
         &mut s,
-        json!({"id": "u0", "ok": false, "error": {"code": "cancelled_after_start", "message": "m"}}),
+        json!({"id": "u1", "ok": false, "error": {"code": "cancelled_after_start", "message": "m"}}),
     );
     reply_upstream(
         &mut s,
-        json!({"id": "u6", "ok": true, "result": {"cancelled": true, "state": "after_start"}}),
+        json!({"id": "u7", "ok": true, "result": {"cancelled": true, "state": "after_start"}}),
     );
     assert_eq!(s.proxy.tracked_clients(), 1);
     // Upstream lost: pending broker ops fail with E_IO, B stays served.
@@ -1458,8 +1471,10 @@ fn nested_forwards_broker_ops_with_its_own_cancel_tokens() {
     assert_eq!(code(&only_answer(&s, B, "b2")), "E_IO");
     assert_eq!(code(&only_answer(&s, B, "b3")), "E_IO");
     assert_eq!(code(&call(&mut s, B, llm("b4", json!({})))), "E_IO");
-    // Answered at once: B is not left busy by its broker ops.
-    assert_eq!(code(&open(&mut s, B, "v.txt", "w")), "E_IO");
+    // Answered at once: B is not left busy by its broker ops; its
+    // virtual files are this level's own and still served.
+    assert_eq!(code(&open(&mut s, B, "/rw/v.txt", "w")), "E_IO");
+    assert_eq!(open(&mut s, B, "v.txt", "w")["ok"], json!(true));
     assert!(s.proxy.quiescent());
 }
 
@@ -1531,4 +1546,135 @@ fn a_trace_with_a_broker_replays() {
     // Without the broker in the header the same trace no longer replays.
     let stripped = text.replacen("\"broker\"", "\"ignored\"", 1);
     assert!(replay(stripped.as_bytes()).is_err());
+}
+
+// ---- confinement across levels ----------------------------------------------
+
+fn narrow_req(id: &str, rules: Value) -> Value {
+    json!({"id": id, "op": "narrow", "params": {"rules": rules}})
+}
+
+fn open_scope(s: &Shell) -> Scope {
+    match s.effects.iter().rev().find_map(|(_, e)| match e {
+        Effect::Open { scope, .. } => Some(scope.clone()),
+        _ => None,
+    }) {
+        Some(sc) => sc,
+        None => panic!("no open effect"),
+    }
+}
+
+#[test]
+fn narrow_intersects_every_open_on_the_connection_and_its_attachments() {
+    use std::path::Path;
+    let mut s = shell();
+    let r = call(
+        &mut s,
+        A,
+        narrow_req("n", json!([{"path": "/rw/sub", "access": "rw"}, {"path": "/ro", "access": "rw"}])),
+    );
+    assert_eq!(r, json!({"id": "n", "ok": true, "result": {}}));
+    // Lexically outside the narrowing: refused here, no effect.
+    assert_eq!(code(&open(&mut s, A, "/rw/other.txt", "r")), "E_PERM");
+    // The top's read-only root stays read-only whatever the narrowing says.
+    assert_eq!(code(&open(&mut s, A, "/ro/hello.txt", "w")), "E_PERM");
+    // Inside: the effect carries the intersection, to be checked on the
+    // resolved file.
+    s.auto = false;
+    s.send_json(A, &json!({"id": "o", "op": "open", "params": {"path": "/rw/sub/f", "mode": "w"}}));
+    let sc = open_scope(&s);
+    s.auto = true;
+    s.settle();
+    assert!(sc.permits(Path::new("/rw/sub/f"), true));
+    assert!(!sc.permits(Path::new("/rw/other.txt"), false));
+    assert!(sc.permits(Path::new("/ro/x"), false) && !sc.permits(Path::new("/ro/x"), true));
+    // A second narrow only narrows further.
+    call(&mut s, A, narrow_req("n2", json!([{"path": "/", "access": "rw"}])));
+    assert_eq!(code(&open(&mut s, A, "/rw/other.txt", "r")), "E_PERM");
+    // A request's own scope narrows that request.
+    let r = call(
+        &mut s,
+        A,
+        json!({"id": "o2", "op": "open", "params": {"path": "/rw/sub/g", "mode": "w",
+            "scope": {"rules": [{"path": "/rw/sub/f", "access": "rw"}]}}}),
+    );
+    assert_eq!(code(&r), "E_PERM");
+    // Attached from a narrowed connection: just as narrow.
+    s.input(Input::Descriptor { client: A });
+    s.send_json(A, &json!({"id": "at", "op": "attach"}));
+    let new = ClientId(ATTACHED_CLIENT_BASE);
+    assert_eq!(code(&open(&mut s, new, "/rw/other.txt", "r")), "E_PERM");
+    // B never narrowed.
+    assert_eq!(open(&mut s, B, "/rw/other.txt", "w")["ok"], json!(true));
+    // Bad narrows are E_ARG and change nothing.
+    for bad in [json!([{"path": "rel", "access": "r"}]), json!("x"), json!([{"path": "/a", "access": "w"}])] {
+        assert_eq!(code(&call(&mut s, B, narrow_req("b", bad))), "E_ARG");
+    }
+    assert_eq!(open(&mut s, B, "/rw/other.txt", "r")["ok"], json!(true));
+}
+
+#[test]
+fn intermediate_holds_everything_until_its_narrow_is_answered() {
+    let mut s = intermediate();
+    s.send_json(A, &json!({"id": "a", "op": "open", "params": {"path": "/rw/x", "mode": "w"}}));
+    let frames = s.take_upstream();
+    assert_eq!(frames.len(), 1, "only the narrow goes before its answer");
+    let v: Value = serde_json::from_slice(&frames[0][4..]).unwrap_or_default();
+    assert_eq!(
+        v,
+        json!({"id": "u0", "op": "narrow", "params": {"rules": [
+            {"path": "/ro", "access": "r"}, {"path": "/rw", "access": "rw"}]}})
+    );
+    // An upstream that does not know narrow: nothing is ever forwarded.
+    reply_upstream(
+        &mut s,
+        json!({"id": "u0", "ok": false, "error": {"code": "E_UNSUPPORTED", "message": "unknown op"}}),
+    );
+    assert!(s.take_upstream().is_empty());
+    assert_eq!(code(&s.responses(A)[0]), "E_IO");
+    assert_eq!(code(&open(&mut s, A, "/rw/y", "r")), "E_IO");
+    // Its own virtual files still work.
+    assert_eq!(open(&mut s, A, "notes", "w")["ok"], json!(true));
+}
+
+#[test]
+fn intermediate_with_no_roots_never_forwards_a_name() {
+    let mut config = Config::new(Policy::new("/home/agent".into(), []), StdioRole::Local);
+    config.upstream = true;
+    let mut s = shell_with(config);
+    for path in ["notes.txt", "rw/x", "./ro/hello.txt"] {
+        assert_eq!(open(&mut s, A, path, "w")["ok"], json!(true), "{path}");
+    }
+    assert_eq!(code(&open(&mut s, A, "/rw/x", "r")), "E_PERM");
+    assert!(s.take_upstream().is_empty());
+    assert_eq!(s.proxy.virtual_file("rw/x"), Some(&b""[..]));
+}
+
+/// Three levels: a grandchild airlock narrowed at the middle; the middle
+/// forwards its narrowing with each open, and the top's effect carries the
+/// intersection of all three.
+#[test]
+fn three_levels_intersect_at_the_top() {
+    use std::path::Path;
+    let mut c = Chain::new();
+    let r = c.call(A, narrow_req("n", json!([{"path": "/rw/a/sub", "access": "rw"}])));
+    assert_eq!(r["ok"], json!(true));
+    assert_eq!(
+        code(&c.call(A, json!({"id": "1", "op": "open", "params": {"path": "/rw/a/other", "mode": "r"}}))),
+        "E_PERM"
+    );
+    c.top.auto = false;
+    c.mid.send_json(A, &json!({"id": "2", "op": "open", "params": {"path": "/rw/a/sub/f", "mode": "w"}}));
+    c.pump();
+    let sc = open_scope(&c.top);
+    assert!(sc.permits(Path::new("/rw/a/sub/f"), true));
+    assert!(!sc.permits(Path::new("/rw/a/other"), false), "{sc:?}");
+    // B at the middle is not narrowed beyond the middle's own policy.
+    c.top.auto = true;
+    c.top.settle();
+    c.pump();
+    c.top.auto = false;
+    c.mid.send_json(B, &json!({"id": "3", "op": "open", "params": {"path": "/rw/a/other", "mode": "w"}}));
+    c.pump();
+    assert!(open_scope(&c.top).permits(Path::new("/rw/a/other"), true));
 }

@@ -198,6 +198,15 @@ fn partial_frames_are_bounded_in_total() {
     assert_eq!(s.proxy.usage().buffered_bytes, 2004);
 }
 
+/// The intermediate's first frame upstream is its `narrow` (u0): answer
+/// it, and take the one request it held back for the answer.
+fn narrowed(s: &mut Shell) {
+    let up = s.take_upstream();
+    assert_eq!(up.len(), 1);
+    s.input(Input::UpstreamBytes { data: frame::encode(br#"{"id":"u0","ok":true,"result":{}}"#) });
+    assert_eq!(s.take_upstream().len(), 1);
+}
+
 #[test]
 fn an_oversized_upstream_answer_fails_one_request_only() {
     let mut config = Config::new(test_policy(), StdioRole::Local);
@@ -205,9 +214,8 @@ fn an_oversized_upstream_answer_fails_one_request_only() {
     config.max_upstream_frame = 1000;
     let mut s = shell_with(config);
     s.send_json(A, &json!({"id": "q", "op": "QUOTA", "params": {}}));
-    let up = s.take_upstream();
-    assert_eq!(up.len(), 1);
-    let big = json!({"id": "u0", "ok": true, "result": {"text": "y".repeat(5000)}}).to_string();
+    narrowed(&mut s);
+    let big = json!({"id": "u1", "ok": true, "result": {"text": "y".repeat(5000)}}).to_string();
     // Delivered in pieces, as a pipe would.
     for chunk in frame::encode(big.as_bytes()).chunks(700) {
         s.input(Input::UpstreamBytes { data: chunk.to_vec() });
@@ -218,9 +226,9 @@ fn an_oversized_upstream_answer_fails_one_request_only() {
     assert!(message(&r[0]).contains("--max-upstream-frame"), "{r:?}");
     assert_eq!(s.proxy.stats().upstream_oversized, 1);
     // The link is still up: the next request goes upstream and is answered.
-    s.send_json(A, &json!({"id": "o", "op": "open", "params": {"path": "v", "mode": "w"}}));
+    s.send_json(A, &json!({"id": "o", "op": "open", "params": {"path": "/rw/v", "mode": "w"}}));
     assert_eq!(s.take_upstream().len(), 1);
-    s.input(Input::UpstreamBytes { data: frame::encode(br#"{"id":"u1","ok":true,"result":{"handle":7}}"#) });
+    s.input(Input::UpstreamBytes { data: frame::encode(br#"{"id":"u2","ok":true,"result":{"handle":7}}"#) });
     assert_eq!(s.responses(A).last().map(code), Some("ok".to_owned()));
 }
 
@@ -232,10 +240,10 @@ fn planted_link_cut_is_what_the_fix_prevents() {
     config.max_frame = 1000;
     let mut s = shell_with(config);
     s.send_json(A, &json!({"id": "q", "op": "QUOTA", "params": {}}));
-    s.take_upstream();
-    let big = json!({"id": "u0", "ok": true, "result": {"text": "y".repeat(5000)}}).to_string();
+    narrowed(&mut s);
+    let big = json!({"id": "u1", "ok": true, "result": {"text": "y".repeat(5000)}}).to_string();
     s.input(Input::UpstreamBytes { data: frame::encode(big.as_bytes()) });
-    s.send_json(A, &json!({"id": "o", "op": "open", "params": {"path": "v", "mode": "w"}}));
+    s.send_json(A, &json!({"id": "o", "op": "open", "params": {"path": "/rw/v", "mode": "w"}}));
     assert_eq!(s.responses(A).last().map(code), Some("E_IO".to_owned()));
 }
 

@@ -3,6 +3,7 @@
 
 use crate::broker::{BrokerErrorCode, RawJson};
 use crate::handles::Handle;
+use crate::scope::Scope;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -186,6 +187,9 @@ pub enum Op {
     Open {
         path: String,
         mode: Mode,
+        /// airlock's extension: narrow this one open further (a nested
+        /// level forwarding for a client that narrowed itself).
+        scope: Option<Scope>,
     },
     Read {
         h: Handle,
@@ -201,6 +205,12 @@ pub enum Op {
     /// airlock's extension: serve the socket passed alongside this request
     /// (SCM_RIGHTS) as a connection of its own, answering there.
     Attach,
+    /// airlock's extension: narrow this connection (and everything
+    /// attached from it), for good, to the intersection of what it may
+    /// reach and `scope`. A nested airlock sends it before anything else.
+    Narrow {
+        scope: Scope,
+    },
     /// Reserved (seed 000); the params are kept for the broker.
     Quota {
         params: Map<String, Value>,
@@ -224,6 +234,7 @@ impl Op {
             Op::Write { .. } => "write",
             Op::Close { .. } => "close",
             Op::Attach => "attach",
+            Op::Narrow { .. } => "narrow",
             Op::Quota { .. } => "QUOTA",
             Op::LlmCmd { .. } => "LLMCMD",
             Op::Cancel { .. } => "CANCEL",
@@ -302,7 +313,14 @@ pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejectio
                 Some(_) => return Err(reject(Some(&id), ErrorCode::Arg, "mode is not a string")),
                 None => return Err(reject(Some(&id), ErrorCode::Arg, "missing mode")),
             };
-            Op::Open { path, mode }
+            let scope = match params.get("scope") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    Scope::from_wire(v)
+                        .map_err(|e| reject(Some(&id), ErrorCode::Arg, format!("invalid scope: {e}")))?,
+                ),
+            };
+            Op::Open { path, mode, scope }
         }
         "read" => {
             let h = handle_param(&id, &params)?;
@@ -341,6 +359,10 @@ pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejectio
         }
         "close" => Op::Close { h: handle_param(&id, &params)? },
         "attach" => Op::Attach,
+        "narrow" => Op::Narrow {
+            scope: Scope::from_wire(&Value::Object(params))
+                .map_err(|e| reject(Some(&id), ErrorCode::Arg, format!("invalid narrow: {e}")))?,
+        },
         "QUOTA" => Op::Quota { params },
         "LLMCMD" => Op::LlmCmd { params },
         "CANCEL" => Op::Cancel { params },
@@ -355,9 +377,17 @@ pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejectio
 pub fn encode_request(req: &Request) -> Vec<u8> {
     let mut params = Map::new();
     match &req.op {
-        Op::Open { path, mode } => {
+        Op::Open { path, mode, scope } => {
             params.insert("path".into(), path.clone().into());
             params.insert("mode".into(), mode.as_str().into());
+            if let Some(s) = scope {
+                params.insert("scope".into(), s.to_wire());
+            }
+        }
+        Op::Narrow { scope } => {
+            if let Value::Object(m) = scope.to_wire() {
+                params = m;
+            }
         }
         Op::Read { h, max } => {
             params.insert("h".into(), h.get().into());
@@ -545,7 +575,7 @@ impl From<&Op> for OpKind {
             Op::Write { .. } => OpKind::Write,
             Op::Close { .. } => OpKind::Close,
             Op::Attach => OpKind::Attach,
-            Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } => OpKind::Other,
+            Op::Narrow { .. } | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } => OpKind::Other,
         }
     }
 }

@@ -153,11 +153,19 @@ impl World {
     /// The virtual files the world knows exist: their names' bytes (and
     /// the contents it models) and their number stay under the bounds.
     fn check_virtual_bounds(&self) -> Check {
+        // Each level's virtual files are its own, under its own bounds.
+        for level in 0..self.levels.len() {
+            self.check_virtual_bounds_of(level)?;
+        }
+        Ok(())
+    }
+
+    fn check_virtual_bounds_of(&self, level: usize) -> Check {
         let b = self.swarm.bounds;
         let (mut bytes, mut files) = (0u64, 0usize);
         for f in self.files.values() {
-            let Loc::Virtual(name) = &f.loc else { continue };
-            if !f.exists || f.unknown {
+            let Loc::Virtual(name, l) = &f.loc else { continue };
+            if *l != level || !f.exists || f.unknown {
                 continue;
             }
             files += 1;

@@ -113,6 +113,7 @@ impl World {
     fn huge_names(&mut self, i: usize) -> bool {
         let size = self.flood_frame();
         let n = self.clients[i].rng.gen_range(1..=4);
+        let level = self.clients[i].level;
         for _ in 0..n {
             let c = &mut self.clients[i];
             c.floods.next += 1;
@@ -120,7 +121,7 @@ impl World {
             let name = format!("h{}-{}-{}", c.idx, c.floods.next, "n".repeat(len));
             self.files
                 .entry(name.clone())
-                .or_insert_with(|| FileModel::new(Class::Private, Loc::Virtual(name.clone())));
+                .or_insert_with(|| FileModel::new(Class::Private, Loc::Virtual(name.clone(), level)));
             let c = &mut self.clients[i];
             let id = next_id(c);
             let payload = req(&id, "open", json!({ "path": name, "mode": "w" }));

@@ -1,0 +1,323 @@
+//! Opening a host file with every symlink resolved *and checked*: the walk
+//! and the decisions, over any namespace that can answer "what is this name
+//! in this directory, without following it".
+//!
+//! The production shell answers with `openat(O_PATH|O_NOFOLLOW)`,
+//! `readlinkat` and a final `openat(O_NOFOLLOW)` on directory descriptors
+//! it holds (so a name swapped after it was looked at cannot redirect the
+//! walk: every step acts on the descriptor of the directory already
+//! reached); the simulator answers from its in-memory filesystem. Both run
+//! this same walk, so the simulator resolves exactly as production does.
+//!
+//! The walk starts at the deepest *anchor* (a directory root of the level
+//! that owns the files, opened once at start-up) containing the path, goes
+//! one component at a time, and whenever a component is a symlink it
+//! rewrites the path (relative targets against the link's directory,
+//! absolute ones as they are, `..` applied to the physical path) and starts
+//! again from the anchor containing the new path. The final component is
+//! opened without following it, and only after the scope permits the
+//! fully resolved path in the requested mode: read-only, single-file roots
+//! and every nested level's narrowing are all decided on the file that is
+//! actually opened, never on the text the child sent.
+
+use crate::fsproxy::wire::Mode;
+use crate::scope::Scope;
+use std::ffi::{OsStr, OsString};
+use std::path::{Component, Path, PathBuf};
+
+/// Symlinks followed in one open at most (the kernel's `MAXSYMLINKS`).
+pub const MAX_SYMLINK_HOPS: usize = 40;
+
+/// What a name in a directory is, not following it.
+#[derive(Debug)]
+pub enum Entry<D> {
+    Dir(D),
+    Symlink(PathBuf),
+    /// A file of another kind (not a directory on the way to the file).
+    NotDir,
+    Missing,
+}
+
+/// The final component, opened without following it.
+#[derive(Debug)]
+pub enum Final<F> {
+    File(F),
+    Symlink(PathBuf),
+}
+
+/// Why an open failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The resolved path is outside the scope, or outside every anchor.
+    Outside(PathBuf),
+    /// A write to a resolved path the scope allows only for reading.
+    ReadOnly(PathBuf),
+    TooManyLinks,
+    NotFound,
+    /// The file system refused (permission, not a regular file, …).
+    Denied(String),
+    /// The namespace failed otherwise (I/O error, …).
+    Fs(String),
+}
+
+impl Refusal {
+    /// How the machine reports it: `E_PERM` for every refusal of the
+    /// policy or the file system, `E_NOENT`, or `E_IO`.
+    pub fn kind(&self) -> crate::fsproxy::FsErrorKind {
+        use crate::fsproxy::FsErrorKind;
+        match self {
+            Refusal::Outside(_) | Refusal::ReadOnly(_) | Refusal::TooManyLinks | Refusal::Denied(_) => {
+                FsErrorKind::Denied
+            }
+            Refusal::NotFound => FsErrorKind::NotFound,
+            Refusal::Fs(_) => FsErrorKind::Other,
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Outside(p) => write!(f, "{} resolves outside the allowed paths", p.display()),
+            Refusal::ReadOnly(p) => write!(f, "{} resolves to a read-only path", p.display()),
+            Refusal::TooManyLinks => write!(f, "more than {MAX_SYMLINK_HOPS} symlinks"),
+            Refusal::NotFound => f.write_str("no such file or directory"),
+            Refusal::Denied(m) | Refusal::Fs(m) => f.write_str(m),
+        }
+    }
+}
+
+/// The file system operations the walk needs, on directories the
+/// implementation holds open.
+pub trait Namespace {
+    type Dir;
+    type File;
+    /// The anchor directory `index` (see [`open`]'s `anchors`).
+    fn anchor(&mut self, index: usize) -> Result<Self::Dir, Refusal>;
+    /// What `name` is in `dir`, not following it.
+    fn lookup(&mut self, dir: &Self::Dir, name: &OsStr) -> Result<Entry<Self::Dir>, Refusal>;
+    /// Open `name` in `dir` in `mode`, never following a symlink there
+    /// (and never creating through one). `path` is its resolved absolute
+    /// path, for the record.
+    fn open_final(
+        &mut self,
+        dir: &Self::Dir,
+        name: &OsStr,
+        path: &Path,
+        mode: Mode,
+    ) -> Result<Final<Self::File>, Refusal>;
+}
+
+/// Apply `target` (a symlink's contents) to the physical directory `dir`,
+/// then `rest`: `..` climbs the physical path (never above `/`).
+fn rewrite(dir: &[OsString], target: &Path, rest: &[OsString]) -> Vec<OsString> {
+    let mut out: Vec<OsString> = if target.is_absolute() { Vec::new() } else { dir.to_vec() };
+    for c in target.components() {
+        match c {
+            Component::Normal(n) => out.push(n.to_owned()),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+        }
+    }
+    out.extend(rest.iter().cloned());
+    out
+}
+
+fn to_path(parts: &[OsString]) -> PathBuf {
+    let mut p = PathBuf::from("/");
+    p.extend(parts);
+    p
+}
+
+/// Open `path` (absolute, lexically normal) in `mode`, resolving symlinks
+/// from the `anchors` (physical absolute paths of directories the
+/// namespace holds, by index) and checking the resolved path against
+/// `scope`. Returns the file and its resolved path.
+pub fn open<N: Namespace>(
+    ns: &mut N,
+    anchors: &[PathBuf],
+    path: &Path,
+    mode: Mode,
+    scope: &Scope,
+) -> Result<(N::File, PathBuf), Refusal> {
+    let mut parts: Vec<OsString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            _ => None,
+        })
+        .collect();
+    let mut hops = 0;
+    'walk: loop {
+        let Some((name, parent)) = parts.split_last() else {
+            return Err(Refusal::Denied("not a regular file".into()));
+        };
+        let parent_path = to_path(parent);
+        // The deepest anchor containing the directory the file is in.
+        let Some((index, anchor)) = anchors
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| parent_path.starts_with(a))
+            .max_by_key(|(_, a)| a.components().count())
+        else {
+            return Err(Refusal::Outside(to_path(&parts)));
+        };
+        let depth = anchor.components().count() - 1;
+        let mut dir = ns.anchor(index)?;
+        for i in depth..parent.len() {
+            match ns.lookup(&dir, &parent[i])? {
+                Entry::Dir(d) => dir = d,
+                Entry::Symlink(target) => {
+                    hops += 1;
+                    if hops > MAX_SYMLINK_HOPS {
+                        return Err(Refusal::TooManyLinks);
+                    }
+                    parts = rewrite(&parent[..i], &target, &parts[i + 1..]);
+                    continue 'walk;
+                }
+                Entry::NotDir => return Err(Refusal::NotFound),
+                Entry::Missing => return Err(Refusal::NotFound),
+            }
+        }
+        let full = to_path(&parts);
+        if !scope.permits(&full, false) {
+            return Err(Refusal::Outside(full));
+        }
+        if mode.writable() && !scope.permits(&full, true) {
+            return Err(Refusal::ReadOnly(full));
+        }
+        match ns.open_final(&dir, name, &full, mode)? {
+            Final::File(f) => return Ok((f, full)),
+            Final::Symlink(target) => {
+                hops += 1;
+                if hops > MAX_SYMLINK_HOPS {
+                    return Err(Refusal::TooManyLinks);
+                }
+                parts = rewrite(parent, &target, &[]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Access;
+    use crate::scope::Rule;
+    use std::collections::BTreeMap;
+
+    /// A namespace of absolute paths: directories, files, symlinks.
+    #[derive(Default)]
+    struct Mem {
+        nodes: BTreeMap<PathBuf, Node>,
+        anchors: Vec<PathBuf>,
+    }
+
+    #[derive(Clone)]
+    enum Node {
+        Dir,
+        File,
+        Link(PathBuf),
+    }
+
+    impl Namespace for Mem {
+        type Dir = PathBuf;
+        type File = PathBuf;
+        fn anchor(&mut self, index: usize) -> Result<PathBuf, Refusal> {
+            Ok(self.anchors[index].clone())
+        }
+        fn lookup(&mut self, dir: &PathBuf, name: &OsStr) -> Result<Entry<PathBuf>, Refusal> {
+            let p = dir.join(name);
+            Ok(match self.nodes.get(&p) {
+                Some(Node::Dir) => Entry::Dir(p),
+                Some(Node::File) => Entry::NotDir,
+                Some(Node::Link(t)) => Entry::Symlink(t.clone()),
+                None => Entry::Missing,
+            })
+        }
+        fn open_final(
+            &mut self,
+            dir: &PathBuf,
+            name: &OsStr,
+            _: &Path,
+            mode: Mode,
+        ) -> Result<Final<PathBuf>, Refusal> {
+            let p = dir.join(name);
+            match self.nodes.get(&p).cloned() {
+                Some(Node::File) => Ok(Final::File(p)),
+                Some(Node::Link(t)) => Ok(Final::Symlink(t)),
+                Some(Node::Dir) => Err(Refusal::Denied("not a regular file".into())),
+                None if mode == Mode::Read => Err(Refusal::NotFound),
+                None => {
+                    self.nodes.insert(p.clone(), Node::File);
+                    Ok(Final::File(p))
+                }
+            }
+        }
+    }
+
+    fn world() -> Mem {
+        let mut m = Mem { anchors: vec!["/d".into()], ..Mem::default() };
+        for d in ["/d", "/d/ro", "/d/a", "/d/a/sub", "/d/a/other"] {
+            m.nodes.insert(d.into(), Node::Dir);
+        }
+        for f in ["/d/ro/keep.txt", "/d/a/other/secret", "/d/secret.txt"] {
+            m.nodes.insert(f.into(), Node::File);
+        }
+        m.nodes.insert("/d/rolink".into(), Node::Link("ro".into()));
+        m.nodes.insert("/d/a/sub/up".into(), Node::Link("../other".into()));
+        m.nodes.insert("/d/out.txt".into(), Node::Link("/d/secret.txt".into()));
+        m.nodes.insert("/d/loop".into(), Node::Link("loop".into()));
+        m.nodes.insert("/d/a/sub/ok".into(), Node::Link("../sub/../sub/f".into()));
+        m.nodes.insert("/d/a/sub/f".into(), Node::File);
+        m
+    }
+
+    fn scope(rules: &[(&str, Option<Access>)]) -> Scope {
+        Scope::from_rules(rules.iter().map(|(p, a)| Rule { path: p.into(), access: *a }))
+    }
+
+    const RO: Option<Access> = Some(Access::ReadOnly);
+    const RW: Option<Access> = Some(Access::ReadWrite);
+
+    #[test]
+    fn the_four_attacks_are_decided_on_the_resolved_file() {
+        let mut m = world();
+        let anchors = m.anchors.clone();
+        // Read-only decided on the resolved file.
+        let s = scope(&[("/d", RW), ("/d/ro", RO)]);
+        let r = open(&mut m, &anchors, Path::new("/d/rolink/keep.txt"), Mode::Write, &s);
+        assert_eq!(r.unwrap_err(), Refusal::ReadOnly("/d/ro/keep.txt".into()));
+        assert!(open(&mut m, &anchors, Path::new("/d/rolink/keep.txt"), Mode::Read, &s).is_ok());
+        // A narrower nested level cannot be left through a symlink.
+        let s = scope(&[("/d/a/sub", RW)]);
+        let r = open(&mut m, &anchors, Path::new("/d/a/sub/up/secret"), Mode::Read, &s);
+        assert_eq!(r.unwrap_err(), Refusal::Outside("/d/a/other/secret".into()));
+        // A single-file root that is a symlink to a sibling.
+        let s = scope(&[("/d/out.txt", RW)]);
+        let r = open(&mut m, &anchors, Path::new("/d/out.txt"), Mode::Read, &s);
+        assert_eq!(r.unwrap_err(), Refusal::Outside("/d/secret.txt".into()));
+        // Loops end.
+        let s = scope(&[("/d", RW)]);
+        assert_eq!(
+            open(&mut m, &anchors, Path::new("/d/loop"), Mode::Read, &s).unwrap_err(),
+            Refusal::TooManyLinks
+        );
+        // `..` in a target climbs the physical path.
+        let (_, p) = open(&mut m, &anchors, Path::new("/d/a/sub/ok"), Mode::Read, &s).unwrap();
+        assert_eq!(p, PathBuf::from("/d/a/sub/f"));
+        // Outside every anchor.
+        m.nodes.insert("/d/abs".into(), Node::Link("/etc/passwd".into()));
+        let s = Scope::everything();
+        assert_eq!(
+            open(&mut m, &anchors, Path::new("/d/abs"), Mode::Read, &s).unwrap_err(),
+            Refusal::Outside("/etc/passwd".into())
+        );
+        // No file is created through a refused path.
+        let s = scope(&[("/d", RW), ("/d/ro", RO)]);
+        assert!(open(&mut m, &anchors, Path::new("/d/rolink/new"), Mode::Write, &s).is_err());
+        assert!(!m.nodes.contains_key(Path::new("/d/ro/new")));
+    }
+}

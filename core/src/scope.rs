@@ -1,0 +1,274 @@
+//! What a request may reach once symlinks are resolved: the intersection of
+//! the policies of every level between the child and the files.
+//!
+//! A [`Scope`] is a set of rules over absolute paths; the most specific rule
+//! containing a path decides its access, and a path under no rule is out of
+//! reach. Unlike a [`Policy`](crate::policy::Policy), a rule may deny
+//! (`access: None`), which is what an intersection needs: a read-write root
+//! of one level with a read-only root of another inside it, or a level
+//! allowing `/a` and another only `/a/sub`. [`Scope::intersect`] is exact:
+//! for every path, the access of the intersection is the lesser of the two
+//! (property-tested below), so a level can only ever narrow what reaches
+//! the files.
+//!
+//! The shell that owns the files checks the *resolved* path against the
+//! scope ([`crate::resolve`]), never the path as the child wrote it.
+
+use crate::policy::{normalize, Access, Root};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Rules a scope sent over the wire (`narrow`, or an open's `scope`) may
+/// hold; the frame size bounds their bytes.
+pub const MAX_SCOPE_RULES: usize = 256;
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Rule {
+    /// Absolute and lexically normal.
+    pub path: PathBuf,
+    /// `None`: nothing at or beneath `path` (unless a deeper rule says so).
+    pub access: Option<Access>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Scope {
+    /// Sorted by path, one rule per path, none redundant.
+    rules: Vec<Rule>,
+}
+
+/// Why a scope from the wire was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScopeError(pub String);
+
+impl fmt::Display for ScopeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Scope {
+    /// Everything, read-write: the identity of [`Scope::intersect`].
+    pub fn everything() -> Self {
+        Scope { rules: vec![Rule { path: PathBuf::from("/"), access: Some(Access::ReadWrite) }] }
+    }
+
+    /// Nothing at all.
+    pub fn nothing() -> Self {
+        Scope::default()
+    }
+
+    /// The scope of a policy's roots (absolute, normal, as `Policy` keeps them).
+    pub fn from_roots(roots: &[Root]) -> Self {
+        Self::from_rules(roots.iter().map(|r| Rule { path: r.path.clone(), access: Some(r.access) }))
+    }
+
+    /// Build from rules, merging duplicates (the greater access wins, as for
+    /// a policy's equal roots) and dropping redundant ones.
+    pub fn from_rules(rules: impl IntoIterator<Item = Rule>) -> Self {
+        let mut v: Vec<Rule> = rules.into_iter().collect();
+        v.sort();
+        // Of equal paths the greatest access sorts last: keep it.
+        let mut out: Vec<Rule> = Vec::with_capacity(v.len());
+        for r in v {
+            match out.last_mut() {
+                Some(last) if last.path == r.path => *last = r,
+                _ => out.push(r),
+            }
+        }
+        Scope { rules: out }.simplified()
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The access the most specific rule containing `path` gives.
+    pub fn access(&self, path: &Path) -> Option<Access> {
+        self.rules
+            .iter()
+            .filter(|r| path.starts_with(&r.path))
+            .max_by_key(|r| r.path.components().count())
+            .and_then(|r| r.access)
+    }
+
+    /// Whether `path` may be opened for reading, or writing when `write`.
+    pub fn permits(&self, path: &Path, write: bool) -> bool {
+        match self.access(path) {
+            Some(Access::ReadWrite) => true,
+            Some(Access::ReadOnly) => !write,
+            None => false,
+        }
+    }
+
+    /// The scope that gives every path the lesser of the two accesses.
+    ///
+    /// Why it is exact: for a path `p`, let `r` be the deepest rule of
+    /// either scope containing `p`. The deepest rule of `self` containing
+    /// `p` contains `r` too (both are ancestors of `p`, and `r` is the
+    /// deepest), so `self.access(p) == self.access(r)`, and likewise for
+    /// `other`. Giving every rule path of either scope the lesser of the
+    /// two accesses at that path therefore gives every path its lesser one.
+    pub fn intersect(&self, other: &Scope) -> Scope {
+        let rules = self
+            .rules
+            .iter()
+            .chain(&other.rules)
+            .map(|r| Rule { path: r.path.clone(), access: self.access(&r.path).min(other.access(&r.path)) });
+        let mut v: Vec<Rule> = rules.collect();
+        v.sort();
+        v.dedup();
+        Scope { rules: v }.simplified()
+    }
+
+    /// Drop rules that give what their nearest enclosing rule (or, at the
+    /// top, the default: nothing) already gives. `rules` is sorted, so a
+    /// rule's ancestors come before it.
+    fn simplified(self) -> Scope {
+        let mut kept: Vec<Rule> = Vec::with_capacity(self.rules.len());
+        for r in self.rules {
+            let inherited = kept
+                .iter()
+                .filter(|k| r.path.starts_with(&k.path))
+                .max_by_key(|k| k.path.components().count())
+                .and_then(|k| k.access);
+            if inherited != r.access {
+                kept.push(r);
+            }
+        }
+        Scope { rules: kept }
+    }
+
+    /// The wire form: `{"rules":[{"path":"/a","access":"r"|"rw"|"none"}]}`.
+    pub fn to_wire(&self) -> serde_json::Value {
+        let rules: Vec<serde_json::Value> = self
+            .rules
+            .iter()
+            .map(|r| {
+                let access = match r.access {
+                    Some(Access::ReadOnly) => "r",
+                    Some(Access::ReadWrite) => "rw",
+                    None => "none",
+                };
+                serde_json::json!({ "path": r.path.to_string_lossy(), "access": access })
+            })
+            .collect();
+        serde_json::json!({ "rules": rules })
+    }
+
+    /// Parse the wire form, refusing relative, unnormalized or NUL-bearing
+    /// paths and more than [`MAX_SCOPE_RULES`] rules.
+    pub fn from_wire(v: &serde_json::Value) -> Result<Scope, ScopeError> {
+        let err = |m: &str| ScopeError(m.to_owned());
+        let rules =
+            v.get("rules").and_then(serde_json::Value::as_array).ok_or_else(|| err("missing rules"))?;
+        if rules.len() > MAX_SCOPE_RULES {
+            return Err(ScopeError(format!("{} rules exceed the limit of {MAX_SCOPE_RULES}", rules.len())));
+        }
+        let mut out = Vec::with_capacity(rules.len());
+        for r in rules {
+            let path =
+                r.get("path").and_then(serde_json::Value::as_str).ok_or_else(|| err("rule lacks a path"))?;
+            let access = match r.get("access").and_then(serde_json::Value::as_str) {
+                Some("r") => Some(Access::ReadOnly),
+                Some("rw") => Some(Access::ReadWrite),
+                Some("none") => None,
+                _ => return Err(err("rule access must be r, rw or none")),
+            };
+            let p = Path::new(path);
+            if path.contains('\0') || !p.is_absolute() || normalize(p).as_deref() != Some(p) {
+                return Err(ScopeError(format!("rule path {path:?} is not absolute and normal")));
+            }
+            out.push(Rule { path: p.to_path_buf(), access });
+        }
+        Ok(Scope::from_rules(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rule(path: &str, access: Option<Access>) -> Rule {
+        Rule { path: path.into(), access }
+    }
+
+    const RO: Option<Access> = Some(Access::ReadOnly);
+    const RW: Option<Access> = Some(Access::ReadWrite);
+
+    #[test]
+    fn nested_narrower_and_read_only_inside_writable() {
+        let top = Scope::from_rules([rule("/d", RW), rule("/d/ro", RO)]);
+        let nested = Scope::from_rules([rule("/d/a/sub", RW)]);
+        let both = top.intersect(&nested);
+        assert_eq!(both.access(Path::new("/d/a/sub/x")), RW);
+        assert_eq!(both.access(Path::new("/d/a/other")), None);
+        assert_eq!(both.access(Path::new("/d/ro/keep.txt")), None);
+        let wide = Scope::from_rules([rule("/d", RW)]);
+        assert_eq!(top.intersect(&wide).access(Path::new("/d/ro/keep.txt")), RO);
+        assert!(!top.intersect(&wide).permits(Path::new("/d/ro/keep.txt"), true));
+        assert_eq!(top.intersect(&Scope::nothing()), Scope::nothing());
+        assert_eq!(top.intersect(&Scope::everything()), top);
+        // "/dataset" is not under "/data".
+        assert_eq!(Scope::from_rules([rule("/data", RW)]).access(Path::new("/dataset")), None);
+    }
+
+    #[test]
+    fn wire_round_trip_and_refusals() {
+        let s = Scope::from_rules([rule("/d", RW), rule("/d/ro", RO), rule("/d/ro/x", None)]);
+        assert_eq!(Scope::from_wire(&s.to_wire()), Ok(s));
+        for bad in [
+            serde_json::json!({}),
+            serde_json::json!({ "rules": [{ "path": "rel", "access": "r" }] }),
+            serde_json::json!({ "rules": [{ "path": "/a/../b", "access": "r" }] }),
+            serde_json::json!({ "rules": [{ "path": "/a", "access": "x" }] }),
+            serde_json::json!({ "rules": [{ "path": "/a\u{0}", "access": "r" }] }),
+        ] {
+            assert!(Scope::from_wire(&bad).is_err(), "{bad}");
+        }
+        let many: Vec<_> = (0..=MAX_SCOPE_RULES)
+            .map(|i| serde_json::json!({"path": format!("/{i}"), "access": "r"}))
+            .collect();
+        assert!(Scope::from_wire(&serde_json::json!({ "rules": many })).is_err());
+    }
+
+    fn arb_path() -> impl Strategy<Value = PathBuf> {
+        proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just("c")], 0..4)
+            .prop_map(|parts| PathBuf::from(format!("/{}", parts.join("/"))))
+    }
+
+    fn arb_access() -> impl Strategy<Value = Option<Access>> {
+        prop_oneof![Just(None), Just(RO), Just(RW)]
+    }
+
+    fn arb_scope() -> impl Strategy<Value = Scope> {
+        proptest::collection::vec((arb_path(), arb_access()), 0..6)
+            .prop_map(|v| Scope::from_rules(v.into_iter().map(|(path, access)| Rule { path, access })))
+    }
+
+    proptest! {
+        /// The effective access of a path is the minimum over the levels,
+        /// whatever the levels' rules and however they are grouped.
+        #[test]
+        fn intersection_is_the_minimum_over_levels(levels in proptest::collection::vec(arb_scope(), 1..4), p in arb_path()) {
+            let min = levels.iter().map(|s| s.access(&p)).min().flatten();
+            let folded = levels.iter().fold(Scope::everything(), |acc, s| acc.intersect(s));
+            prop_assert_eq!(folded.access(&p), min);
+            let rev = levels.iter().rev().fold(Scope::everything(), |acc, s| acc.intersect(s));
+            prop_assert_eq!(rev.access(&p), min);
+            prop_assert!(folded.rules().len() <= levels.iter().map(|s| s.rules().len()).sum::<usize>() + 1);
+        }
+
+        /// A scope built from a policy's roots agrees with the policy.
+        #[test]
+        fn scope_of_roots_agrees_with_the_policy(roots in proptest::collection::vec((arb_path(), any::<bool>()), 0..5), p in arb_path(), write in any::<bool>()) {
+            let roots: Vec<Root> = roots.into_iter().map(|(path, rw)| Root { path, access: if rw { Access::ReadWrite } else { Access::ReadOnly } }).collect();
+            let policy = crate::policy::Policy::new("/".into(), roots.clone());
+            let scope = Scope::from_roots(policy.roots());
+            let by_policy = matches!(policy.resolve(p.to_str().unwrap(), write), Ok(crate::policy::Resolved::Host { .. }));
+            prop_assert_eq!(scope.permits(&p, write), by_policy);
+        }
+    }
+}

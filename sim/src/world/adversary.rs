@@ -1,0 +1,212 @@
+//! The adversary scenario: a nested level whose policy is wider than, narrower
+//! than, or empty beside the top's, clients that aim at every way out of it,
+//! and an attacker (a process outside airlock with write access to the roots)
+//! that creates and swaps symlinks inside the roots between requests.
+//!
+//! Its invariant (DESIGN.md, 10), checked on every file effect: the file an
+//! open lands on, after resolution in the simulated filesystem, is inside the
+//! policy of every level between the child and the files, in the mode asked,
+//! recomputed here from each level's own `Policy` (not from the scope the
+//! machine computed); and a level's virtual namespace never reaches a host
+//! file.
+
+use super::{invalid, next_id, pick, req, send, violation, Check, Kind, World, CWD, MODES};
+use crate::fs::HostFs;
+use crate::swarm::FaultKind;
+use airlock_core::fsproxy::wire::Mode;
+use airlock_core::policy::{Access, Policy, Resolved, Root};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use std::path::Path;
+
+/// What the nested level allows, beside the top.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Middle {
+    /// More than the top: all of `/data` read-write. The top's read-only
+    /// root and single-file root must hold on their own.
+    Wide,
+    /// Less: one directory inside a top root, and the read-only fixtures.
+    Narrow,
+    /// Nothing but its own virtual files.
+    Empty,
+}
+
+#[derive(Debug)]
+pub struct Adversary {
+    pub middle: Middle,
+}
+
+/// Attack sites: where the attacker puts symlinks, and what they may point at
+/// (`None`: no link, a regular file or nothing).
+const SITES: [(&str, &[Option<&str>]); 5] = [
+    (
+        "/data/rw/rolink",
+        &[Some("sub"), Some("./sub"), Some("/data/rw/sub"), Some("../rw/sub"), Some("a"), None],
+    ),
+    (
+        "/data/one/out.txt",
+        &[
+            None,
+            Some("secret.txt"),
+            Some("/data/one/secret.txt"),
+            Some("out.txt"),
+            Some("/data/ro/a.txt"),
+            Some("../rw/a/ok.txt"),
+        ],
+    ),
+    ("/data/rw/a/up", &[Some("../b"), Some("/data/rw/b"), Some("."), Some("up"), Some("hop"), None]),
+    ("/data/rw/a/hop", &[Some("../b"), Some("/data/rw/a"), Some("/etc"), Some("../../rw/a/../b")]),
+    ("/work/proj/scratch/esc", &[Some("/etc"), Some("../../../data/rw/b"), Some("/data/rw/a"), None]),
+];
+
+/// What the clients open.
+const TARGETS: [&str; 14] = [
+    "/data/rw/rolink/keep.txt",
+    "/data/rw/rolink/new.txt",
+    "/data/one/out.txt",
+    "/data/rw/a/up/secret",
+    "/data/rw/a/up/new.txt",
+    "/data/rw/a/hop/secret",
+    "/data/rw/a/ok.txt",
+    "/data/rw/sub/keep.txt",
+    "/data/rw/b/secret",
+    "scratch/esc/passwd",
+    "scratch/x.txt",
+    "data/rw/b/secret",
+    "notes.txt",
+    "/work/proj/scratch/esc/passwd",
+];
+
+pub fn setup(rng: &mut ChaCha8Rng) -> Adversary {
+    let middle = *pick(rng, &[Middle::Wide, Middle::Narrow, Middle::Empty]);
+    Adversary { middle }
+}
+
+/// The top's policy: the usual roots and a single-file root.
+pub fn top_policy() -> Policy {
+    let mut roots: Vec<Root> = super::policy().roots().to_vec();
+    roots.push(Root { path: "/data/one/out.txt".into(), access: Access::ReadWrite });
+    Policy::new(CWD.into(), roots)
+}
+
+pub fn middle_policy(m: Middle) -> Policy {
+    let rw = |p: &str| Root { path: p.into(), access: Access::ReadWrite };
+    let roots = match m {
+        Middle::Wide => vec![rw("/data"), rw("scratch")],
+        Middle::Narrow => vec![rw("/data/rw/a"), Root { path: "/data/ro".into(), access: Access::ReadOnly }],
+        Middle::Empty => vec![],
+    };
+    Policy::new(CWD.into(), roots)
+}
+
+/// Directories and files the attack sites need, and a first state for each
+/// site.
+pub fn populate(fs: &mut HostFs, rng: &mut ChaCha8Rng) {
+    for d in ["/data", "/data/one", "/data/rw/a", "/data/rw/b", "/etc"] {
+        fs.add_dir(d.into());
+    }
+    for (f, content) in [
+        ("/data/rw/sub/keep.txt", &b"keep"[..]),
+        ("/data/one/out.txt", b"out"),
+        ("/data/one/secret.txt", b"secret"),
+        ("/data/rw/b/secret", b"secret"),
+        ("/data/rw/a/ok.txt", b"ok"),
+        ("/etc/passwd", b"root"),
+    ] {
+        fs.add_file(f.into(), content.to_vec());
+    }
+    for (site, choices) in SITES {
+        set_site(fs, site, *pick(rng, choices));
+    }
+}
+
+fn set_site(fs: &mut HostFs, site: &str, choice: Option<&str>) {
+    match choice {
+        Some(target) => fs.set_link(site.into(), target.into()),
+        None => fs.unlink(Path::new(site)),
+    }
+}
+
+impl World {
+    /// The attacker swaps one site, between two steps.
+    pub(super) fn adversary_swap(&mut self) {
+        if self.adversary.is_none() || !self.fires(FaultKind::SymlinkSwap) {
+            return;
+        }
+        self.count(FaultKind::SymlinkSwap);
+        let (site, choices) = SITES[self.rng.gen_range(0..SITES.len())];
+        let choice = *pick(&mut self.rng, choices);
+        set_site(&mut self.fs, site, choice);
+    }
+
+    /// Client `i`'s next request: an open aimed at the sites, an invalid
+    /// request now and then, or an operation on a handle it holds.
+    pub(super) fn adversary_issue(&mut self, i: usize) {
+        let invalid_ppm = self.swarm.invalid_ppm;
+        let level = self.clients[i].level;
+        let stdio_local = self.levels[level].m.config().stdio == airlock_core::fsproxy::StdioRole::Local;
+        let policy = self.policies[level].clone();
+        let c = &mut self.clients[i];
+        if c.rng.gen_range(0..crate::swarm::PPM) < invalid_ppm {
+            return invalid(c, stdio_local);
+        }
+        let usable: Vec<u64> = c.handles.iter().filter(|(_, h)| !h.closing).map(|(h, _)| *h).collect();
+        let id = next_id(c);
+        if usable.is_empty() || c.rng.gen_bool(0.4) {
+            let path = *pick(&mut c.rng, &TARGETS);
+            let mode = *pick(&mut c.rng, &MODES);
+            // A host file (at the top, through this level) if this level
+            // sends it on at all; otherwise one of its virtual files.
+            let host = matches!(policy.resolve(path, mode.writable()), Ok(Resolved::Host { .. }));
+            let payload = req(&id, "open", json!({ "path": path, "mode": mode.as_str() }));
+            return send(c, id, payload, Kind::Open { key: None, mode, host }, None);
+        }
+        let h = *pick(&mut c.rng, &usable);
+        let hm = c.handles[&h].clone();
+        if c.rng.gen_bool(0.25) {
+            if let Some(hm) = c.handles.get_mut(&h) {
+                hm.closing = true;
+            }
+            send(c, id.clone(), req(&id, "close", json!({ "h": h })), Kind::Close { h }, None);
+        } else if hm.mode.writable() && (!hm.mode.readable() || c.rng.gen_bool(0.5)) {
+            let data: Vec<u8> = (0..c.rng.gen_range(0..64)).map(|_| c.rng.gen()).collect();
+            let payload = req(&id, "write", json!({ "h": h, "data": STANDARD.encode(&data) }));
+            send(c, id, payload, Kind::Write { h, data }, None);
+        } else {
+            let max = c.rng.gen_range(1..=256);
+            send(c, id.clone(), req(&id, "read", json!({ "h": h, "max": max })), Kind::Read { h, max }, None);
+        }
+    }
+
+    /// Invariant 10: what the store level opens on behalf of level
+    /// `through` (and every level between) lies inside each one's policy,
+    /// for `mode`. `path` is the resolved path of a completed open, or the
+    /// path an open effect names before resolution (`resolved` false).
+    pub(super) fn check_confined(&self, path: &Path, mode: Mode, resolved: bool) -> Check {
+        // Top-level clients' effects cannot be told from the intermediate's,
+        // so the intermediate's policy is held to only when the top has none.
+        let levels = if self.nested && self.swarm.top_clients == 0 { 0..2 } else { 0..1 };
+        for level in levels {
+            let text = path.to_string_lossy();
+            if !matches!(self.policies[level].resolve(&text, mode.writable()), Ok(Resolved::Host { .. })) {
+                let how = if resolved { "resolves to" } else { "names" };
+                return Err(violation(
+                    "confinement",
+                    format!(
+                        "a {mode:?} open at the top {how} {} , outside level {level}'s policy{}",
+                        path.display(),
+                        if level == 1 && self.adversary.as_ref().is_some_and(|a| a.middle == Middle::Empty) {
+                            " (which has no roots: only virtual files)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

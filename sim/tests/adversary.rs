@@ -1,0 +1,65 @@
+//! The adversary scenario finds each class of confinement bug on its own:
+//! every one, planted back into the core, is found within 1,000 seeds,
+//! shrunk to a short trace, and that trace replays.
+//!
+//! `AIRLOCK_KEEP_PLANTED_TRACES=1` copies the traces into `traces/planted/`,
+//! where `tests/traces.rs` replays them and checks their worlds still fail.
+
+use airlock_core::fsproxy::PlantedBug;
+use airlock_core::trace::replay;
+use airlock_sim::{run_seed_with_bug, Scenario, SimOptions};
+use std::path::{Path, PathBuf};
+
+fn found(bug: PlantedBug, name: &str) {
+    let dir = std::env::temp_dir().join(format!("airlock-adversary-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = SimOptions {
+        seeds: 0..1,
+        steps: None,
+        scenario: Scenario::Adversary,
+        jobs: 1,
+        trace_dir: Some(dir.clone()),
+    };
+    let res = (0..1000)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 1000 adversary seeds"));
+    let failure = res.failure.clone().unwrap();
+    assert_eq!(failure.invariant, "confinement", "{}", res.swarm_description());
+    let shrunk = res.shrunk.clone().unwrap();
+    assert!(shrunk.clients <= 2, "not shrunk: {}", res.swarm_description());
+    let path = res.trace.clone().expect("a failing seed writes its trace");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines = text.lines().count();
+    assert!(lines < 2_000, "trace of {lines} lines: {}", res.swarm_description());
+    let report = replay(text.as_bytes()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(report.header.config.planted_bug, Some(bug));
+    assert_eq!(report.header.meta.as_ref().unwrap()["failure"]["invariant"], "confinement");
+    if std::env::var_os("AIRLOCK_KEEP_PLANTED_TRACES").is_some() {
+        let keep =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/planted").join(format!("{name}.jsonl"));
+        std::fs::write(&keep, &text).unwrap();
+    }
+    eprintln!("{bug:?}: seed {} shrunk to {}, {lines} trace lines", res.seed, shrunk.describe());
+    let _ = std::fs::remove_dir_all(PathBuf::from(&dir));
+}
+
+#[test]
+fn a_lexical_read_only_check_is_found() {
+    found(PlantedBug::LexicalReadOnly, "lexical-read-only");
+}
+
+#[test]
+fn a_lexical_single_file_root_check_is_found() {
+    found(PlantedBug::LexicalFileRoot, "lexical-file-root");
+}
+
+#[test]
+fn forwarding_a_nested_relative_name_upstream_is_found() {
+    found(PlantedBug::ForwardVirtualUpstream, "forward-virtual-upstream");
+}
+
+#[test]
+fn a_nested_level_that_does_not_narrow_is_found() {
+    found(PlantedBug::NestedSkipsNarrow, "nested-skips-narrow");
+}
