@@ -26,6 +26,7 @@
 //! and `Tick` go in, and `poll_timeout` is the broker's.
 
 pub mod bounds;
+mod fd;
 mod virtual_fs;
 pub mod wire;
 
@@ -43,6 +44,7 @@ use crate::broker::{
 };
 use crate::codec::frame::{self, FrameDecoder, FrameError, DEFAULT_MAX_FRAME};
 use crate::handles::{ClientId, Handle, HandleTable, Missing};
+use crate::pager::{JobId, Pager, PagerConfig};
 use crate::policy::{Denied, Policy, Resolved, RootId};
 use crate::time::Instant;
 use serde::{Deserialize, Serialize};
@@ -111,6 +113,15 @@ pub struct Config {
     /// happens at the top, so a forwarding level never runs a broker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broker: Option<BrokerSetup>,
+    /// The session's fd pager (`[file_descriptor]`), serving the `FD_*`
+    /// ops. `None`: they answer `E_UNSUPPORTED`. A level that forwards
+    /// upstream forwards them whatever this says: fds live at the top.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pager: Option<PagerConfig>,
+    /// A forwarding level's children see only these fds, and those they
+    /// wrap themselves (`--isolate-fds`, `--preload-fd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolate_fds: Option<Vec<String>>,
     /// A deliberate bug, switched on only by the simulator's own tests to
     /// prove its checkers can fail. Never set in production; absent from
     /// serialized configs unless set, so a trace records it when it was on.
@@ -177,6 +188,8 @@ impl Config {
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
             descriptor_reserve: DEFAULT_DESCRIPTOR_RESERVE,
             broker: None,
+            pager: None,
+            isolate_fds: None,
             planted_bug: None,
         }
     }
@@ -427,6 +440,12 @@ enum Waiting {
     },
     /// A forwarded `QUOTA` or `CANCEL`. Does not make the client busy.
     UpstreamBroker,
+    /// A file operation of one of the pager's jobs.
+    Pager {
+        job: JobId,
+    },
+    /// A forwarded `FD_*` op.
+    UpstreamFd(fd::Forwarded),
 }
 
 impl Waiting {
@@ -513,6 +532,9 @@ pub struct FsProxy {
     /// cancelled there.
     up_tokens: BTreeMap<(ClientId, String), String>,
     next_up_token: u64,
+    /// The session's fds (top level with `[file_descriptor]` only).
+    pager: Option<Pager>,
+    fd: fd::FdState,
 }
 
 fn missing_failure(h: Handle, m: Missing) -> Failure {
@@ -580,6 +602,8 @@ impl FsProxy {
             }
         }
         FsProxy {
+            pager: fd::pager_for(&config),
+            fd: fd::FdState::new(&config),
             broker,
             now: Instant::ZERO,
             next_call: 0,
@@ -1072,6 +1096,10 @@ impl FsProxy {
                 self.attach(client, id);
                 return;
             }
+            Op::Fd { op, params } => {
+                self.serve_fd(client, id, op, params);
+                return;
+            }
             Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if h.is_stdio() => {
                 self.serve_stdio(client, id, op);
                 return;
@@ -1303,6 +1331,9 @@ impl FsProxy {
 
     fn on_effect_done(&mut self, id: EffectId, result: EffectResult) {
         let Some(Pending { client, req, waiting }) = self.pending.remove(&id) else { return };
+        if let Waiting::Pager { job } = waiting {
+            return self.pager_effect_done(client, job, result);
+        }
         if matches!(waiting, Waiting::Open { .. }) {
             self.opening -= 1;
         }
@@ -1371,6 +1402,7 @@ impl FsProxy {
         c.decoder = FrameDecoder::new(0);
         self.outputs.push_back(Output::Close { client });
         self.broker_owner_gone(client);
+        self.fd_owner_gone(client);
         self.cleanup(client);
     }
 
@@ -1492,9 +1524,12 @@ impl FsProxy {
             Waiting::Read => OpKind::Read,
             Waiting::Write => OpKind::Write,
             Waiting::Close | Waiting::Cleanup => OpKind::Close,
-            Waiting::Open { .. } | Waiting::Stdio | Waiting::UpstreamLlm { .. } | Waiting::UpstreamBroker => {
-                OpKind::Other
-            }
+            Waiting::Open { .. }
+            | Waiting::Stdio
+            | Waiting::UpstreamLlm { .. }
+            | Waiting::UpstreamBroker
+            | Waiting::Pager { .. }
+            | Waiting::UpstreamFd(_) => OpKind::Other,
         };
         let outcome = match wire::parse_response(payload, kind) {
             Ok(r) => r.outcome,
@@ -1520,6 +1555,7 @@ impl FsProxy {
                 return self.finish_upstream(client, req, false, outcome);
             }
             (Waiting::UpstreamBroker, outcome) => return self.finish_upstream(client, req, false, outcome),
+            (Waiting::UpstreamFd(f), outcome) => return self.upstream_fd_done(client, req, f, outcome),
             (Waiting::UpstreamOpen { mode }, Ok(Success::Opened { handle: up })) => {
                 if alive {
                     let handle = self.table.insert(client, Slot { mode, target: Target::Upstream(up) });

@@ -3,6 +3,7 @@
 
 use crate::broker::{BrokerErrorCode, RawJson};
 use crate::handles::Handle;
+use crate::pager::wire::FdOp;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -214,6 +215,12 @@ pub enum Op {
     Cancel {
         params: Map<String, Value>,
     },
+    /// The pager's ops (`FD_WRAP`, `FD_READ`, `FD_SEARCH`, `FD_TO_FILE`);
+    /// their params are checked by `pager::wire`.
+    Fd {
+        op: FdOp,
+        params: Map<String, Value>,
+    },
 }
 
 impl Op {
@@ -227,6 +234,7 @@ impl Op {
             Op::Quota { .. } => "QUOTA",
             Op::LlmCmd { .. } => "LLMCMD",
             Op::Cancel { .. } => "CANCEL",
+            Op::Fd { op, .. } => op.as_str(),
         }
     }
 }
@@ -344,6 +352,10 @@ pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejectio
         "QUOTA" => Op::Quota { params },
         "LLMCMD" => Op::LlmCmd { params },
         "CANCEL" => Op::Cancel { params },
+        other if FdOp::parse(other).is_some() => match FdOp::parse(other) {
+            Some(op) => Op::Fd { op, params },
+            None => return Err(reject(Some(&id), ErrorCode::Unsupported, "unknown op")),
+        },
         other => {
             return Err(reject(Some(&id), ErrorCode::Unsupported, format!("unknown op: {other:?}")));
         }
@@ -371,7 +383,10 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
             params.insert("h".into(), h.get().into());
         }
         Op::Attach => {}
-        Op::Quota { params: p } | Op::LlmCmd { params: p } | Op::Cancel { params: p } => params = p.clone(),
+        Op::Quota { params: p }
+        | Op::LlmCmd { params: p }
+        | Op::Cancel { params: p }
+        | Op::Fd { params: p, .. } => params = p.clone(),
     }
     let mut obj = Map::new();
     obj.insert("id".into(), req.id.clone().into());
@@ -545,7 +560,7 @@ impl From<&Op> for OpKind {
             Op::Write { .. } => OpKind::Write,
             Op::Close { .. } => OpKind::Close,
             Op::Attach => OpKind::Attach,
-            Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } => OpKind::Other,
+            Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } | Op::Fd { .. } => OpKind::Other,
         }
     }
 }
