@@ -133,6 +133,12 @@ impl Client {
         Ok(client)
     }
 
+    /// The connection itself, once nothing is in flight (for a nested
+    /// airlock, which serves its own frames over it).
+    pub fn into_file(self) -> File {
+        self.conn
+    }
+
     /// Use the descriptor named by `AIRLOCK_FD` (default 3) directly. Only
     /// safe while no other process uses it at the same time.
     pub fn shared() -> Result<Self, ClientError> {
@@ -148,6 +154,13 @@ impl Client {
             inflight: VecDeque::new(),
             buf: vec![0; 64 * 1024],
         }
+    }
+
+    /// Accept answers of up to `max` bytes (the pager's are sized to the
+    /// session's `--max-frame`, which may be above the default). Call
+    /// before the first request.
+    pub fn set_max_frame(&mut self, max: usize) {
+        self.decoder = FrameDecoder::new(max);
     }
 
     /// Send a request without waiting for its answer.

@@ -90,6 +90,8 @@ pub struct ServeArgs {
     /// provider calls.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DESCRIPTOR_RESERVE)]
     pub descriptor_reserve: usize,
+    #[command(flatten)]
+    pub fds: crate::fdcli::FdArgs,
 }
 
 /// Descriptors this process may still open: the soft `RLIMIT_NOFILE` less
@@ -127,6 +129,7 @@ impl ServeArgs {
         config.max_upstream_frame = self.max_upstream_frame;
         config.max_descriptors = self.max_descriptors.unwrap_or_else(descriptors_available);
         config.descriptor_reserve = self.descriptor_reserve;
+        config.isolate_fds = self.fds.isolation(upstream)?;
         Ok(config)
     }
 }
@@ -158,6 +161,7 @@ impl ServeArgs {
     ) -> anyhow::Result<(FsProxy, BrokerParts)> {
         let mut parts = BrokerParts { shell: BrokerShell::default(), remove_env: Vec::new() };
         let mut redactor_for_proxy = None;
+        config.pager = crate::fdcli::pager_config(settings, &config)?;
         if let Some(b) = &settings.broker {
             config.broker = Some(b.setup.clone());
             parts.remove_env.push(OsString::from(&b.api_key_env));
@@ -281,7 +285,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         Plan::Unconfined { .. } => None,
     };
     block_on(async {
-        let upstream = child::inherited_upstream()?;
+        let upstream = attached_upstream()?;
         let (mut session, remove_env, report) =
             args.session(secrets, StdioRole::Local, upstream.as_ref().map(|u| u.as_fd()), "run")?;
         if let Some(up) = upstream {
@@ -320,6 +324,20 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         args.close(session, report, exit, Some(&plan)).await?;
         Ok(code)
     })
+}
+
+/// Under another airlock, a connection of this level's own, attached over
+/// the inherited descriptor: when this level ends and shuts its connection
+/// down, the connection its parent's child shares (fd 3) lives on, so a
+/// shell may run one nested airlock after another.
+fn attached_upstream() -> anyhow::Result<Option<tokio::net::UnixStream>> {
+    if std::env::var_os(crate::client::FD_ENV).is_none() {
+        return Ok(None);
+    }
+    let client = Client::connect().context("attaching to the parent airlock")?;
+    let std = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(client.into_file()));
+    std.set_nonblocking(true)?;
+    Ok(Some(tokio::net::UnixStream::from_std(std)?))
 }
 
 /// Pass termination requests on to the child, so airlock outlives it long

@@ -38,6 +38,9 @@ enum Command {
     /// Reach files through the proxy from inside a child.
     #[command(subcommand)]
     Fs(FsCommand),
+    /// Large content as fd:N: wrap, read by page, export, search.
+    #[command(subcommand)]
+    Fd(airlock::fdcli::FdCommand),
     /// Run the deterministic simulator over many seeds.
     Sim(SimArgs),
     /// Replay traces against the core; fail on the first output that differs.
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Run { serve, sandbox, argv } => commands::run(serve, sandbox, argv),
         Command::Serve { fd, serve } => commands::serve(serve, *fd),
         Command::Fs(cmd) => commands::fs(cmd),
+        Command::Fd(cmd) => airlock::fdcli::fd(cmd),
         Command::Sim(args) => simulate::sim(args),
         Command::Replay { traces } => simulate::replay(traces),
     };

@@ -274,7 +274,9 @@ impl Pager {
 
     fn request(&mut self, client: ClientId, id: String, req: FdRequest) {
         let outcome = match req {
-            FdRequest::Wrap { stream, data, more, source } => self.wrap(client, stream, &data, more, source),
+            FdRequest::Wrap { stream, data, more, offset, source } => {
+                self.wrap(client, stream, &data, more, offset, source)
+            }
             FdRequest::WrapAbort { stream } => {
                 let gone = self.streams.remove(&(client, stream)).is_some();
                 Ok(ok([("aborted", gone.into())]))
@@ -312,9 +314,22 @@ impl Pager {
         stream: Option<String>,
         data: &[u8],
         more: bool,
+        offset: Option<u64>,
         source: Option<String>,
     ) -> Result<Map<String, Value>, FdError> {
         let key = stream.map(|s| (client, s));
+        if let Some(off) = offset {
+            let have = key.as_ref().and_then(|k| self.streams.get(k)).map_or(0, Builder::len);
+            if off != have {
+                if let Some(k) = &key {
+                    self.streams.remove(k);
+                }
+                return Err(FdError::arg(
+                    None,
+                    format!("the stream holds {have} bytes, not {off}: it was dropped"),
+                ));
+            }
+        }
         let mut builder = match key.as_ref().and_then(|k| self.streams.remove(k)) {
             Some(b) => b,
             None => {

@@ -113,7 +113,7 @@ impl Builder {
         };
         let end = self.done + valid;
         if !self.scan(self.done, end) || broken {
-            self.to_base64();
+            self.switch_to_base64();
             return;
         }
         self.done = end;
@@ -156,7 +156,7 @@ impl Builder {
         true
     }
 
-    fn to_base64(&mut self) {
+    fn switch_to_base64(&mut self) {
         self.base64 = true;
         self.line_starts = Vec::new();
         self.page_starts = Vec::new();
@@ -175,7 +175,7 @@ impl Builder {
     pub fn finish(mut self) -> Document {
         if self.done < self.data.len() {
             // Ends in the middle of a UTF-8 sequence.
-            self.to_base64();
+            self.switch_to_base64();
         }
         self.data.shrink_to_fit();
         let n = self.data.len() as u64;

@@ -66,7 +66,7 @@ fn render_all(doc: &Document, head: &str, span: std::ops::Range<u64>, tail: &str
         match next {
             None => return out,
             Some(n) => {
-                assert!(cursor.is_none_or(|c| n > c) || xml.len() > 0, "no progress");
+                assert!(cursor.is_none_or(|c| n > c) || !xml.is_empty(), "no progress");
                 cursor = Some(n);
             }
         }
@@ -230,10 +230,7 @@ fn small() -> PagerConfig {
 
 fn request(p: &mut Pager, op: FdOp, params: Value) -> Result<Map<String, Value>, FdError> {
     let Value::Object(params) = params else { panic!("params") };
-    let req = match wire::parse(op, &params) {
-        Ok(r) => r,
-        Err(e) => return Err(e),
-    };
+    let req = wire::parse(op, &params)?;
     p.handle(PagerInput::Request { client: C, id: "1".into(), req });
     match p.poll_output() {
         Some(PagerOutput::Reply { outcome, .. }) => outcome,
@@ -347,9 +344,8 @@ fn a_stream_is_bounded_while_it_streams_and_nothing_stored_is_touched() {
 fn seed_examples() {
     // The seed's shapes: 210 lines of mixed lengths.
     let text: String = (1..=210).map(|i| format!("line {i}: {}\n", "x".repeat(i % 37))).collect();
-    let mut cfg = PagerConfig::default();
-    cfg.default_page_size = 1000;
-    cfg.max_direct_output_chars = 2000;
+    let cfg =
+        PagerConfig { default_page_size: 1000, max_direct_output_chars: 2000, ..PagerConfig::default() };
     let mut p = pager(cfg);
     let r = wrap(&mut p, text.as_bytes());
     insta::assert_snapshot!("seed_fd_result", xml_of(&r));

@@ -87,6 +87,10 @@ pub enum FdRequest {
         stream: Option<String>,
         data: Vec<u8>,
         more: bool,
+        /// When given, the bytes the stream holds so far: a chunk sent
+        /// after its stream was dropped is refused rather than starting a
+        /// new one.
+        offset: Option<u64>,
         source: Option<String>,
     },
     /// Drop a stream the client began.
@@ -185,7 +189,7 @@ pub fn parse(op: FdOp, p: &Map<String, Value>) -> Result<FdRequest, FdError> {
                     if more && stream.is_none() {
                         return Err(FdError::arg(None, "more needs a stream"));
                     }
-                    Ok(FdRequest::Wrap { stream, data, more, source })
+                    Ok(FdRequest::Wrap { stream, data, more, offset: number(p, "offset")?, source })
                 }
                 (Some(_), Some(_)) => Err(FdError::arg(None, "give data or path, not both")),
                 (None, None) => Err(FdError::arg(None, "missing data or path")),
