@@ -391,6 +391,18 @@ impl Pager {
         Ok(m)
     }
 
+    /// Answer a read or a search, which change nothing and need no client
+    /// (`None` for other requests).
+    pub fn render(&self, req: &FdRequest) -> Option<Result<Map<String, Value>, FdError>> {
+        match req {
+            FdRequest::Read { fd, view, cursor } => Some(self.read(fd, *view, *cursor)),
+            FdRequest::Search { fd, query, ignore_case, cursor } => {
+                Some(self.search(fd, query, *ignore_case, *cursor))
+            }
+            _ => None,
+        }
+    }
+
     fn read(&self, fd: &str, view: View, cursor: Option<u64>) -> Result<Map<String, Value>, FdError> {
         let (_, doc) = self.lookup(fd)?;
         let (head, span, tail) = match view {

@@ -11,7 +11,11 @@
 //!   jobs it runs through the embedder's file operations (the FS proxy's
 //!   policy and effects).
 
+pub mod check;
 pub mod error;
+/// The fuzz target's entry point: for the fuzz crate and the core's tests.
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod machine;
 pub mod search;
 pub mod store;

@@ -585,3 +585,13 @@ fn config_checks() {
     big.max_direct_output_chars = 1 << 20;
     assert!(big.validate(1 << 20).unwrap_err().contains("max_direct_output_chars"));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The fuzz target's checks, on random command streams.
+    #[test]
+    fn the_fuzz_target_holds_on_random_input(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+        super::fuzzing::pager_session(&data);
+    }
+}
