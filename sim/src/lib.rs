@@ -53,6 +53,9 @@ pub enum Scenario {
     /// LLMCMD, CANCEL and QUOTA with file ops, against a simulated
     /// provider.
     Broker,
+    /// The nested tree with the session's fd pager at the top: children
+    /// on both levels wrap, stream, read, search and export fds.
+    Pager,
 }
 
 impl fmt::Display for Scenario {
@@ -61,6 +64,7 @@ impl fmt::Display for Scenario {
             Scenario::Default => "default",
             Scenario::Nested => "nested",
             Scenario::Broker => "broker",
+            Scenario::Pager => "pager",
         })
     }
 }
@@ -73,7 +77,8 @@ impl FromStr for Scenario {
             "default" => Ok(Scenario::Default),
             "nested" => Ok(Scenario::Nested),
             "broker" => Ok(Scenario::Broker),
-            other => Err(format!("unknown scenario {other:?} (want default, nested or broker)")),
+            "pager" => Ok(Scenario::Pager),
+            other => Err(format!("unknown scenario {other:?} (want default, nested, broker or pager)")),
         }
     }
 }

@@ -268,7 +268,7 @@ impl Swarm {
     pub fn from_seed(seed: u64, scenario: Scenario) -> Self {
         // Its own stream, so the swarm does not shift the world's draws.
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5157_4152_4d00_0000);
-        let nested = scenario == Scenario::Nested;
+        let nested = matches!(scenario, Scenario::Nested | Scenario::Pager);
         let broker = scenario == Scenario::Broker;
         let mut faults = BTreeMap::new();
         for kind in FaultKind::ALL {

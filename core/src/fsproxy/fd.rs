@@ -53,7 +53,13 @@ impl FdState {
 
 pub(super) fn pager_for(config: &super::Config) -> Option<Pager> {
     match &config.pager {
-        Some(p) if !config.upstream => Some(Pager::new(p.clone(), config.max_frame)),
+        Some(p) if !config.upstream => {
+            let mut p = p.clone();
+            if config.planted_bug == Some(super::PlantedBug::PagerIgnoresLimit) {
+                p.max_total_bytes = u64::MAX;
+            }
+            Some(Pager::new(p, config.max_frame))
+        }
         _ => None,
     }
 }

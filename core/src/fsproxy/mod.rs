@@ -158,6 +158,8 @@ pub enum PlantedBug {
     UpstreamOversizeCutsLink,
     /// Partial frames are bounded per connection only, not in total.
     NoBufferedBound,
+    /// The pager forgets the session's `max_total_bytes`.
+    PagerIgnoresLimit,
 }
 
 impl PlantedBug {

@@ -66,9 +66,16 @@ impl Builder {
         }
     }
 
-    /// Bytes held now: content plus indexes.
+    /// Bytes held now, content plus indexes, counting the start of line 1
+    /// that `finish` adds: never less than the finished document holds.
+    /// An empty builder holds nothing (its first page's entry is counted
+    /// from its first byte on).
     pub fn held(&self) -> u64 {
-        self.data.len() as u64 + 4 * (self.line_starts.len() + self.page_starts.len()) as u64
+        if self.data.is_empty() {
+            return 0;
+        }
+        let first_line = u64::from(!self.base64);
+        self.data.len() as u64 + 4 * (self.line_starts.len() + self.page_starts.len()) as u64 + 4 * first_line
     }
 
     /// Bytes wrapped so far.
