@@ -134,6 +134,18 @@ impl Builder {
         let data = &self.data[..to];
         let mut i = from;
         while i < to {
+            // Printable ASCII needs no look but the count: skip it eight
+            // bytes at a time while no page boundary falls inside.
+            let room = self.page_start_char + p - chars;
+            if room >= 8 && i + 8 <= to {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&data[i..i + 8]);
+                if plain(u64::from_le_bytes(w)) {
+                    i += 8;
+                    chars += 8;
+                    continue;
+                }
+            }
             let b = data[i];
             i += 1;
             if b >= 0x20 {
@@ -214,6 +226,15 @@ impl Builder {
             page_starts: self.page_starts,
         }
     }
+}
+
+/// Are all eight bytes of `w` in 0x20..0x80 (printable ASCII, DEL)?
+fn plain(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // A byte below 0x20 borrows into its high bit; a byte at or above 0x80
+    // has it set already.
+    (w.wrapping_sub(ONES * 0x20) | w) & HIGH == 0
 }
 
 /// Characters of the base64 of `n` bytes.
