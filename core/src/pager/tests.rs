@@ -595,3 +595,24 @@ proptest! {
         super::fuzzing::pager_session(&data);
     }
 }
+
+#[test]
+fn a_huge_line_pages_by_characters_and_a_flood_of_newlines_counts_its_index() {
+    let line = "x".repeat(3_000_001);
+    let doc = Document::from_bytes(line.as_bytes(), 4000);
+    assert_eq!(doc.pages(), 751);
+    assert_eq!(doc.total_lines(), 1);
+    let last = doc.page(751).unwrap();
+    assert_eq!(last.span.end - last.span.start, 1);
+    assert!(last.continued && !last.truncated);
+    assert!(doc.page(2).unwrap().truncated);
+    // 300 000 newlines hold 300 000 bytes of text and 1.2 MB of line
+    // index: over a 1 MB limit, whatever the text alone would say.
+    let cfg = PagerConfig { max_total_bytes: 1_000_000, ..small() };
+    let mut p = pager(cfg);
+    let e = wrap(&mut p, &[b'\n'; 300_000]).unwrap_err();
+    assert_eq!(e.kind, super::FdErrorKind::Limit);
+    assert_eq!(p.held_total(), 0);
+    assert!(wrap(&mut p, &[b'\n'; 100_000]).is_ok());
+    assert!(p.held() <= 1_000_000);
+}
