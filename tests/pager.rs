@@ -43,12 +43,13 @@ fn steps(out: &str) -> Vec<(String, i32)> {
 fn the_seed_flow_in_a_real_session() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), SMALL);
+    let nums: String = (1..=30).map(|i| format!("{i}\n")).collect();
+    std::fs::write(dir.path().join("nums.txt"), nums).unwrap();
     let run = run_in(
         dir.path(),
         &["--config", &cfg, "--allow-rw", "."],
         &sh(r#"
 step() { "$@"; echo "rc=$?"; echo ---; }
-seq 1 30 > nums.txt
 seq 1 30 | step "$AIRLOCK" fd wrap
 step "$AIRLOCK" fd read fd:1 --page 2
 step "$AIRLOCK" fd read fd:1 --page 4
@@ -126,7 +127,8 @@ last = subprocess.run([A, "fd", "read", "fd:1", "--page", str(pages)], capture_o
 print(last.returncode, flush=True)
 sys.stdout.write(last.stdout.decode())
 w = subprocess.run([A, "fd", "to-file", "fd:1", "copy.txt"], capture_output=True, pass_fds=(3,))
-print(w.returncode, hashlib.sha256(open("copy.txt", "rb").read()).hexdigest(), flush=True)
+copy = subprocess.run([A, "fs", "cat", "copy.txt"], capture_output=True, pass_fds=(3,)).stdout
+print(w.returncode, hashlib.sha256(copy).hexdigest(), flush=True)
 "#;
     let run = run_in(
         dir.path(),
