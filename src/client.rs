@@ -133,12 +133,6 @@ impl Client {
         Ok(client)
     }
 
-    /// The connection itself, once nothing is in flight (for a nested
-    /// airlock, which serves its own frames over it).
-    pub fn into_file(self) -> File {
-        self.conn
-    }
-
     /// Use the descriptor named by `AIRLOCK_FD` (default 3) directly. Only
     /// safe while no other process uses it at the same time.
     pub fn shared() -> Result<Self, ClientError> {

@@ -285,7 +285,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         Plan::Unconfined { .. } => None,
     };
     block_on(async {
-        let upstream = attached_upstream()?;
+        let upstream = child::inherited_upstream()?;
         let (mut session, remove_env, report) =
             args.session(secrets, StdioRole::Local, upstream.as_ref().map(|u| u.as_fd()), "run")?;
         if let Some(up) = upstream {
@@ -324,20 +324,6 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         args.close(session, report, exit, Some(&plan)).await?;
         Ok(code)
     })
-}
-
-/// Under another airlock, a connection of this level's own, attached over
-/// the inherited descriptor: when this level ends and shuts its connection
-/// down, the connection its parent's child shares (fd 3) lives on, so a
-/// shell may run one nested airlock after another.
-fn attached_upstream() -> anyhow::Result<Option<tokio::net::UnixStream>> {
-    if std::env::var_os(crate::client::FD_ENV).is_none() {
-        return Ok(None);
-    }
-    let client = Client::connect().context("attaching to the parent airlock")?;
-    let std = std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(client.into_file()));
-    std.set_nonblocking(true)?;
-    Ok(Some(tokio::net::UnixStream::from_std(std)?))
 }
 
 /// Pass termination requests on to the child, so airlock outlives it long
