@@ -162,6 +162,13 @@ impl Client {
         }
     }
 
+    /// Accept answers of up to `max` bytes (the pager's are sized to the
+    /// session's `--max-frame`, which may be above the default). Call
+    /// before the first request.
+    pub fn set_max_frame(&mut self, max: usize) {
+        self.decoder = FrameDecoder::new(max);
+    }
+
     /// Send a request without waiting for its answer.
     pub fn send(&mut self, op: Op) -> Result<(), ClientError> {
         let id = self.next_id.to_string();

@@ -90,6 +90,8 @@ pub struct ServeArgs {
     /// provider calls.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DESCRIPTOR_RESERVE)]
     pub descriptor_reserve: usize,
+    #[command(flatten)]
+    pub fds: crate::fdcli::FdArgs,
 }
 
 /// Descriptors this process may still open: the soft `RLIMIT_NOFILE` less
@@ -132,6 +134,7 @@ impl ServeArgs {
         config.max_upstream_frame = self.max_upstream_frame;
         config.max_descriptors = self.max_descriptors.unwrap_or_else(descriptors_available);
         config.descriptor_reserve = self.descriptor_reserve;
+        config.isolate_fds = self.fds.isolation(upstream)?;
         Ok(config)
     }
 }
@@ -179,6 +182,7 @@ impl ServeArgs {
     ) -> anyhow::Result<(FsProxy, BrokerParts)> {
         let mut parts = BrokerParts { shell: BrokerShell::default(), remove_env: Vec::new() };
         let mut redactor_for_proxy = None;
+        config.pager = crate::fdcli::pager_config(settings, &config)?;
         if let Some(b) = &settings.broker {
             config.broker = Some(b.setup.clone());
             parts.remove_env.push(OsString::from(&b.api_key_env));

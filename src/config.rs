@@ -36,6 +36,7 @@ use std::time::Duration;
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub broker: Option<BrokerSection>,
+    pub file_descriptor: Option<crate::fdconfig::FdSection>,
 }
 
 /// `[broker]`, as written.
@@ -177,6 +178,8 @@ pub struct BrokerShellConfig {
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
     pub broker: Option<BrokerShellConfig>,
+    /// `[file_descriptor]`, when present and enabled.
+    pub pager: Option<airlock_core::pager::PagerConfig>,
 }
 
 /// Read and check `path`. Relative paths inside resolve against the
@@ -195,7 +198,11 @@ pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Settings> {
         Some(section) => Some(resolve_broker(section, dir)?),
         None => None,
     };
-    Ok(Settings { broker })
+    let pager = match file.file_descriptor {
+        Some(section) => section.resolve()?,
+        None => None,
+    };
+    Ok(Settings { broker, pager })
 }
 
 fn seconds(key: &str, value: f64) -> anyhow::Result<Duration> {

@@ -8,6 +8,8 @@ pub mod child;
 pub mod client;
 pub mod commands;
 pub mod config;
+pub mod fdcli;
+pub mod fdconfig;
 pub mod hostfs;
 pub mod llm_cli;
 pub mod outfile;

@@ -52,6 +52,9 @@ enum Command {
         #[arg(value_name = "TOKEN")]
         token: String,
     },
+    /// Large content as fd:N: wrap, read by page, export, search.
+    #[command(subcommand)]
+    Fd(airlock::fdcli::FdCommand),
     /// Run the deterministic simulator over many seeds.
     Sim(SimArgs),
     /// Replay traces against the core; fail on the first output that differs.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Llm(args) => Ok(llm_cli::llm(args)),
         Command::Quota { json } => Ok(llm_cli::quota(*json)),
         Command::Cancel { token } => Ok(llm_cli::cancel(token)),
+        Command::Fd(cmd) => airlock::fdcli::fd(cmd),
         Command::Sim(args) => simulate::sim(args),
         Command::Replay { traces } => simulate::replay(traces),
     };

@@ -14,6 +14,7 @@ pub mod fsproxy;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod handles;
+pub mod pager;
 pub mod policy;
 pub mod resolve;
 pub mod sandbox;

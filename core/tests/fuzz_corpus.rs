@@ -47,3 +47,8 @@ fn broker_events_corpus() {
 fn fsproxy_nested_corpus() {
     replay("fsproxy_nested", airlock_core::fuzzing::fsproxy_nested);
 }
+
+#[test]
+fn pager_corpus() {
+    replay("pager", airlock_core::pager::fuzzing::pager_session);
+}

@@ -57,6 +57,9 @@ pub enum Scenario {
     /// aiming at every way out of it, and symlinks created and swapped
     /// inside the roots between requests (`world/adversary.rs`).
     Adversary,
+    /// The nested tree with the session's fd pager at the top: children
+    /// on both levels wrap, stream, read, search and export fds.
+    Pager,
 }
 
 impl fmt::Display for Scenario {
@@ -66,6 +69,7 @@ impl fmt::Display for Scenario {
             Scenario::Nested => "nested",
             Scenario::Broker => "broker",
             Scenario::Adversary => "adversary",
+            Scenario::Pager => "pager",
         })
     }
 }
@@ -79,7 +83,8 @@ impl FromStr for Scenario {
             "nested" => Ok(Scenario::Nested),
             "broker" => Ok(Scenario::Broker),
             "adversary" => Ok(Scenario::Adversary),
-            other => Err(format!("unknown scenario {other:?} (want default, nested, broker or adversary)")),
+            "pager" => Ok(Scenario::Pager),
+            other => Err(format!("unknown scenario {other:?} (want default, nested, broker, adversary or pager)")),
         }
     }
 }

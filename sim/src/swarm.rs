@@ -273,7 +273,7 @@ impl Swarm {
     pub fn from_seed(seed: u64, scenario: Scenario) -> Self {
         // Its own stream, so the swarm does not shift the world's draws.
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5157_4152_4d00_0000);
-        let nested = matches!(scenario, Scenario::Nested | Scenario::Adversary);
+        let nested = matches!(scenario, Scenario::Nested | Scenario::Adversary | Scenario::Pager);
         let broker = scenario == Scenario::Broker;
         let mut faults = BTreeMap::new();
         for kind in FaultKind::ALL {

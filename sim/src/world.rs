@@ -8,6 +8,7 @@ mod adversary;
 mod bounds;
 mod broker;
 mod floods;
+mod pager;
 
 use crate::fs::HostFs;
 use crate::swarm::{FaultKind, Swarm, PPM};
@@ -24,6 +25,7 @@ use airlock_core::trace::{Header, TraceWriter};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use broker::{BOp, BrokerSim};
+use pager::{POp, PagerSim};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
@@ -280,6 +282,8 @@ enum Kind {
     Invalid,
     /// LLMCMD, CANCEL or QUOTA (broker worlds).
     Broker(BOp),
+    /// An `FD_*` op (pager worlds).
+    Pager(POp),
     /// `attach`, sent with a descriptor (`fd`) or without one.
     Attach {
         fd: bool,
@@ -470,6 +474,8 @@ pub struct World {
     anchors: Vec<PathBuf>,
     /// The adversary scenario's setup.
     adversary: Option<adversary::Adversary>,
+    /// The pager scenario's model and checkers.
+    pager: Option<PagerSim>,
 }
 
 impl World {
@@ -481,10 +487,11 @@ impl World {
         bug: Option<PlantedBug>,
         record: Option<Option<Value>>,
     ) -> Self {
-        let nested = matches!(scenario, Scenario::Nested | Scenario::Adversary);
+        let nested = matches!(scenario, Scenario::Nested | Scenario::Adversary | Scenario::Pager);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // Drawn first in broker worlds only, so other worlds draw as before.
         let broker_setup = (scenario == Scenario::Broker).then(|| broker::setup(&mut rng));
+        let pager_setup = (scenario == Scenario::Pager).then(|| pager::setup(&mut rng));
         let adversary = (scenario == Scenario::Adversary).then(|| adversary::setup(&mut rng));
         let policies = match &adversary {
             Some(a) => vec![adversary::top_policy(), adversary::middle_policy(a.middle)],
@@ -506,6 +513,7 @@ impl World {
             c.max_descriptors = swarm.bounds.max_descriptors;
             c.planted_bug = bug;
             c.broker = broker_setup.clone();
+            c.pager = pager_setup.clone();
             c
         };
         let configs = if nested {
@@ -595,6 +603,7 @@ impl World {
             policies,
             anchors,
             adversary,
+            pager: pager_setup.as_ref().map(PagerSim::new),
         };
         if w.broker.is_some() {
             w.levels[0].m.set_redactor(broker::world_redactor(bug));
@@ -794,6 +803,7 @@ impl World {
             ));
         }
         self.broker_final_check()?;
+        self.pager_final_check()?;
         if self.fs.get(&PathBuf::from("/data/ro/a.txt")) != Some(self.fixture.as_slice()) {
             return Err(violation("policy", "a read-only file changed".to_owned()));
         }
@@ -1243,6 +1253,7 @@ impl World {
     fn check(&mut self) -> Check {
         self.broker_check()?;
         self.check_bounds()?;
+        self.pager_check()?;
         if !self.quiescent() {
             return Ok(());
         }
@@ -1489,6 +1500,9 @@ impl World {
             self.broker_issue(i);
             return;
         }
+        if self.pager_issue(i) {
+            return;
+        }
         if self.issue_flood(i) {
             return;
         }
@@ -1621,6 +1635,9 @@ impl World {
         if let Kind::Broker(op) = sent.kind {
             c.llm_tokens.remove(&id);
             return self.on_broker_response(i, &id, op, &v);
+        }
+        if let Kind::Pager(op) = sent.kind {
+            return self.on_pager_response(&id, op, &v);
         }
         let result = v.get("result");
         let refused = |what: &str| violation("valid_request_refused", format!("{what} {id} failed: {v}"));
@@ -1810,7 +1827,7 @@ impl World {
                     return Err(violation("attach_response_first", format!("attach {id} answered {v}")));
                 }
             }
-            Kind::Invalid | Kind::Broker(_) => {}
+            Kind::Invalid | Kind::Broker(_) | Kind::Pager(_) => {}
         }
         Ok(())
     }

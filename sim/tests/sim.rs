@@ -310,3 +310,36 @@ fn broker_worlds_flood_and_lie() {
         );
     }
 }
+
+#[test]
+fn pager_scenario_seeds_pass() {
+    assert_all_pass(Scenario::Pager);
+}
+
+#[test]
+fn planted_pager_bug_is_caught() {
+    // A session that forgets max_total_bytes: the checker holds the
+    // world's own limit, so the first wrap past it is found.
+    let o = opts(Scenario::Pager, 0..1, 1);
+    let res = (0..20)
+        .map(|seed| run_seed_with_bug(seed, &o, PlantedBug::PagerIgnoresLimit))
+        .find(|r| !r.passed())
+        .expect("a pager past its limit goes unnoticed for 20 seeds");
+    assert_eq!(res.failure.unwrap().invariant, "bounded_resources");
+}
+
+#[test]
+fn pager_worlds_are_deterministic_and_make_fds() {
+    let o = opts(Scenario::Pager, 0..1, 1);
+    let mut fds = 0;
+    for seed in 0..5 {
+        let (a, ta) = record_trace(seed, &o);
+        let (b, tb) = record_trace(seed, &o);
+        assert_eq!(a, b, "seed {seed}");
+        assert!(ta == tb, "seed {seed}: traces differ");
+        let report = replay(ta.as_slice()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let pager = report.machines[0].pager().expect("the top runs the pager");
+        fds += pager.fds().count();
+    }
+    assert!(fds >= 5, "pager worlds made {fds} fds in 5 seeds");
+}

@@ -26,6 +26,7 @@
 //! and `Tick` go in, and `poll_timeout` is the broker's.
 
 pub mod bounds;
+mod fd;
 mod virtual_fs;
 pub mod wire;
 
@@ -43,6 +44,7 @@ use crate::broker::{
 };
 use crate::codec::frame::{self, FrameDecoder, FrameError, DEFAULT_MAX_FRAME};
 use crate::handles::{ClientId, Handle, HandleTable, Missing};
+use crate::pager::{JobId, Pager, PagerConfig};
 use crate::policy::{Denied, Policy, Resolved, RootId};
 use crate::scope::Scope;
 use crate::time::Instant;
@@ -112,6 +114,15 @@ pub struct Config {
     /// happens at the top, so a forwarding level never runs a broker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broker: Option<BrokerSetup>,
+    /// The session's fd pager (`[file_descriptor]`), serving the `FD_*`
+    /// ops. `None`: they answer `E_UNSUPPORTED`. A level that forwards
+    /// upstream forwards them whatever this says: fds live at the top.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pager: Option<PagerConfig>,
+    /// A forwarding level's children see only these fds, and those they
+    /// wrap themselves (`--isolate-fds`, `--preload-fd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolate_fds: Option<Vec<String>>,
     /// A deliberate bug, switched on only by the simulator's own tests to
     /// prove its checkers can fail. Never set in production; absent from
     /// serialized configs unless set, so a trace records it when it was on.
@@ -161,6 +172,8 @@ pub enum PlantedBug {
     /// A nested level never narrows its upstream, so the top resolves its
     /// requests under the top's policy alone.
     NestedSkipsNarrow,
+    /// The pager forgets the session's `max_total_bytes`.
+    PagerIgnoresLimit,
 }
 
 impl PlantedBug {
@@ -191,6 +204,8 @@ impl Config {
             max_descriptors: DEFAULT_MAX_DESCRIPTORS,
             descriptor_reserve: DEFAULT_DESCRIPTOR_RESERVE,
             broker: None,
+            pager: None,
+            isolate_fds: None,
             planted_bug: None,
         }
     }
@@ -446,6 +461,12 @@ enum Waiting {
     UpstreamBroker,
     /// This level's own `narrow` of its upstream.
     Narrow,
+    /// A file operation of one of the pager's jobs.
+    Pager {
+        job: JobId,
+    },
+    /// A forwarded `FD_*` op.
+    UpstreamFd(fd::Forwarded),
 }
 
 impl Waiting {
@@ -554,6 +575,9 @@ pub struct FsProxy {
     /// This level's own policy as a scope.
     own_scope: Scope,
     up_narrow: UpNarrow,
+    /// The session's fds (top level with `[file_descriptor]` only).
+    pager: Option<Pager>,
+    fd: fd::FdState,
 }
 
 fn missing_failure(h: Handle, m: Missing) -> Failure {
@@ -621,6 +645,8 @@ impl FsProxy {
             }
         }
         FsProxy {
+            pager: fd::pager_for(&config),
+            fd: fd::FdState::new(&config),
             broker,
             now: Instant::ZERO,
             next_call: 0,
@@ -1190,6 +1216,10 @@ impl FsProxy {
                 self.narrow(client, id, scope);
                 return;
             }
+            Op::Fd { op, params } => {
+                self.serve_fd(client, id, op, params);
+                return;
+            }
             Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if h.is_stdio() => {
                 self.serve_stdio(client, id, op);
                 return;
@@ -1465,6 +1495,9 @@ impl FsProxy {
 
     fn on_effect_done(&mut self, id: EffectId, result: EffectResult) {
         let Some(Pending { client, req, waiting }) = self.pending.remove(&id) else { return };
+        if let Waiting::Pager { job } = waiting {
+            return self.pager_effect_done(client, job, result);
+        }
         if matches!(waiting, Waiting::Open { .. }) {
             self.opening -= 1;
         }
@@ -1533,6 +1566,7 @@ impl FsProxy {
         c.decoder = FrameDecoder::new(0);
         self.outputs.push_back(Output::Close { client });
         self.broker_owner_gone(client);
+        self.fd_owner_gone(client);
         self.cleanup(client);
     }
 
@@ -1659,7 +1693,9 @@ impl FsProxy {
             | Waiting::Stdio
             | Waiting::UpstreamLlm { .. }
             | Waiting::UpstreamBroker
-            | Waiting::Narrow => OpKind::Other,
+            | Waiting::Narrow
+            | Waiting::Pager { .. }
+            | Waiting::UpstreamFd(_) => OpKind::Other,
         };
         let outcome = match wire::parse_response(payload, kind) {
             Ok(r) => r.outcome,
@@ -1687,6 +1723,7 @@ impl FsProxy {
                 return self.finish_upstream(client, req, false, outcome);
             }
             (Waiting::UpstreamBroker, outcome) => return self.finish_upstream(client, req, false, outcome),
+            (Waiting::UpstreamFd(f), outcome) => return self.upstream_fd_done(client, req, f, outcome),
             (Waiting::UpstreamOpen { mode }, Ok(Success::Opened { handle: up })) => {
                 if alive {
                     let handle = self.table.insert(client, Slot { mode, target: Target::Upstream(up) });

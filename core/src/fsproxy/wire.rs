@@ -4,6 +4,7 @@
 use crate::broker::{BrokerErrorCode, RawJson};
 use crate::handles::Handle;
 use crate::scope::Scope;
+use crate::pager::wire::FdOp;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -224,6 +225,12 @@ pub enum Op {
     Cancel {
         params: Map<String, Value>,
     },
+    /// The pager's ops (`FD_WRAP`, `FD_READ`, `FD_SEARCH`, `FD_TO_FILE`);
+    /// their params are checked by `pager::wire`.
+    Fd {
+        op: FdOp,
+        params: Map<String, Value>,
+    },
 }
 
 impl Op {
@@ -238,6 +245,7 @@ impl Op {
             Op::Quota { .. } => "QUOTA",
             Op::LlmCmd { .. } => "LLMCMD",
             Op::Cancel { .. } => "CANCEL",
+            Op::Fd { op, .. } => op.as_str(),
         }
     }
 }
@@ -366,6 +374,10 @@ pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejectio
         "QUOTA" => Op::Quota { params },
         "LLMCMD" => Op::LlmCmd { params },
         "CANCEL" => Op::Cancel { params },
+        other if FdOp::parse(other).is_some() => match FdOp::parse(other) {
+            Some(op) => Op::Fd { op, params },
+            None => return Err(reject(Some(&id), ErrorCode::Unsupported, "unknown op")),
+        },
         other => {
             return Err(reject(Some(&id), ErrorCode::Unsupported, format!("unknown op: {other:?}")));
         }
@@ -401,7 +413,10 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
             params.insert("h".into(), h.get().into());
         }
         Op::Attach => {}
-        Op::Quota { params: p } | Op::LlmCmd { params: p } | Op::Cancel { params: p } => params = p.clone(),
+        Op::Quota { params: p }
+        | Op::LlmCmd { params: p }
+        | Op::Cancel { params: p }
+        | Op::Fd { params: p, .. } => params = p.clone(),
     }
     let mut obj = Map::new();
     obj.insert("id".into(), req.id.clone().into());
@@ -575,7 +590,7 @@ impl From<&Op> for OpKind {
             Op::Write { .. } => OpKind::Write,
             Op::Close { .. } => OpKind::Close,
             Op::Attach => OpKind::Attach,
-            Op::Narrow { .. } | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } => OpKind::Other,
+            Op::Narrow { .. } | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } | Op::Fd { .. } => OpKind::Other,
         }
     }
 }
