@@ -84,7 +84,9 @@ impl FromStr for Scenario {
             "broker" => Ok(Scenario::Broker),
             "adversary" => Ok(Scenario::Adversary),
             "pager" => Ok(Scenario::Pager),
-            other => Err(format!("unknown scenario {other:?} (want default, nested, broker, adversary or pager)")),
+            other => {
+                Err(format!("unknown scenario {other:?} (want default, nested, broker, adversary or pager)"))
+            }
         }
     }
 }

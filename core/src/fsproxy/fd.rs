@@ -4,8 +4,8 @@
 //! its own policy and its `--isolate-fds` view.
 
 use super::{
-    denied_failure, Effect, EffectResult, ErrorCode, Failure, FileId, FsErrorKind, FsProxy, Mode, Op,
-    Pending, Success, Waiting,
+    denied_failure, narrowed_permit, Effect, EffectResult, ErrorCode, Failure, FileId, FsErrorKind, FsProxy,
+    Mode, Op, Pending, Success, Waiting,
 };
 use crate::handles::ClientId;
 use crate::pager::machine::FileResult;
@@ -168,10 +168,28 @@ impl FsProxy {
                         }
                     },
                     Ok(Resolved::Host { root, rel }) => {
+                        // A nested level's jobs are decided under its
+                        // narrowing too, on the resolved file, like its opens.
+                        let (narrowing, effective) = match self.clients.get(&client) {
+                            Some(c) => (c.scope.clone(), c.effective.clone()),
+                            None => (None, None),
+                        };
+                        let abs = match self.config.policy.root(root) {
+                            Some(r) => r.path.join(&rel),
+                            None => rel.clone(),
+                        };
+                        if let Err(f) = narrowed_permit(narrowing.as_ref(), &abs, write) {
+                            self.feed_file(
+                                job,
+                                FileResult::Failed { kind: FsErrorKind::Denied, message: f.message },
+                            );
+                            return;
+                        }
+                        let scope = self.host_scope(root, &rel, narrowing.as_ref(), effective, false);
                         let file = FileId(self.next_file);
                         self.next_file += 1;
                         self.fd.jobs.insert(job, JobFile::Host { file, opened: false });
-                        self.effect(pending, Effect::Open { file, root, rel, mode });
+                        self.effect(pending, Effect::Open { file, root, rel, mode, scope });
                     }
                 }
             }

@@ -580,6 +580,17 @@ pub struct FsProxy {
     fd: fd::FdState,
 }
 
+/// A nested level's narrowing refuses `abs` before anything is resolved.
+fn narrowed_permit(narrowing: Option<&Scope>, abs: &std::path::Path, write: bool) -> Result<(), Failure> {
+    match narrowing {
+        Some(n) if !n.permits(abs, write) => {
+            let what = if n.permits(abs, false) { "read-only" } else { "outside the allowed paths" };
+            Err(Failure::new(ErrorCode::Perm, format!("path is {what} for a nested level")))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn missing_failure(h: Handle, m: Missing) -> Failure {
     match m {
         Missing::NoEntry => Failure::new(ErrorCode::NoEnt, format!("no such handle: {h}")),
@@ -1362,12 +1373,7 @@ impl FsProxy {
         };
         let effective = self.clients.get(&client).and_then(|c| c.effective.clone());
         let abs = r.path.join(&rel);
-        if let Some(n) = &narrowing {
-            if !n.permits(&abs, mode.writable()) {
-                let what = if n.permits(&abs, false) { "read-only" } else { "outside the allowed paths" };
-                return Err(Failure::new(ErrorCode::Perm, format!("path is {what} for a nested level")));
-            }
-        }
+        narrowed_permit(narrowing.as_ref(), &abs, mode.writable())?;
         if self.config.upstream {
             if !self.upstream_alive {
                 return Err(Failure::new(ErrorCode::Io, "upstream closed"));
@@ -1377,20 +1383,7 @@ impl FsProxy {
             self.forward(client, req, Waiting::UpstreamOpen { mode }, Op::Open { path, mode, scope });
             return Ok(None);
         }
-        let own = match bug {
-            Some(PlantedBug::LexicalReadOnly) => {
-                Scope::from_roots(&[crate::policy::Root { path: r.path.clone(), access: r.access }])
-            }
-            Some(PlantedBug::LexicalFileRoot) if rel.as_os_str().is_empty() => Scope::everything(),
-            _ => self.own_scope.clone(),
-        };
-        let scope = match (&narrowing, effective, request_scoped) {
-            // The usual case: no request scope, and the client's
-            // intersection with this level was computed at its `narrow`.
-            (Some(_), Some(eff), false) if bug.is_none() => eff,
-            (Some(n), _, _) => own.intersect(n),
-            (None, _, _) => own,
-        };
+        let scope = self.host_scope(root, &rel, narrowing.as_ref(), effective, request_scoped);
         if self.descriptors_held() + 1 + bounds::PROVIDER_DESCRIPTOR_RESERVE > self.config.max_descriptors {
             self.stats.bounds_refused += 1;
             return Err(Failure::new(
@@ -1408,6 +1401,34 @@ impl FsProxy {
             Effect::Open { file, root, rel, mode, scope },
         );
         Ok(None)
+    }
+
+    /// The scope a host open at this level is decided under, on the
+    /// resolved file: this level's own policy, intersected with what the
+    /// client (a nested level) and the request narrowed to.
+    fn host_scope(
+        &self,
+        root: RootId,
+        rel: &std::path::Path,
+        narrowing: Option<&Scope>,
+        effective: Option<Scope>,
+        request_scoped: bool,
+    ) -> Scope {
+        let bug = self.config.planted_bug;
+        let own = match (bug, self.config.policy.root(root)) {
+            (Some(PlantedBug::LexicalReadOnly), Some(r)) => {
+                Scope::from_roots(&[crate::policy::Root { path: r.path.clone(), access: r.access }])
+            }
+            (Some(PlantedBug::LexicalFileRoot), _) if rel.as_os_str().is_empty() => Scope::everything(),
+            _ => self.own_scope.clone(),
+        };
+        match (narrowing, effective, request_scoped) {
+            // The usual case: no request scope, and the client's
+            // intersection with this level was computed at its `narrow`.
+            (Some(_), Some(eff), false) if bug.is_none() => eff,
+            (Some(n), _, _) => own.intersect(n),
+            (None, _, _) => own,
+        }
     }
 
     fn read(&mut self, client: ClientId, id: &str, h: Handle, max: u32) -> Result<Option<Success>, Failure> {

@@ -3,8 +3,8 @@
 
 use crate::broker::{BrokerErrorCode, RawJson};
 use crate::handles::Handle;
-use crate::scope::Scope;
 use crate::pager::wire::FdOp;
+use crate::scope::Scope;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
@@ -590,7 +590,9 @@ impl From<&Op> for OpKind {
             Op::Write { .. } => OpKind::Write,
             Op::Close { .. } => OpKind::Close,
             Op::Attach => OpKind::Attach,
-            Op::Narrow { .. } | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } | Op::Fd { .. } => OpKind::Other,
+            Op::Narrow { .. } | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } | Op::Fd { .. } => {
+                OpKind::Other
+            }
         }
     }
 }
