@@ -188,3 +188,44 @@ fn an_intermediate_forwards_under_its_own_policy_and_view() {
     assert_eq!(up[0]["params"]["abort"], true);
     assert_eq!(up[0]["params"]["stream"], "s1");
 }
+
+#[test]
+fn a_narrowed_level_exports_and_wraps_only_inside_its_narrowing() {
+    use crate::fsproxy::Effect;
+    use std::path::Path;
+    let mut s = top();
+    let r = call(&mut s, A, "FD_WRAP", json!({"data": b64(b"one\ntwo\nthree\n")}));
+    assert_eq!(r["result"]["fd"], "fd:1");
+    s.send_json(
+        A,
+        &json!({"id": "n", "op": "narrow", "params": {"rules": [{"path": "/rw/sub", "access": "rw"}]}}),
+    );
+    // Outside the narrowing, though inside the top's own policy: refused,
+    // nothing written, no effect.
+    let effects = s.effects.len();
+    let r = call(&mut s, A, "FD_TO_FILE", json!({"fd": "fd:1", "path": "/rw/out.txt"}));
+    assert!(xml(&r).contains("type=\"file_operation\""), "{r}");
+    assert!(!s.fs.files.contains_key(&(RootId(1), "out.txt".into())));
+    assert_eq!(s.effects.len(), effects);
+    let r = call(&mut s, A, "FD_WRAP", json!({"path": "/ro/hello.txt"}));
+    assert!(xml(&r).contains("Operation: read, Path: /ro/hello.txt"), "{r}");
+    // Inside it: the open is decided under the intersection, so a symlink
+    // under /rw/sub cannot lead it to /rw/out.txt.
+    s.auto = false;
+    s.send_json(
+        A,
+        &json!({"id": "t", "op": "FD_TO_FILE", "params": {"fd": "fd:1", "path": "/rw/sub/f.txt"}}),
+    );
+    let scope = s.effects.iter().find_map(|(_, e)| match e {
+        Effect::Open { scope, .. } => Some(scope.clone()),
+        _ => None,
+    });
+    s.auto = true;
+    s.settle();
+    let scope = scope.unwrap_or_else(|| panic!("no open effect"));
+    assert!(scope.permits(Path::new("/rw/sub/f.txt"), true));
+    assert!(!scope.permits(Path::new("/rw/out.txt"), false));
+    // Another client of the same level keeps the level's own policy.
+    let r = call(&mut s, B, "FD_TO_FILE", json!({"fd": "fd:1", "path": "/rw/out.txt"}));
+    assert!(xml(&r).contains("<bytes>14</bytes>"), "{r}");
+}
