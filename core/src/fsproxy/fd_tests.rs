@@ -155,6 +155,11 @@ fn an_intermediate_forwards_under_its_own_policy_and_view() {
     assert!(upstream(&mut s).is_empty());
     assert_eq!(s.responses(A)[0]["error"]["code"], "E_NOENT");
     s.send_json(A, &json!({"id": "2", "op": "FD_READ", "params": {"fd": "fd:7", "page": 2}}));
+    // The level narrows its upstream before its first forward.
+    let up = upstream(&mut s);
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0]["op"], "narrow");
+    reply(&mut s, json!({"id": up[0]["id"], "ok": true, "result": {}}));
     let up = upstream(&mut s);
     assert_eq!(up[0]["op"], "FD_READ");
     reply(&mut s, json!({"id": up[0]["id"], "ok": true, "result": {"xml": "<fd_content/>", "next": null}}));
