@@ -220,6 +220,15 @@ impl Checker {
                     },
                 );
                 self.order.push(call);
+                // Calls waiting when this one is submitted: due queue
+                // timers fire first, so those whose wait ends now are gone.
+                let max_wait = self.config.queue_max_wait;
+                let waiting = self
+                    .pending
+                    .values()
+                    .filter(|&&c| c != call && self.now < self.calls[&c].submitted.saturating_add(max_wait))
+                    .count();
+                let queue_full = waiting >= self.config.max_pending;
                 let mut request = LlmRequest::new(vec![serde_json::json!({"role": "user", "content": "hi"})]);
                 request.model = model.map(str::to_owned);
                 request.max_tokens = *max_tokens;
@@ -238,10 +247,12 @@ impl Checker {
                     })
                 });
                 let refused = self.calls[&call].admission.is_none();
+                // Requests here are a few bytes, far below the pending-byte
+                // bound, so only the count can fill the queue.
                 assert_eq!(
                     refused,
-                    weights.is_none() || token_busy,
-                    "{call}: refusal does not match an unknown model or a busy cancel token"
+                    weights.is_none() || token_busy || queue_full,
+                    "{call}: refusal does not match an unknown model, a busy cancel token or a full queue"
                 );
             }
             Step::Cancel { slot, token } => {
