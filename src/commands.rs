@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// Record the session as a trace (JSONL) that `airlock replay` checks.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
+    /// Write one JSON line per file operation and policy decision to FILE
+    /// (path, mode, allowed or the rule that refused).
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
     /// Largest frame accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: usize,
@@ -135,6 +139,7 @@ impl ServeArgs {
         config.max_descriptors = self.max_descriptors.unwrap_or_else(descriptors_available);
         config.descriptor_reserve = self.descriptor_reserve;
         config.isolate_fds = self.fds.isolation(upstream)?;
+        config.audit = self.audit.is_some();
         Ok(config)
     }
 }
@@ -153,6 +158,22 @@ fn physical_root(cwd: &std::path::Path, p: &std::path::Path) -> PathBuf {
         (Some(parent), Some(name)) => std::fs::canonicalize(parent).map(|c| c.join(name)).unwrap_or(abs),
         _ => abs,
     }
+}
+
+/// A root that does not exist is a file root (it covers that one name; no
+/// operation creates directories), which a name without an extension may
+/// not have meant: say so at start-up, once per such root.
+fn missing_root_notes(allow: &[PathBuf], allow_rw: &[PathBuf]) -> Vec<String> {
+    let flagged = allow.iter().map(|p| ("--allow", p)).chain(allow_rw.iter().map(|p| ("--allow-rw", p)));
+    flagged
+        .filter(|(_, p)| std::fs::symlink_metadata(p).is_err() && p.extension().is_none())
+        .map(|(flag, p)| {
+            format!(
+                "{flag} {}: does not exist; taken as a file root (that one file, created on first write), not a directory",
+                p.display()
+            )
+        })
+        .collect()
 }
 
 /// What the config's `[broker]` section sets up on this level.
@@ -196,12 +217,18 @@ impl ServeArgs {
                 }
                 let key = key.filter(|k| !k.is_empty());
                 let redactor = key_redactor(&b.api_key_env, key.as_deref())?;
-                let provider: Arc<dyn Provider> =
-                    Arc::new(HttpProvider::new(&b.base_url, key, redactor.clone())?);
+                let http = HttpProvider::new(&b.base_url, key, redactor.clone())?;
+                if let Some(proxy) = http.proxy() {
+                    eprintln!(
+                        "airlock: note: provider calls go through the proxy {} (CONNECT)",
+                        proxy.address()
+                    );
+                }
+                let provider: Arc<dyn Provider> = Arc::new(http);
                 redactor_for_proxy = Some(redactor);
                 parts.shell.provider = Some(provider);
                 if let Some(path) = &b.telemetry {
-                    parts.shell.telemetry = Some(TelemetryWriter::open(path)?);
+                    parts.shell.telemetry = Some(TelemetryWriter::open(path, &b.setup.session_id)?);
                 }
             }
         }
@@ -232,6 +259,9 @@ impl ServeArgs {
         command: &str,
     ) -> anyhow::Result<(Session, Vec<OsString>, Option<OutFile>)> {
         let config = self.config(stdio, upstream.is_some())?;
+        for note in missing_root_notes(&self.allow, &self.allow_rw) {
+            eprintln!("airlock: note: {note}");
+        }
         let host = HostFs::new(&config.policy)?;
         let (proxy, parts) = self.machine(config, &settings, key)?;
         let observer = self.recorder(proxy.config(), command, upstream)?;
@@ -246,6 +276,11 @@ impl ServeArgs {
         };
         let mut session = Session::new(proxy, host, observer);
         session.set_broker_shell(parts.shell);
+        if let Some(path) = &self.audit {
+            let out = OutFile::create(path, upstream)
+                .with_context(|| format!("creating audit file {}", path.display()))?;
+            session.set_audit(crate::audit::AuditWriter::new(path, out));
+        }
         Ok((session, parts.remove_env, report))
     }
 

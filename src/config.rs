@@ -186,7 +186,9 @@ pub struct Settings {
 /// file's own directory.
 pub fn load(path: &Path) -> anyhow::Result<Settings> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    // Absolute, so an error names the file a user should look for.
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let dir = absolute.parent().map(Path::to_path_buf).unwrap_or_default();
     parse(&text, &dir).with_context(|| format!("config {}", path.display()))
 }
 
@@ -303,7 +305,8 @@ mod tests {
         let b = load(&path).unwrap().broker.unwrap();
         assert_eq!(b.base_url, "http://127.0.0.1:8080/v1");
         assert_eq!(b.setup.catalog, PricingCatalog::builtin());
-        assert_eq!(b.telemetry, Some(path.parent().unwrap().join("telemetry.jsonl")));
+        // Outside the repository: running the sample writes nothing into a clone.
+        assert_eq!(b.telemetry.as_deref(), Some(Path::new("/tmp/airlock-telemetry.jsonl")));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! The library half exists so that the simulator can run the shell's own
 //! async loop over turmoil, and so that programs can embed the FS client.
 
+pub mod audit;
 pub mod child;
 pub mod client;
 pub mod commands;
@@ -14,6 +15,7 @@ pub mod hostfs;
 pub mod llm_cli;
 pub mod outfile;
 pub mod provider;
+pub mod proxy;
 pub mod record;
 pub mod report;
 pub mod sandbox;
@@ -22,3 +24,5 @@ pub mod session;
 pub mod simulate;
 pub mod stdin;
 pub mod telemetry;
+pub mod tool;
+pub mod toolexec;

@@ -57,11 +57,16 @@ enum Command {
     Fd(airlock::fdcli::FdCommand),
     /// Run the deterministic simulator over many seeds.
     Sim(SimArgs),
+    /// Host a VFS tool: CMD speaks NDJSON JSON-RPC on its stdin/stdout.
+    Tool(airlock::tool::ToolArgs),
     /// Replay traces against the core; fail on the first output that differs.
     Replay {
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<PathBuf>,
     },
+    /// Allow-listed host tools over HTTP (AIFO shim protocol).
+    #[command(subcommand)]
+    Toolexec(airlock::toolexec::ToolexecCommand),
 }
 
 fn main() -> ExitCode {
@@ -71,7 +76,15 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never into a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // Through a link named after a tool, the binary is that tool's shim.
+    if let Some(tool) = std::env::args_os().next().and_then(|a| airlock::toolexec::shim::invoked_as_tool(&a))
+    {
+        let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+        return ExitCode::from(u8::try_from(airlock::toolexec::shim::run(&tool, &args)).unwrap_or(1));
+    }
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Run { serve, sandbox, argv } => commands::run(serve, sandbox, argv),
@@ -83,6 +96,8 @@ fn main() -> ExitCode {
         Command::Fd(cmd) => airlock::fdcli::fd(cmd),
         Command::Sim(args) => simulate::sim(args),
         Command::Replay { traces } => simulate::replay(traces),
+        Command::Toolexec(cmd) => airlock::toolexec::toolexec(cmd),
+        Command::Tool(args) => airlock::tool::tool(args),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

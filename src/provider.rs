@@ -7,6 +7,7 @@
 //! of its own: the broker gives up at the call's deadline and the session
 //! then drops the task, which drops the request and its connection.
 
+use crate::proxy::{Proxy, Tunnel};
 use airlock_core::broker::openai::{parse_response, request_body};
 use airlock_core::broker::{ProviderRequest, ProviderResult, Redactor};
 use bytes::Bytes;
@@ -35,7 +36,21 @@ pub struct HttpProvider {
     /// Guards the key: every result is scrubbed by the core's rules
     /// before it leaves this client (and so before a trace records it).
     redactor: Redactor,
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Clients,
+    /// The proxy the calls go through, when the environment names one.
+    proxy: Option<Proxy>,
+}
+
+type Direct = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+type Tunnelled = Client<hyper_rustls::HttpsConnector<Tunnel>, Full<Bytes>>;
+
+/// Straight to the provider, or through a CONNECT tunnel of the proxy the
+/// environment names for its URL (`HTTPS_PROXY`/`https_proxy` for https,
+/// `HTTP_PROXY`/`http_proxy` for http, `NO_PROXY` exempting hosts, as curl
+/// reads them): TLS then runs end to end inside the tunnel.
+enum Clients {
+    Direct(Direct),
+    Tunnelled(Tunnelled),
 }
 
 impl std::fmt::Debug for HttpProvider {
@@ -44,6 +59,7 @@ impl std::fmt::Debug for HttpProvider {
         f.debug_struct("HttpProvider")
             .field("url", &self.url)
             .field("api_key", &self.api_key.is_some())
+            .field("proxy", &self.proxy)
             .finish()
     }
 }
@@ -55,13 +71,34 @@ impl HttpProvider {
         let url: hyper::Uri = format!("{}/chat/completions", base_url.trim_end_matches('/'))
             .parse()
             .map_err(|e| anyhow::anyhow!("broker.base_url {base_url:?}: {e}"))?;
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(TokioExecutor::new()).build(https);
-        Ok(HttpProvider { url, api_key: api_key.filter(|k| !k.is_empty()), redactor, client })
+        let proxy = Proxy::for_target(&url, |name| std::env::var(name).ok())?;
+        Self::with_proxy(url, api_key, redactor, proxy)
+    }
+
+    fn with_proxy(
+        url: hyper::Uri,
+        api_key: Option<String>,
+        redactor: Redactor,
+        proxy: Option<Proxy>,
+    ) -> anyhow::Result<Self> {
+        let builder = || {
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+                .map(|b| b.https_or_http().enable_http1())
+        };
+        let client = match &proxy {
+            None => Clients::Direct(Client::builder(TokioExecutor::new()).build(builder()?.build())),
+            Some(p) => Clients::Tunnelled(
+                Client::builder(TokioExecutor::new())
+                    .build(builder()?.wrap_connector(Tunnel::new(p.clone()))),
+            ),
+        };
+        Ok(HttpProvider { url, api_key: api_key.filter(|k| !k.is_empty()), redactor, client, proxy })
+    }
+
+    /// The proxy calls go through.
+    pub fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_ref()
     }
 
     async fn call(&self, request: &ProviderRequest) -> ProviderResult {
@@ -81,7 +118,11 @@ impl HttpProvider {
             Ok(r) => r,
             Err(e) => return error(format!("building the request: {e}")),
         };
-        let resp = match self.client.request(req).await {
+        let sent = match &self.client {
+            Clients::Direct(c) => c.request(req).await,
+            Clients::Tunnelled(c) => c.request(req).await,
+        };
+        let resp = match sent {
             Ok(r) => r,
             Err(e) => return error(format!("request to {} failed: {}", self.url, chain(&e))),
         };

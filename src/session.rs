@@ -131,6 +131,8 @@ pub struct Session {
     provider_tasks: BTreeMap<CallId, AbortHandle>,
     /// Reads of handle 0, started on the first; dropped with the session.
     stdin: Option<StdinReader>,
+    /// `--audit FILE`.
+    audit: Option<crate::audit::AuditWriter>,
 }
 
 /// Descriptors a client may pass ahead of the `attach` requests that claim
@@ -267,7 +269,13 @@ impl Session {
             inflight: Arc::default(),
             provider_tasks: BTreeMap::new(),
             stdin: None,
+            audit: None,
         }
+    }
+
+    /// Write the machine's audit records (`Config::audit`) with `writer`.
+    pub fn set_audit(&mut self, writer: crate::audit::AuditWriter) {
+        self.audit = Some(writer);
     }
 
     /// Make the broker's provider calls with `shell.provider` and write its
@@ -420,6 +428,9 @@ impl Session {
         if let Some(t) = &mut self.broker.telemetry {
             t.finish();
         }
+        if let Some(a) = self.audit.take() {
+            a.finish();
+        }
         for (_, conn) in std::mem::take(&mut self.conns) {
             conn.reader.abort();
             conn.writer.abort();
@@ -559,6 +570,12 @@ impl Session {
             Output::CancelProvider { call } => {
                 tracing::debug!(%call, "provider call dropped");
                 self.cancel_provider(call)
+            }
+            Output::Audit { record } => {
+                if let Some(a) = &mut self.audit {
+                    a.write(&record);
+                }
+                None
             }
             Output::Telemetry { record } => {
                 if let Some(t) = &mut self.broker.telemetry {

@@ -20,7 +20,9 @@ pub struct SimArgs {
     /// intermediate proxy in front of the top one), `broker` (LLM calls
     /// through the broker with a simulated provider) or `adversary`
     /// (symlinks swapped inside the roots, nested levels with wider,
-    /// narrower and empty policies).
+    /// narrower and empty policies); `tool`: a VFS tool host against a
+    /// hostile tool (its `--record` trace is a transcript for reading, not
+    /// for `airlock replay`).
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub scenario: Scenario,
     /// Steps before each world winds down (default: the seed's choice).
@@ -57,12 +59,14 @@ pub fn sim(args: &SimArgs) -> anyhow::Result<i32> {
         let (r, trace) = airlock_sim::record_trace(start, &opts);
         std::fs::write(path, trace).with_context(|| format!("writing {}", path.display()))?;
         println!("{}\n  trace {}", r.swarm_description(), path.display());
+        println!("{}", verdict(&r));
         return Ok(if r.passed() { 0 } else { 1 });
     }
     if args.seeds.is_none() && args.seed.is_some() {
         let r = airlock_sim::run_seed(start, &opts);
         println!("{}", r.swarm_description());
         report_failure(&r, &opts);
+        println!("{}", verdict(&r));
         return Ok(if r.passed() { 0 } else { 1 });
     }
     // Hidden when stderr is not a terminal.
@@ -98,6 +102,12 @@ pub fn sim(args: &SimArgs) -> anyhow::Result<i32> {
     Ok(if summary.failed.is_empty() { 0 } else { 1 })
 }
 
+/// The last line of a one-seed run, so a rerun's outcome needs no
+/// knowledge of exit statuses.
+fn verdict(r: &SeedResult) -> String {
+    format!("seed {} {}", r.seed, if r.passed() { "passed" } else { "failed" })
+}
+
 fn report_failure(r: &SeedResult, opts: &SimOptions) {
     let Some(f) = &r.failure else { return };
     println!("seed {} broke {}", r.seed, f);
@@ -107,11 +117,19 @@ fn report_failure(r: &SeedResult, opts: &SimOptions) {
     }
 }
 
-/// Replay each trace; exit status 0 only when all reproduce exactly.
+/// Replay every trace, reporting each (one that cannot be opened too);
+/// exit status 0 only when all reproduce exactly.
 pub fn replay(paths: &[PathBuf]) -> anyhow::Result<i32> {
     let mut failed = 0;
     for path in paths {
-        let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) => {
+                failed += 1;
+                println!("{}: cannot open: {e}", path.display());
+                continue;
+            }
+        };
         match trace::replay(BufReader::new(file)) {
             Ok(r) => println!("{}: ok ({} inputs, {} outputs)", path.display(), r.inputs, r.outputs),
             Err(e) => {
@@ -119,6 +137,9 @@ pub fn replay(paths: &[PathBuf]) -> anyhow::Result<i32> {
                 println!("{}: {e}", path.display());
             }
         }
+    }
+    if paths.len() > 1 {
+        println!("{} traces: {} reproduced, {failed} failed", paths.len(), paths.len() - failed);
     }
     Ok(if failed == 0 { 0 } else { 1 })
 }

@@ -24,6 +24,8 @@ use std::time::Duration;
 
 mod nested;
 pub use nested::fsproxy_nested;
+mod toolexec;
+pub use toolexec::toolexec_events;
 
 /// Where a host file lives in [`MemFs`]: a root and a path beneath it.
 pub type FileKey = (RootId, PathBuf);
@@ -318,6 +320,17 @@ impl Shell {
                 }
                 Output::Effect { id, effect } => self.effects.push((id, effect)),
                 Output::SendUpstream { data } => self.events.push(Event::Upstream(data)),
+                Output::Audit { record } => {
+                    // A record comes with the answer it describes: never
+                    // for a client that has left, and a refusal says why.
+                    assert!(
+                        !self.departed.contains(&record.client),
+                        "audit of {} after it left",
+                        record.client
+                    );
+                    assert_eq!(record.allowed, record.code.is_none(), "{record:?}");
+                    assert_eq!(record.code.is_some(), record.reason.is_some(), "{record:?}");
+                }
                 Output::StartProvider { call, request, deadline } => {
                     // Invariant 1: one call at a time; a call given up on
                     // (cancelled) may still be winding down.
@@ -563,6 +576,8 @@ pub fn fsproxy_session(data: &[u8]) {
     let Some((&cfg, mut script)) = data.split_first() else { return };
     let stdio = if cfg & 1 == 0 { StdioRole::Local } else { StdioRole::Reject };
     let mut config = Config::new(test_policy(), stdio);
+    // Records only add outputs: every input exercises their bookkeeping.
+    config.audit = true;
     if cfg & 2 != 0 {
         // Small limits, so oversized frames and full tables are reachable.
         config.max_frame = 200;

@@ -20,6 +20,8 @@ pub mod resolve;
 pub mod sandbox;
 pub mod scope;
 pub mod time;
+pub mod toolexec;
 pub mod trace;
+pub mod vfs;
 
 mod b64;

@@ -153,6 +153,9 @@ pub enum ReplayError {
     },
     /// The trace is empty.
     NoHeader,
+    /// The trace has a header and no input or output line: nothing was
+    /// checked, which must not pass for a successful replay.
+    NoRecords,
     /// A line that is not a header, input or output line; or an unsupported
     /// format or machine; or a level with no config.
     Malformed {
@@ -183,10 +186,11 @@ pub enum ReplayError {
 
 impl fmt::Display for ReplayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let json = |o: &Output| serde_json::to_string(o).unwrap_or_else(|e| e.to_string());
+        let json = |o: &Output| readable(o);
         match self {
             ReplayError::Io { line, error } => write!(f, "line {line}: {error}"),
             ReplayError::NoHeader => f.write_str("line 1: trace is empty (no header)"),
+            ReplayError::NoRecords => f.write_str("line 2: trace has a header and no records"),
             ReplayError::Malformed { line, message } => write!(f, "line {line}: {message}"),
             ReplayError::Differs { line, level, expected, actual } => write!(
                 f,
@@ -287,7 +291,53 @@ pub fn replay<R: BufRead>(reader: R) -> Result<ReplayReport, ReplayError> {
             return Err(ReplayError::Extra { line: last_line + 1, level, actual: Box::new(actual) });
         }
     }
+    if inputs == 0 && outputs == 0 {
+        return Err(ReplayError::NoRecords);
+    }
     Ok(ReplayReport { header, inputs, outputs, machines })
+}
+
+/// An output as a person reads it in a difference: framed bytes sent to a
+/// client or upstream become the JSON of each frame (`frames`), with the
+/// bytes of an incomplete or non-JSON tail kept as base64 (`rest`).
+pub fn readable(output: &Output) -> String {
+    let mut value = match serde_json::to_value(output) {
+        Ok(v) => v,
+        Err(e) => return e.to_string(),
+    };
+    let data = match output {
+        Output::Send { data, .. } | Output::SendUpstream { data } => data,
+        _ => return value.to_string(),
+    };
+    let (frames, rest) = decode_frames(data);
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("data");
+        obj.insert("frames".into(), serde_json::Value::Array(frames));
+        if !rest.is_empty() {
+            obj.insert(
+                "rest".into(),
+                serde_json::Value::String(base64::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    rest,
+                )),
+            );
+        }
+    }
+    value.to_string()
+}
+
+/// Whole frames whose payload is JSON, in order, and the bytes after the
+/// last of them.
+fn decode_frames(mut data: &[u8]) -> (Vec<serde_json::Value>, &[u8]) {
+    let mut frames = Vec::new();
+    while let Some((len, tail)) = data.split_first_chunk::<4>() {
+        let len = u32::from_be_bytes(*len) as usize;
+        let Some(payload) = tail.get(..len) else { break };
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(payload) else { break };
+        frames.push(json);
+        data = &tail[len..];
+    }
+    (frames, data)
 }
 
 #[cfg(test)]
@@ -372,5 +422,29 @@ mod tests {
         let bad = header.replace("\"format\":1", "\"format\":99");
         assert!(matches!(replay(bad.as_bytes()), Err(ReplayError::Malformed { line: 1, .. })));
         assert!(matches!(replay(&b""[..]), Err(ReplayError::NoHeader)));
+    }
+
+    #[test]
+    fn a_header_alone_is_not_a_passing_replay() {
+        let (config, _) = session();
+        let header = serde_json::to_string(&Header::fsproxy(config)).unwrap();
+        let err = replay(format!("{header}\n\n").as_bytes()).unwrap_err();
+        assert!(matches!(err, ReplayError::NoRecords), "{err}");
+    }
+
+    #[test]
+    fn differences_show_frames_as_json() {
+        let (config, inputs) = session();
+        let text = String::from_utf8(record(&config, &inputs)).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let idx = lines.iter().position(|l| l.contains("\"send\"")).unwrap();
+        let mut data = frame::encode(br#"{"id":"1","ok":false}"#);
+        data.extend_from_slice(&[0, 0]);
+        let forged = Output::Send { client: ClientId(1), data };
+        lines[idx] = serde_json::to_string(&OutputLineRef { level: 0, output: &forged }).unwrap();
+        let err = replay(lines.join("\n").as_bytes()).unwrap_err().to_string();
+        assert!(err.contains(r#""frames":[{"id":"1","ok":false}],"output":"send","rest":"AAA=""#), "{err}");
+        assert!(err.contains(r#""frames":[{"id":"1","ok":true,"result":{"handle":3}}]"#), "{err}");
+        assert!(!err.contains("\"data\""), "{err}");
     }
 }

@@ -52,3 +52,13 @@ fn fsproxy_nested_corpus() {
 fn pager_corpus() {
     replay("pager", airlock_core::pager::fuzzing::pager_session);
 }
+
+#[test]
+fn vfs_host_corpus() {
+    replay("vfs_host", airlock_core::vfs::fuzzing::host_session);
+}
+
+#[test]
+fn toolexec_events_corpus() {
+    replay("toolexec_events", airlock_core::fuzzing::toolexec_events);
+}

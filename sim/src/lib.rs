@@ -60,6 +60,27 @@ pub enum Scenario {
     /// The nested tree with the session's fd pager at the top: children
     /// on both levels wrap, stream, read, search and export fds.
     Pager,
+    /// A VFS tool host and a hostile simulated tool over an in-memory
+    /// project whose symlinks are swapped (`world/tool.rs`).
+    Tool,
+    /// One ToolExec server: clients of both protocol versions, bad
+    /// requests, slow and stalled readers, disconnects at every stage,
+    /// tools that flood, hang, ignore SIGTERM, leave grandchildren or die
+    /// by a signal, connection floods and clock jumps (`world/toolexec.rs`).
+    Toolexec,
+}
+
+impl Scenario {
+    /// Every scenario, in the order the seed harness lists them.
+    pub const ALL: &'static [Scenario] = &[
+        Scenario::Default,
+        Scenario::Nested,
+        Scenario::Broker,
+        Scenario::Adversary,
+        Scenario::Pager,
+        Scenario::Tool,
+        Scenario::Toolexec,
+    ];
 }
 
 impl fmt::Display for Scenario {
@@ -70,6 +91,8 @@ impl fmt::Display for Scenario {
             Scenario::Broker => "broker",
             Scenario::Adversary => "adversary",
             Scenario::Pager => "pager",
+            Scenario::Tool => "tool",
+            Scenario::Toolexec => "toolexec",
         })
     }
 }
@@ -84,9 +107,11 @@ impl FromStr for Scenario {
             "broker" => Ok(Scenario::Broker),
             "adversary" => Ok(Scenario::Adversary),
             "pager" => Ok(Scenario::Pager),
-            other => {
-                Err(format!("unknown scenario {other:?} (want default, nested, broker, adversary or pager)"))
-            }
+            "tool" => Ok(Scenario::Tool),
+            "toolexec" => Ok(Scenario::Toolexec),
+            other => Err(format!(
+                "unknown scenario {other:?} (want default, nested, broker, adversary, pager, tool or toolexec)"
+            )),
         }
     }
 }
@@ -200,10 +225,20 @@ pub fn run_seed_with_bug(seed: u64, opts: &SimOptions, bug: PlantedBug) -> SeedR
     run_seed_inner(seed, opts, Some(bug))
 }
 
+/// One toolexec seed with a bug planted between the machine and the world,
+/// for the tests that prove each checker can fail.
+#[doc(hidden)]
+pub fn run_toolexec_with_bug(seed: u64, bug: world::toolexec::ToolexecBug) -> Option<Failure> {
+    world::toolexec::run(seed, Some(bug), false).failure
+}
+
+#[doc(hidden)]
+pub use world::toolexec::ToolexecBug;
+
 /// Run one seed (no shrinking) and return its full trace.
 pub fn record_trace(seed: u64, opts: &SimOptions) -> (SeedResult, Vec<u8>) {
     let swarm = swarm_for(seed, opts);
-    let out = world::World::new(seed, opts.scenario, swarm.clone(), None, Some(None)).run();
+    let out = world::run(seed, opts.scenario, swarm.clone(), None, Some(None));
     let trace = out.trace.clone().unwrap_or_default();
     (result(seed, opts.scenario, swarm, out), trace)
 }
@@ -232,7 +267,7 @@ pub fn rerun(header: &airlock_core::trace::Header) -> Result<SeedResult, String>
     let swarm: Swarm = serde_json::from_value(meta.get("swarm").cloned().ok_or("trace header has no swarm")?)
         .map_err(|e| format!("trace header's swarm: {e}"))?;
     let bug = header.config.planted_bug;
-    let out = world::World::new(seed, scenario, swarm.clone(), bug, None).run();
+    let out = world::run(seed, scenario, swarm.clone(), bug, None);
     Ok(result(seed, scenario, swarm, out))
 }
 
@@ -261,7 +296,7 @@ fn result(seed: u64, scenario: Scenario, swarm: Swarm, out: world::Outcome) -> S
 
 fn run_seed_inner(seed: u64, opts: &SimOptions, bug: Option<PlantedBug>) -> SeedResult {
     let swarm = swarm_for(seed, opts);
-    let out = world::World::new(seed, opts.scenario, swarm.clone(), bug, None).run();
+    let out = world::run(seed, opts.scenario, swarm.clone(), bug, None);
     let mut res = result(seed, opts.scenario, swarm.clone(), out);
     let Some(failure) = res.failure.clone() else { return res };
     let (small, small_failure) = shrink(seed, opts.scenario, bug, swarm, failure);
@@ -269,7 +304,7 @@ fn run_seed_inner(seed: u64, opts: &SimOptions, bug: Option<PlantedBug>) -> Seed
         // The shrunk run is replayed with tracing on; being deterministic, it
         // fails the same way, so the header can already say how.
         let note = serde_json::to_value(&small_failure).ok();
-        let out = world::World::new(seed, opts.scenario, small.clone(), bug, Some(note)).run();
+        let out = world::run(seed, opts.scenario, small.clone(), bug, Some(note));
         if let Some(trace) = out.trace {
             let path = dir.join(trace_file_name(seed, opts.scenario));
             if std::fs::create_dir_all(dir).is_ok() && std::fs::write(&path, &trace).is_ok() {
@@ -290,9 +325,13 @@ fn shrink(
     swarm: Swarm,
     failure: Failure,
 ) -> (Swarm, Failure) {
+    if scenario == Scenario::Toolexec {
+        // Its world draws its own knobs from the seed; the swarm has none to turn.
+        return (swarm, failure);
+    }
     let invariant = failure.invariant.clone();
     let attempt = |cand: &Swarm| -> Option<Failure> {
-        let out = world::World::new(seed, scenario, cand.clone(), bug, None).run();
+        let out = world::run(seed, scenario, cand.clone(), bug, None);
         out.failure.filter(|f| f.invariant == invariant)
     };
     let mut best = swarm;

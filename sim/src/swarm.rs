@@ -346,6 +346,11 @@ impl Swarm {
             let rates = FaultKind::SymlinkSwap.rates();
             swarm.faults.insert(FaultKind::SymlinkSwap, rates[rng.gen_range(0..rates.len())]);
         }
+        // Tool worlds: the attacker swaps the project's links.
+        if scenario == Scenario::Tool {
+            let rates = FaultKind::SymlinkSwap.rates();
+            swarm.faults.insert(FaultKind::SymlinkSwap, rates[rng.gen_range(0..rates.len())]);
+        }
         swarm
     }
 

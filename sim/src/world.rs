@@ -9,6 +9,8 @@ mod bounds;
 mod broker;
 mod floods;
 mod pager;
+mod tool;
+pub(crate) mod toolexec;
 
 use crate::fs::HostFs;
 use crate::swarm::{FaultKind, Swarm, PPM};
@@ -315,7 +317,8 @@ struct Client {
     out: Pipe,
     frames: Frames,
     outstanding: BTreeMap<String, Sent>,
-    order: VecDeque<String>,
+    /// The unanswered requests, in the order they were sent.
+    order: VecDeque<Queued>,
     null_expected: usize,
     handles: BTreeMap<u64, HModel>,
     closed: Vec<u64>,
@@ -375,6 +378,35 @@ impl Client {
             floods: floods::ClientFloods::default(),
         }
     }
+
+    /// Request `id` is answered: it leaves `outstanding` and `order`.
+    /// `order` holds only unanswered requests, so the checkers that walk
+    /// it every step cost what is outstanding, not what was ever sent.
+    /// Answers mostly come in order, so the id is found near the front.
+    fn answer(&mut self, id: &str) -> Option<Sent> {
+        let sent = self.outstanding.remove(id)?;
+        if let Some(p) = self.order.iter().position(|q| q.id == id) {
+            self.order.remove(p);
+        }
+        Some(sent)
+    }
+}
+
+/// A request in a client's `order`. What the bounds checker needs of it is
+/// kept here, fixed when it is sent, so the walk it makes every step looks
+/// nothing up.
+#[derive(Debug)]
+struct Queued {
+    id: String,
+    /// Where its frame ends in the client's stream, and its payload's
+    /// length (the bytes a machine holds while it waits); none for the
+    /// attach an attached client's first frame answers.
+    frame: Option<(u64, u64)>,
+    /// Served in order behind others (broker ops and attaches answer
+    /// elsewhere).
+    in_line: bool,
+    /// A close: admitted past the bounds, as it only releases.
+    close: bool,
 }
 
 /// Client `idx`'s own files, whose content is modelled exactly.
@@ -429,6 +461,21 @@ enum Action {
     Down,
 }
 
+/// Run one world of `scenario`; the toolexec scenario has a world of its own.
+pub(crate) fn run(
+    seed: u64,
+    scenario: Scenario,
+    swarm: Swarm,
+    bug: Option<PlantedBug>,
+    record: Option<Option<Value>>,
+) -> Outcome {
+    if scenario == Scenario::Toolexec {
+        let o = toolexec::run(seed, None, record.is_some());
+        return Outcome { steps: o.steps, now: o.now, faults: o.faults, failure: o.failure, trace: o.trace };
+    }
+    World::new(seed, scenario, swarm, bug, record).run()
+}
+
 pub struct Outcome {
     pub steps: u64,
     pub now: u64,
@@ -476,6 +523,9 @@ pub struct World {
     adversary: Option<adversary::Adversary>,
     /// The pager scenario's model and checkers.
     pager: Option<PagerSim>,
+    /// The tool scenario runs its own world (`world/tool.rs`): its planted
+    /// bug and whether to record.
+    tool: Option<(Option<PlantedBug>, bool)>,
 }
 
 impl World {
@@ -521,6 +571,7 @@ impl World {
         } else {
             vec![config(0, StdioRole::Reject, false)]
         };
+        let recording = record.is_some();
         let trace = if let Some(failure) = record {
             let mut header = Header::fsproxy(configs[0].clone());
             header.levels = configs[1..].to_vec();
@@ -604,6 +655,7 @@ impl World {
             anchors,
             adversary,
             pager: pager_setup.as_ref().map(PagerSim::new),
+            tool: (scenario == Scenario::Tool).then_some((bug, recording)),
         };
         if w.broker.is_some() {
             w.levels[0].m.set_redactor(broker::world_redactor(bug));
@@ -628,6 +680,9 @@ impl World {
     }
 
     pub fn run(mut self) -> Outcome {
+        if let Some((bug, record)) = self.tool.take() {
+            return tool::run(self.seed, self.swarm.clone(), bug, record);
+        }
         while !self.finished && self.first_violation.is_none() {
             self.step += 1;
             if let Err(v) = self.step_once() {
@@ -943,7 +998,7 @@ impl World {
         let first = c
             .order
             .iter()
-            .filter_map(|id| c.outstanding.get(id))
+            .filter_map(|q| c.outstanding.get(&q.id))
             .map(|s| &s.kind)
             .find(|k| !matches!(k, Kind::Invalid))
             .cloned();
@@ -1112,6 +1167,12 @@ impl World {
                 self.on_start_provider(call, request, deadline.as_micros())
             }
             Output::CancelProvider { call } => self.on_cancel_provider(call),
+            Output::Audit { record } => {
+                if !self.levels[level].m.config().audit {
+                    return Err(violation("policy", format!("audit record without audit on: {record:?}")));
+                }
+                Ok(())
+            }
             Output::Telemetry { record } => {
                 if self.broker.is_none() {
                     return Err(violation("policy", format!("telemetry without a broker: {record:?}")));
@@ -1173,14 +1234,14 @@ impl World {
         let id = c
             .order
             .iter()
-            .find(|id| matches!(c.outstanding.get(*id), Some(Sent { kind: Kind::Attach { fd: true }, .. })))
-            .cloned()
+            .find(|q| matches!(c.outstanding.get(&q.id), Some(Sent { kind: Kind::Attach { fd: true }, .. })))
+            .map(|q| q.id.clone())
             .ok_or_else(|| violation("no_attach_without_descriptor", format!("attach of {new} unasked")))?;
-        c.outstanding.remove(&id);
+        c.answer(&id);
         let idx = self.clients.len() + 1;
         add_private_files(&mut self.files, idx, level);
         let mut c = Client::new(self.seed, idx, level, new, (self.swarm.ops_per_client / 2).max(1));
-        c.order.push_back(id.clone());
+        c.order.push_back(Queued { id: id.clone(), frame: None, in_line: false, close: false });
         c.outstanding.insert(id.clone(), Sent { kind: Kind::Attached, must_fail: None });
         c.attach_wait = Some(id);
         self.clients.push(c);
@@ -1242,10 +1303,10 @@ impl World {
     fn quiescent(&self) -> bool {
         self.broker
             .as_ref()
-            .map_or(true, |b| b.provider_idle() && self.levels[0].m.broker().is_some_and(|x| x.is_idle()))
+            .is_none_or(|b| b.provider_idle() && self.levels[0].m.broker().is_some_and(|x| x.is_idle()))
             && self.effects.is_empty()
             && self.clients.iter().all(|c| c.gone || c.out.is_empty())
-            && self.link.as_ref().map_or(true, |l| l.up.is_empty() && l.down.is_empty() && !l.down_eof)
+            && self.link.as_ref().is_none_or(|l| l.up.is_empty() && l.down.is_empty() && !l.down_eof)
     }
 
     /// The checks that need a settled world; the others run as outputs are
@@ -1525,7 +1586,7 @@ impl World {
         // may end up in the file, acknowledged or not.
         let c = &self.clients[i];
         if let Some(Sent { kind: Kind::Write { h, data }, .. }) =
-            c.order.back().and_then(|id| c.outstanding.get(id))
+            c.order.back().and_then(|q| c.outstanding.get(&q.id))
         {
             let key = c.handles.get(h).and_then(|hm| hm.key.as_ref());
             if let Some(f) = key.and_then(|k| self.files.get_mut(k)).filter(|f| f.class == Class::Log) {
@@ -1621,7 +1682,7 @@ impl World {
                 ));
             }
         }
-        let Some(sent) = c.outstanding.remove(&id) else {
+        let Some(sent) = c.answer(&id) else {
             return Err(violation(
                 "one_response_per_request",
                 format!("response to unknown or answered {id}: {v}"),
@@ -1838,17 +1899,31 @@ fn next_id(c: &mut Client) -> String {
     format!("c{}-{}", c.idx, c.next_req)
 }
 
+/// `{"id":…,"op":…,"params":…}`, the bytes `json!` would give (its keys
+/// sorted), written without building the outer object.
 fn req(id: &str, op: &str, params: Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({ "id": id, "op": op, "params": params })).unwrap_or_default()
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(b"{\"id\":");
+    let _ = serde_json::to_writer(&mut out, id);
+    out.extend_from_slice(b",\"op\":");
+    let _ = serde_json::to_writer(&mut out, op);
+    out.extend_from_slice(b",\"params\":");
+    let _ = serde_json::to_writer(&mut out, &params);
+    out.push(b'}');
+    out
 }
 
 fn send(c: &mut Client, id: String, payload: Vec<u8>, kind: Kind, must_fail: Option<&'static str>) {
     c.out.push(frame(&payload));
-    floods::note_frame(c, &id, payload.len());
     if matches!(kind, Kind::Open { .. }) {
         c.pending_opens += 1;
     }
-    c.order.push_back(id.clone());
+    c.order.push_back(Queued {
+        id: id.clone(),
+        frame: Some((c.out.pushed, payload.len() as u64)),
+        in_line: !matches!(kind, Kind::Broker(_) | Kind::Attach { .. } | Kind::Attached),
+        close: matches!(kind, Kind::Close { .. }),
+    });
     c.outstanding.insert(id, Sent { kind, must_fail });
 }
 
@@ -2131,6 +2206,24 @@ fn invalid(c: &mut Client, stdio_local: bool) {
             ];
             let text = *pick(&mut c.rng, &garbage);
             send_raw(c, text.to_vec());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_the_bytes_json_gives() {
+        for (id, op, params) in [
+            ("c1-1", "read", json!({ "h": 3, "max": 4096 })),
+            ("a\"b\\", "open", json!({ "path": "x/é\n", "mode": "r" })),
+            ("", "QUOTA", json!({})),
+            ("c2-9", "write", json!(null)),
+        ] {
+            let want = serde_json::to_vec(&json!({ "id": id, "op": op, "params": params.clone() })).unwrap();
+            assert_eq!(req(id, op, params), want);
         }
     }
 }

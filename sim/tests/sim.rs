@@ -1,5 +1,6 @@
-//! The simulator's own tests: clean seeds pass, runs are deterministic,
-//! traces replay, and a planted bug is found, shrunk, traced and replayed.
+//! The simulator's own tests: runs are deterministic, traces replay, and a
+//! planted bug is found, shrunk, traced and replayed. The seed sweeps
+//! themselves are `tests/seeds.rs`.
 
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::handles::ClientId;
@@ -18,52 +19,6 @@ fn all_results(opts: &SimOptions) -> Vec<SeedResult> {
     let mut v = seen.into_inner().unwrap();
     v.sort_by_key(|r| r.seed);
     v
-}
-
-/// Seeds per scenario: a few hundred by default; the soak sets
-/// `AIRLOCK_SIM_SEEDS` (see the README), with `AIRLOCK_SIM_FIRST_SEED` to
-/// shard a long soak across machines.
-fn seed_range() -> std::ops::Range<u64> {
-    let var = |name: &str, default: u64| {
-        std::env::var(name)
-            .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
-    };
-    let first = var("AIRLOCK_SIM_FIRST_SEED", 0);
-    first..first + var("AIRLOCK_SIM_SEEDS", 300)
-}
-
-fn assert_all_pass(scenario: Scenario) {
-    let seeds = seed_range();
-    let jobs = std::thread::available_parallelism().map_or(2, usize::from);
-    let mut o = opts(scenario, seeds.clone(), jobs);
-    // A soak keeps what it finds.
-    o.trace_dir = std::env::var_os("AIRLOCK_SIM_TRACE_DIR").map(PathBuf::from);
-    let summary = run_many(&o, |_| {});
-    let report: Vec<String> = summary.failed.iter().map(SeedResult::swarm_description).collect();
-    assert!(report.is_empty(), "{} seeds failed:\n{}", report.len(), report.join("\n"));
-    assert_eq!(summary.seeds, seeds.end - seeds.start);
-    // The swarm must actually have injected faults of most kinds.
-    assert!(summary.faults.len() >= 9, "faults injected: {:?}", summary.faults);
-}
-
-#[test]
-fn default_scenario_seeds_pass() {
-    assert_all_pass(Scenario::Default);
-}
-
-#[test]
-fn nested_scenario_seeds_pass() {
-    assert_all_pass(Scenario::Nested);
-}
-
-#[test]
-fn broker_scenario_seeds_pass() {
-    assert_all_pass(Scenario::Broker);
-}
-
-#[test]
-fn adversary_scenario_seeds_pass() {
-    assert_all_pass(Scenario::Adversary);
 }
 
 #[test]
@@ -309,11 +264,6 @@ fn broker_worlds_flood_and_lie() {
             summary.faults
         );
     }
-}
-
-#[test]
-fn pager_scenario_seeds_pass() {
-    assert_all_pass(Scenario::Pager);
 }
 
 #[test]

@@ -436,7 +436,7 @@ impl Checker {
                     assert!(r.remaining <= self.initial, "telemetry: remaining above the initial amount");
                     // A departed owner's call ends without a reply; its
                     // record is the only sign.
-                    if self.running == Some(r.call) && !r.late_usage {
+                    if self.running == Some(r.call) && !r.late_usage && !r.dropped_usage_unknown {
                         let c = self
                             .calls
                             .get_mut(&r.call)

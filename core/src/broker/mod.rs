@@ -394,6 +394,11 @@ pub struct TelemetryRecord {
     pub remaining: Money,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub late_usage: bool,
+    /// The record of a dropped call (cancelled after start, or past its
+    /// deadline) whose provider request ended reporting no usage: what it
+    /// cost is unknown, and nothing is charged for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dropped_usage_unknown: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -434,8 +439,12 @@ pub struct BrokerStats {
     pub trims: u64,
     /// Waiting calls dropped because their owner went away.
     pub dropped_owner_gone: u64,
-    /// Results for abandoned calls (usage charged, nothing else).
+    /// Results with usage for abandoned calls (usage charged, nothing else).
     pub late_results: u64,
+    /// Abandoned calls whose request ended with no usage: dropped, what
+    /// they cost unknown.
+    #[serde(default)]
+    pub dropped_usage_unknown: u64,
     /// Results for calls the broker never started or already finished:
     /// ignored.
     pub stray_results: u64,
@@ -963,15 +972,22 @@ impl Broker {
                 self.complete(now, r, result);
             }
         } else if let Some(a) = self.abandoned.remove(&call) {
-            self.stats.late_results += 1;
             self.reserved = self.reserved.saturating_sub(a.reserve);
             let usage = match &result {
                 ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => *usage,
             };
+            // No usage is not a late result: the call was dropped and what
+            // it cost is unknown.
+            if usage.is_some() {
+                self.stats.late_results += 1;
+            } else {
+                self.stats.dropped_usage_unknown += 1;
+            }
             let charged = self.charge(usage.as_ref(), &a.weights);
             let mut record = self.record(call, a.owner, a.model, 0, 0, None, None, None, charged);
             record.usage = usage;
-            record.late_usage = true;
+            record.late_usage = usage.is_some();
+            record.dropped_usage_unknown = usage.is_none();
             self.outputs.push_back(BrokerOutput::Telemetry(record));
         } else {
             self.stats.stray_results += 1;
@@ -1162,6 +1178,7 @@ impl Broker {
             charged,
             remaining: self.remaining,
             late_usage: false,
+            dropped_usage_unknown: false,
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Config-first: the shell loads a JSON file when one is configured and
 //! falls back to [`PricingCatalog::builtin`], which is the sample shipped
-//! as `docs/pricing.sample.json`.
+//! as `core/pricing.sample.json` (linked from `docs/`), inside the crate
+//! so `airlock-core` builds from its own package.
 
 use super::quota::{parse_decimal_scaled, DecimalError};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -11,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The catalog compiled in: the sample file, verbatim.
-pub const SAMPLE_CATALOG_JSON: &str = include_str!("../../../docs/pricing.sample.json");
+pub const SAMPLE_CATALOG_JSON: &str = include_str!("../../pricing.sample.json");
 
 /// A price in USD per 1M tokens, held as an integer number of micro-USD
 /// per 1M tokens (six decimal places, exactly). On the wire and in traces

@@ -409,6 +409,29 @@ fn provider_timeout_releases_the_lock_and_late_usage_is_charged() {
 }
 
 #[test]
+fn a_dropped_call_ending_without_usage_is_usage_unknown_not_a_late_result() {
+    let mut b = broker("5");
+    submit(&mut b, t(0), 0, A, req(), None);
+    drain(&mut b);
+    b.handle(t(60_000), BrokerInput::Tick);
+    let out = drain(&mut b);
+    assert!(matches!(out[0], BrokerOutput::CancelProvider { call: CallId(0) }), "{out:?}");
+    b.handle(t(60_001), BrokerInput::ProviderDone { call: CallId(0), result: ok(None) });
+    let records: Vec<TelemetryRecord> = drain(&mut b)
+        .into_iter()
+        .filter_map(|o| match o {
+            BrokerOutput::Telemetry(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(records[0].dropped_usage_unknown && !records[0].late_usage, "{records:?}");
+    assert_eq!(records[0].usage, None);
+    assert_eq!((b.stats().late_results, b.stats().dropped_usage_unknown), (0, 1));
+    assert_eq!(b.remaining(), usd("5"));
+}
+
+#[test]
 fn cancel_before_and_after_start() {
     let mut b = broker("5");
     submit(&mut b, t(0), 0, A, req(), Some("x"));

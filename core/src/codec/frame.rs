@@ -177,6 +177,16 @@ pub fn encode_into(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
+/// One frame whose payload `write` appends to the buffer it is handed,
+/// written in place behind the header (no copy of the payload).
+pub fn encode_with(write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = vec![0; HEADER_LEN];
+    write(&mut out);
+    let len = u32::try_from(out.len() - HEADER_LEN).expect("frame payload exceeds u32::MAX");
+    out[..HEADER_LEN].copy_from_slice(&len.to_be_bytes());
+    out
+}
+
 /// One frame carrying `payload`.
 pub fn encode(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
@@ -188,6 +198,13 @@ pub fn encode(payload: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_frame_written_in_place_is_the_frame_of_its_payload() {
+        for payload in [&b""[..], b"{}", &[7u8; 70_000][..]] {
+            assert_eq!(encode_with(|out| out.extend_from_slice(payload)), encode(payload));
+        }
+    }
 
     fn decode_all(dec: &mut FrameDecoder) -> Result<Vec<Vec<u8>>, FrameError> {
         let mut frames = Vec::new();

@@ -1,3 +1,4 @@
 //! Wire codecs shared by the machines.
 
 pub mod frame;
+pub mod jsonrpc;

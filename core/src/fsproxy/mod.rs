@@ -25,6 +25,7 @@
 //! `StartProvider`/`CancelProvider`/`Telemetry` come out, `ProviderDone`
 //! and `Tick` go in, and `poll_timeout` is the broker's.
 
+pub mod audit;
 pub mod bounds;
 mod fd;
 mod virtual_fs;
@@ -129,6 +130,10 @@ pub struct Config {
     #[doc(hidden)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub planted_bug: Option<PlantedBug>,
+    /// Yield an `Output::Audit` record for every file operation
+    /// (`--audit FILE`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub audit: bool,
 }
 
 /// Bugs the simulator's tests plant on purpose (see [`Config::planted_bug`]).
@@ -174,6 +179,20 @@ pub enum PlantedBug {
     NestedSkipsNarrow,
     /// The pager forgets the session's `max_total_bytes`.
     PagerIgnoresLimit,
+    /// VFS host: the result of an effect that timed out or was cancelled
+    /// is still answered (a second response for its id).
+    ToolAnswersLateResult,
+    /// VFS host: file decisions on the path as written only; the resolved
+    /// path is never checked.
+    ToolLexicalOnly,
+    /// VFS host: payloads that are not UTF-8 go out base64 unscrubbed.
+    ToolScrubTextOnly,
+    /// VFS host: SIGKILL never follows SIGTERM.
+    ToolNoKill,
+    /// VFS host: `--op-timeout` never fires.
+    ToolNoOpTimeout,
+    /// VFS host: reading goes on past `max_pending` unanswered requests.
+    ToolReadsPastPending,
 }
 
 impl PlantedBug {
@@ -207,6 +226,7 @@ impl Config {
             pager: None,
             isolate_fds: None,
             planted_bug: None,
+            audit: false,
         }
     }
 }
@@ -323,6 +343,10 @@ pub enum Output {
     /// One line for the telemetry file.
     Telemetry {
         record: TelemetryRecord,
+    },
+    /// One line for the audit file (with `Config::audit`).
+    Audit {
+        record: audit::AuditRecord,
     },
 }
 
@@ -556,6 +580,8 @@ pub struct FsProxy {
     outputs: VecDeque<Output>,
     stats: Stats,
     broker: Option<Broker>,
+    /// With `Config::audit`: what the records need.
+    audit: Option<audit::Audit>,
     /// The `now` of the input being handled.
     now: Instant,
     /// Broker call ids, for `LLMCMD` and `CANCEL` requests alike.
@@ -693,6 +719,7 @@ impl FsProxy {
             own_scope: Scope::from_roots(config.policy.roots()),
             up_narrow: UpNarrow::NotSent,
             outputs: VecDeque::new(),
+            audit: config.audit.then(audit::Audit::default),
             stats: Stats::default(),
             config,
         }
@@ -1099,8 +1126,14 @@ impl FsProxy {
             *self.stats.errors_by_code.entry(f.code).or_default() += 1;
         }
         self.stats.responses += 1;
-        let payload = wire::encode_response(&Response { id, outcome });
-        self.outputs.push_back(Output::Send { client, data: frame::encode(&payload) });
+        if let (Some(a), Some(id)) = (&mut self.audit, &id) {
+            if let Some(record) = a.answered(client, id, &outcome) {
+                self.outputs.push_back(Output::Audit { record });
+            }
+        }
+        let resp = Response { id, outcome };
+        let data = frame::encode_with(|out| wire::encode_response_into(&resp, out));
+        self.outputs.push_back(Output::Send { client, data });
     }
 
     fn effect(&mut self, pending: Pending, effect: Effect) {
@@ -1214,6 +1247,9 @@ impl FsProxy {
 
     fn serve(&mut self, client: ClientId, req: Request) {
         let Request { id, op } = req;
+        if let Some(a) = &mut self.audit {
+            a.request(client, &id, &op);
+        }
         let immediate = match op {
             Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } => {
                 self.serve_broker_op(client, id, op);
@@ -1586,6 +1622,9 @@ impl FsProxy {
         c.queue.clear();
         c.decoder = FrameDecoder::new(0);
         self.outputs.push_back(Output::Close { client });
+        if let Some(a) = &mut self.audit {
+            a.departed(client);
+        }
         self.broker_owner_gone(client);
         self.fd_owner_gone(client);
         self.cleanup(client);

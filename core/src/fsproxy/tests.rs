@@ -990,7 +990,7 @@ const PATHS: [&str; 7] =
 const MODES: [&str; 4] = ["r", "w", "a", "rw"];
 
 fn request(id: &str, kind: u8, arg: u8, known: &[u64]) -> Value {
-    let h = if known.is_empty() || arg % 4 == 0 {
+    let h = if known.is_empty() || arg.is_multiple_of(4) {
         u64::from(arg % 12)
     } else {
         known[usize::from(arg) % known.len()]

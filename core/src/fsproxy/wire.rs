@@ -287,6 +287,71 @@ fn handle_param(id: &str, params: &Map<String, Value>) -> Result<Handle, Rejecti
 
 /// Decode one request frame.
 pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejection> {
+    fast::parse(payload, limits).unwrap_or_else(|| parse_request_tree(payload, limits))
+}
+
+/// The hot requests (`open`, `read`, `write`, `close`) decoded straight from
+/// the frame's bytes into typed fields, with no `Value` tree and no copy of
+/// a write's base64. It answers only the well-formed case: anything else
+/// (a bad or duplicate field, an escaped base64 string, a scope, any other
+/// op) is `None` and goes to [`parse_request_tree`], which decides every
+/// case, so both paths give one answer for every frame (property-tested).
+mod fast {
+    use super::*;
+    use serde_json::value::RawValue;
+
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        id: String,
+        op: &'a str,
+        #[serde(borrow)]
+        params: Option<&'a RawValue>,
+    }
+
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        h: Option<u64>,
+        max: Option<u64>,
+        #[serde(borrow)]
+        data: Option<&'a str>,
+        #[serde(rename = "final")]
+        fin: Option<bool>,
+        path: Option<String>,
+        mode: Option<&'a str>,
+        #[serde(borrow)]
+        scope: Option<&'a RawValue>,
+    }
+
+    pub(super) fn parse(payload: &[u8], limits: Limits) -> Option<Result<Request, Rejection>> {
+        let env: Envelope<'_> = serde_json::from_slice(payload).ok()?;
+        let p: Params<'_> = match env.params {
+            Some(raw) => serde_json::from_str(raw.get()).ok()?,
+            None => return None,
+        };
+        let op = match env.op {
+            "read" => {
+                let (h, max) = (p.h?, p.max?);
+                if max == 0 || max > u64::from(limits.max_read) {
+                    return None;
+                }
+                Op::Read { h: Handle::new(h), max: max as u32 }
+            }
+            "write" => Op::Write { h: Handle::new(p.h?), data: STANDARD.decode(p.data?).ok()? },
+            "close" => Op::Close { h: Handle::new(p.h?) },
+            "open" if p.scope.is_none() => {
+                Op::Open { path: p.path?, mode: Mode::parse(p.mode?)?, scope: None }
+            }
+            _ => return None,
+        };
+        // `final` only has to be a boolean or null, which `Params` checked.
+        let _ = p.fin;
+        Some(Ok(Request { id: env.id, op }))
+    }
+}
+
+/// Decode one request frame through a `Value` tree: every case, with the
+/// message for each way a request can be wrong.
+fn parse_request_tree(payload: &[u8], limits: Limits) -> Result<Request, Rejection> {
     let value: Value = serde_json::from_slice(payload)
         .map_err(|e| reject(None, ErrorCode::Arg, format!("frame is not JSON: {e}")))?;
     let Value::Object(mut obj) = value else {
@@ -486,35 +551,51 @@ struct WireResponse<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum WireResult<'a> {
-    Value(Value),
+    Opened { handle: u64 },
+    Written { written: u64 },
+    Value(&'a Map<String, Value>),
     Json(&'a RawJson),
 }
 
-fn encode_raw(id: Option<&str>, raw: &RawJson) -> Vec<u8> {
-    let wire = WireResponse { id, ok: true, result: Some(WireResult::Json(raw)), error: None };
-    serde_json::to_vec(&wire).unwrap_or_default()
+/// One response as JSON text.
+pub fn encode_response(resp: &Response) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_response_into(resp, &mut out);
+    out
 }
 
-pub fn encode_response(resp: &Response) -> Vec<u8> {
-    let (ok, result, error) = match &resp.outcome {
-        Ok(s) => {
-            let result = match s {
-                Success::Opened { handle } => Some(serde_json::json!({ "handle": handle.get() })),
-                Success::Data { data, eof } => {
-                    Some(serde_json::json!({ "data": STANDARD.encode(data), "eof": eof }))
-                }
-                Success::Written { written } => Some(serde_json::json!({ "written": written })),
-                Success::Closed | Success::Attached => None,
-                Success::Value(m) => Some(Value::Object(m.clone())),
-                Success::Json(raw) => return encode_raw(resp.id.as_deref(), raw),
-            }
-            .map(WireResult::Value);
-            (true, result, None)
-        }
-        Err(f) => (false, None, Some(WireError { code: f.code.as_str(), message: &f.message })),
+/// One response as JSON text, appended to `out`: the proxy frames it in
+/// place (`frame::encode_with`), so a read's data is written once, as
+/// base64, straight into the frame it leaves in.
+pub fn encode_response_into(resp: &Response, out: &mut Vec<u8>) {
+    let id = resp.id.as_deref();
+    let (result, error) = match &resp.outcome {
+        Ok(Success::Data { data, eof }) => return encode_data(id, data, *eof, out),
+        Ok(Success::Opened { handle }) => (Some(WireResult::Opened { handle: handle.get() }), None),
+        Ok(Success::Written { written }) => (Some(WireResult::Written { written: *written }), None),
+        Ok(Success::Closed | Success::Attached) => (None, None),
+        Ok(Success::Value(m)) => (Some(WireResult::Value(m)), None),
+        Ok(Success::Json(raw)) => (Some(WireResult::Json(raw)), None),
+        Err(f) => (None, Some(WireError { code: f.code.as_str(), message: &f.message })),
     };
-    let wire = WireResponse { id: resp.id.as_deref(), ok, result, error };
-    serde_json::to_vec(&wire).unwrap_or_default()
+    let wire = WireResponse { id, ok: error.is_none(), result, error };
+    // Serializing strings, integers and JSON already checked cannot fail.
+    let _ = serde_json::to_writer(&mut *out, &wire);
+}
+
+/// A read's answer, `{"id":…,"ok":true,"result":{"data":"…","eof":…}}`,
+/// the bytes serde_json would write: base64's alphabet needs no escaping,
+/// so it is encoded in place rather than built as a string and escaped.
+fn encode_data(id: Option<&str>, data: &[u8], eof: bool, out: &mut Vec<u8>) {
+    out.reserve(64 + id.map_or(4, str::len) + data.len().div_ceil(3) * 4);
+    out.extend_from_slice(b"{\"id\":");
+    let _ = serde_json::to_writer(&mut *out, &id);
+    out.extend_from_slice(b",\"ok\":true,\"result\":{\"data\":\"");
+    let start = out.len();
+    out.resize(start + data.len().div_ceil(3) * 4, 0);
+    let written = STANDARD.encode_slice(data, &mut out[start..]).unwrap_or(0);
+    out.truncate(start + written);
+    out.extend_from_slice(if eof { b"\",\"eof\":true}}" } else { b"\",\"eof\":false}}" });
 }
 
 /// Decode a response to a request of kind `op` (a proxy forwarding upstream,
@@ -593,6 +674,172 @@ impl From<&Op> for OpKind {
             Op::Narrow { .. } | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } | Op::Fd { .. } => {
                 OpKind::Other
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What the responses were before they were written by hand: each
+    /// result built as a `Value` and serialized by serde_json.
+    fn reference(resp: &Response) -> Vec<u8> {
+        let (ok, result, error) = match &resp.outcome {
+            Ok(Success::Data { data, eof }) => {
+                (true, Some(serde_json::json!({ "data": STANDARD.encode(data), "eof": eof })), None)
+            }
+            Ok(Success::Opened { handle }) => {
+                (true, Some(serde_json::json!({ "handle": handle.get() })), None)
+            }
+            Ok(Success::Written { written }) => (true, Some(serde_json::json!({ "written": written })), None),
+            Ok(Success::Closed | Success::Attached) => (true, None, None),
+            Ok(Success::Value(m)) => (true, Some(Value::Object(m.clone())), None),
+            Ok(Success::Json(_)) => unreachable!("not generated"),
+            Err(f) => {
+                (false, None, Some(serde_json::json!({ "code": f.code.as_str(), "message": f.message })))
+            }
+        };
+        let mut obj = Map::new();
+        obj.insert("id".into(), resp.id.clone().map_or(Value::Null, Value::String));
+        obj.insert("ok".into(), Value::Bool(ok));
+        if let Some(r) = result {
+            obj.insert("result".into(), r);
+        }
+        if let Some(e) = error {
+            obj.insert("error".into(), e);
+        }
+        // Field order as the wire has it: id, ok, result/error.
+        let mut out = b"{".to_vec();
+        for (i, key) in ["id", "ok", "result", "error"].iter().enumerate() {
+            if let Some(v) = obj.get(*key) {
+                if i > 0 && out.len() > 1 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&serde_json::to_vec(key).unwrap());
+                out.push(b':');
+                out.extend_from_slice(&serde_json::to_vec(v).unwrap());
+            }
+        }
+        out.push(b'}');
+        out
+    }
+
+    fn outcome() -> impl Strategy<Value = Result<Success, Failure>> {
+        prop_oneof![
+            (proptest::collection::vec(any::<u8>(), 0..5000), any::<bool>())
+                .prop_map(|(data, eof)| Ok(Success::Data { data, eof })),
+            any::<u64>().prop_map(|h| Ok(Success::Opened { handle: Handle::new(h) })),
+            any::<u64>().prop_map(|written| Ok(Success::Written { written })),
+            Just(Ok(Success::Closed)),
+            ".*".prop_map(|m| Err(Failure::new(ErrorCode::Io, m))),
+        ]
+    }
+
+    /// A JSON value for a request field: right, wrong or odd.
+    fn field() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (0u64..10).prop_map(|n| n.to_string()),
+            Just("4096".into()),
+            Just("4097".into()),
+            Just("0".into()),
+            Just("-1".into()),
+            Just("3.0".into()),
+            Just("18446744073709551616".into()),
+            Just("null".into()),
+            Just("true".into()),
+            Just("[]".into()),
+            Just("{}".into()),
+            Just(r#""r""#.into()),
+            Just(r#""rw""#.into()),
+            Just(r#""x""#.into()),
+            Just(r#""a.txt""#.into()),
+            Just(r#""a\/b""#.into()),
+            Just(r#""aGVsbG8=""#.into()),
+            Just(r#""aGVsbG8""#.into()),
+            Just(r#""aGVsbG8=""#.into()),
+            Just(r#"{"roots":[]}"#.into()),
+            "[a-zA-Z0-9+/=]{0,12}".prop_map(|s| format!("{s:?}")),
+        ]
+    }
+
+    /// A request frame built from pieces, valid or not: ops, fields in any
+    /// order, duplicates, missing parts.
+    fn request() -> impl Strategy<Value = String> {
+        let op = prop_oneof![
+            Just(r#""read""#),
+            Just(r#""write""#),
+            Just(r#""close""#),
+            Just(r#""open""#),
+            Just(r#""QUOTA""#),
+            Just(r#""read""#),
+            Just("7"),
+        ];
+        let key = prop_oneof![
+            Just("h"),
+            Just("max"),
+            Just("data"),
+            Just("final"),
+            Just("path"),
+            Just("mode"),
+            Just("scope"),
+            Just("other")
+        ];
+        let params = proptest::collection::vec((key, field()), 0..7).prop_map(|kv| {
+            let body: Vec<String> = kv.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+            format!("{{{}}}", body.join(","))
+        });
+        let params = prop_oneof![8 => params, 1 => Just("null".to_string()), 1 => Just("[1]".to_string())];
+        let id = prop_oneof![Just(r#""1""#), Just(r#""a"b""#), Just("5"), Just("null")];
+        (id, op, params, any::<u8>()).prop_map(|(id, op, params, shape)| match shape % 6 {
+            0 => format!(r#"{{"op":{op},"params":{params},"id":{id}}}"#),
+            1 => format!(r#"{{"id":{id},"op":{op}}}"#),
+            2 => format!(r#"{{"id":{id},"id":"2","op":{op},"params":{params}}}"#),
+            3 => format!(r#"{{"id":{id},"op":{op},"params":{params}}} x"#),
+            _ => format!(r#"{{"id":{id},"op":{op},"params":{params}}}"#),
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn the_fast_path_agrees_with_the_tree_on_every_frame(frame in request()) {
+            let limits = Limits::default();
+            let tree = parse_request_tree(frame.as_bytes(), limits);
+            if let Some(fast) = fast::parse(frame.as_bytes(), limits) {
+                prop_assert_eq!(&fast, &tree, "frame {}", frame);
+            }
+            prop_assert_eq!(parse_request(frame.as_bytes(), limits), tree);
+        }
+    }
+
+    #[test]
+    fn the_fast_path_takes_the_hot_requests() {
+        let limits = Limits::default();
+        for frame in [
+            r#"{"id":"1","op":"read","params":{"h":3,"max":4096}}"#,
+            r#"{"id":"2","op":"write","params":{"h":3,"data":"aGVsbG8=","final":false}}"#,
+            r#"{"id":"3","op":"close","params":{"h":3}}"#,
+            r#"{"id":"4","op":"open","params":{"path":"a.txt","mode":"rw"}}"#,
+        ] {
+            let fast = fast::parse(frame.as_bytes(), limits).expect("taken by the fast path");
+            assert_eq!(fast, parse_request_tree(frame.as_bytes(), limits), "{frame}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn responses_are_the_bytes_serde_json_writes(
+            id in proptest::option::of(".{0,40}"),
+            outcome in outcome(),
+        ) {
+            let resp = Response { id, outcome };
+            let got = encode_response(&resp);
+            prop_assert_eq!(String::from_utf8(got.clone()).unwrap(), String::from_utf8(reference(&resp)).unwrap());
+            // And it parses back to what was sent.
+            let v: Value = serde_json::from_slice(&got).unwrap();
+            prop_assert_eq!(v["id"].as_str(), resp.id.as_deref());
         }
     }
 }

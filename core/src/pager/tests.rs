@@ -66,7 +66,7 @@ fn render_all(doc: &Document, head: &str, span: std::ops::Range<u64>, tail: &str
         match next {
             None => return out,
             Some(n) => {
-                assert!(cursor.map_or(true, |c| n > c) || !xml.is_empty(), "no progress");
+                assert!(cursor.is_none_or(|c| n > c) || !xml.is_empty(), "no progress");
                 cursor = Some(n);
             }
         }

@@ -5,7 +5,7 @@
 //! virtual files it created, connections it holds — never read from the
 //! machine's own accounting.
 
-use super::{at, violation, Check, Kind, Loc, World, MIDDLE_CONN};
+use super::{at, violation, Check, Loc, World, MIDDLE_CONN};
 use airlock_core::codec::frame::HEADER_LEN;
 use airlock_core::fsproxy::ATTACHED_CLIENT_BASE;
 use airlock_core::handles::ClientId;
@@ -53,21 +53,17 @@ impl World {
                 // into an effect or upstream). Only requests served in
                 // order count: broker ops and attaches answer elsewhere.
                 let taken = c.out.taken;
-                c.floods.frames.retain(|id, _| c.outstanding.contains_key(id));
                 // Closes are admitted past the bounds (they only release),
                 // so they are not counted either.
-                let waiting: Vec<(bool, u64)> = c
+                let queued: u64 = c
                     .order
                     .iter()
-                    .filter_map(|id| Some((c.outstanding.get(id)?, c.floods.frames.get(id)?)))
-                    .filter(|(s, _)| {
-                        !matches!(s.kind, Kind::Broker(_) | Kind::Attach { .. } | Kind::Attached)
-                    })
-                    .filter(|(_, (end, _))| *end <= taken)
-                    .map(|(s, (_, len))| (matches!(s.kind, Kind::Close { .. }), *len as u64))
-                    .collect();
-                let queued: u64 =
-                    waiting.iter().skip(1).filter(|(close, _)| !close).map(|(_, len)| len).sum();
+                    .filter(|q| q.in_line)
+                    .filter_map(|q| q.frame.filter(|(end, _)| *end <= taken).map(|(_, len)| (q.close, len)))
+                    .skip(1)
+                    .filter(|(close, _)| !close)
+                    .map(|(_, len)| len)
+                    .sum();
                 if queued > b.max_queued_bytes {
                     return Err(at(
                         violation(

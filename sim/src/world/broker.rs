@@ -350,7 +350,7 @@ impl World {
                     Some(m) => json!({ "model": m }),
                     None => json!({}),
                 };
-                let known = model.map_or(true, |m| prices(m).is_some());
+                let known = model.is_none_or(|m| prices(m).is_some());
                 send(c, id.clone(), req(&id, "QUOTA", params), Kind::Broker(BOp::Quota { known }), None);
                 track(c, id);
             }
@@ -743,7 +743,7 @@ fn issue_llm(c: &mut Client) {
 fn issue_llm_padded(c: &mut Client, pad: usize) {
     let id = next_id(c);
     let model = MODELS[c.rng.gen_range(0..MODELS.len())];
-    let known = model.map_or(true, |m| prices(m).is_some());
+    let known = model.is_none_or(|m| prices(m).is_some());
     let mut params = json!({ "messages": [{ "role": "user", "content": id.clone() }] });
     if pad > 0 {
         params["messages"] = json!([{ "role": "user", "content": "p".repeat(pad) }, { "role": "user", "content": id.clone() }]);

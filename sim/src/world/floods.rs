@@ -4,14 +4,14 @@
 //! burst of connections. Each is a swarm fault (`swarm::FLOODS`), on in
 //! every scenario but the broker's; `bounds` checks what they cost.
 
-use super::{frame, next_id, req, send, Class, Client, FileModel, Kind, Loc, World};
+use super::{frame, next_id, req, send, Class, FileModel, Kind, Loc, World};
 use crate::swarm::{FaultKind, PPM};
 use airlock_core::fsproxy::wire::Mode;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use rand::Rng;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// Attaches an attach flood may add to a world, in all.
 const FLOOD_ATTACH_BUDGET: usize = 10;
@@ -22,9 +22,6 @@ const FLOOD_FRAME: usize = 12 << 10;
 /// What the floods of one client left for the checkers.
 #[derive(Debug, Default)]
 pub(super) struct ClientFloods {
-    /// Each request's frame: where it ends in the client's stream, and its
-    /// payload's length (the bytes a machine holds while it waits).
-    pub frames: BTreeMap<String, (u64, usize)>,
     /// Ids of the responses this client sent as frames: none may be answered.
     pub echoes: BTreeSet<String>,
     /// Where the partial frame of a partial flood starts in the stream.
@@ -42,11 +39,6 @@ impl Default for WorldFloods {
     fn default() -> Self {
         WorldFloods { attach_budget: FLOOD_ATTACH_BUDGET }
     }
-}
-
-/// Remember where the request `id` that was just pushed ends.
-pub(super) fn note_frame(c: &mut Client, id: &str, len: usize) {
-    c.floods.frames.insert(id.to_owned(), (c.out.pushed, len));
 }
 
 impl World {

@@ -1,0 +1,229 @@
+//! The FS proxy's hot path end to end: 4 KiB reads served by the real
+//! `airlock serve` over a socketpair to a pipelined client, beside the same
+//! bytes moved through the same kind of socketpair in 4 KiB writes with no
+//! framing at all. Reports MB/s and CPU per 4 KiB frame: the proxy
+//! process's (summed over its threads, from `/proc/PID/task/*/schedstat`,
+//! start-up excluded), and the baseline writer thread's own.
+//!
+//!   cargo bench --bench proxy         (PROXY_BENCH_MIB, default 64; best of 3)
+//!
+//! The client checks every byte it gets against the file.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use rustix::io::{fcntl_setfd, FdFlags};
+use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+use serde::Deserialize;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const FRAME: usize = 4096;
+/// Reads in flight, as `airlock fs cat` keeps them (`client::WINDOW`).
+const WINDOW: usize = 32;
+const RUNS: usize = 3;
+
+/// CPU time in ns of every thread of `pid` so far.
+fn process_cpu_ns(pid: u32) -> u64 {
+    let mut total = 0;
+    for task in fs::read_dir(format!("/proc/{pid}/task")).expect("proc task dir").flatten() {
+        if let Ok(s) = fs::read_to_string(task.path().join("schedstat")) {
+            total += s.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        }
+    }
+    total
+}
+
+fn thread_cpu_ns() -> u64 {
+    let s = fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    s.split_whitespace().next().and_then(|n| n.parse().ok()).expect("schedstat field")
+}
+
+struct Run {
+    frames: u64,
+    bytes: u64,
+    wall_s: f64,
+    cpu_ns: u64,
+}
+
+impl Run {
+    fn mb_s(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.wall_s
+    }
+    fn cpu_us_per_frame(&self) -> f64 {
+        self.cpu_ns as f64 / 1e3 / self.frames as f64
+    }
+}
+
+fn pair() -> (UnixStream, OwnedFd) {
+    // Both ends inheritable at first; ours is then closed on exec, so the
+    // child holds only its own end and sees EOF when we close ours.
+    let (ours, theirs) =
+        socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::empty(), None).expect("socketpair");
+    fcntl_setfd(&ours, FdFlags::CLOEXEC).expect("cloexec");
+    (UnixStream::from(ours), theirs)
+}
+
+fn send(sock: &mut UnixStream, payload: &[u8]) {
+    let mut framed = Vec::with_capacity(4 + payload.len());
+    framed.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    framed.extend_from_slice(payload);
+    sock.write_all(&framed).expect("send frame");
+}
+
+fn recv(sock: &mut UnixStream, buf: &mut Vec<u8>) {
+    let mut len = [0u8; 4];
+    sock.read_exact(&mut len).expect("frame header");
+    buf.resize(u32::from_be_bytes(len) as usize, 0);
+    sock.read_exact(buf).expect("frame payload");
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    ok: bool,
+    result: Option<ReadResult>,
+}
+
+#[derive(Deserialize)]
+struct ReadResult {
+    #[serde(default)]
+    handle: Option<u64>,
+    #[serde(default)]
+    data: Option<String>,
+    #[serde(default)]
+    eof: bool,
+}
+
+fn proxied(dir: &Path, expected: &[u8]) -> Run {
+    let (mut sock, theirs) = pair();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .args(["serve", "--fd", &theirs.as_raw_fd().to_string(), "--allow"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("airlock serve");
+    drop(theirs);
+    let pid = child.id();
+    let mut buf = Vec::new();
+    let open = format!(r#"{{"id":"o","op":"open","params":{{"path":{:?},"mode":"r"}}}}"#, dir.join("data"));
+    send(&mut sock, open.as_bytes());
+    recv(&mut sock, &mut buf);
+    let reply: Reply = serde_json::from_slice(&buf).expect("open reply");
+    let h = reply.result.and_then(|r| r.handle).expect("a handle");
+    let read = |n: u64| format!(r#"{{"id":"r{n}","op":"read","params":{{"h":{h},"max":{FRAME}}}}}"#);
+
+    let cpu0 = process_cpu_ns(pid);
+    let t0 = Instant::now();
+    let (mut sent, mut answered, mut off, mut eof) = (0u64, 0u64, 0usize, false);
+    while sent < WINDOW as u64 {
+        send(&mut sock, read(sent).as_bytes());
+        sent += 1;
+    }
+    while answered < sent {
+        recv(&mut sock, &mut buf);
+        answered += 1;
+        let reply: Reply = serde_json::from_slice(&buf).expect("read reply");
+        assert!(reply.ok, "read failed: {}", String::from_utf8_lossy(&buf));
+        let r = reply.result.expect("read result");
+        let data = STANDARD.decode(r.data.unwrap_or_default()).expect("base64");
+        assert_eq!(&expected[off..off + data.len()], &data[..], "bytes at {off} differ");
+        off += data.len();
+        eof |= r.eof;
+        if !eof && off < expected.len() {
+            send(&mut sock, read(sent).as_bytes());
+            sent += 1;
+        }
+    }
+    let wall_s = t0.elapsed().as_secs_f64();
+    let cpu_ns = process_cpu_ns(pid) - cpu0;
+    assert_eq!(off, expected.len(), "the proxied bytes are the whole file");
+    drop(sock);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "airlock serve exited {status}");
+    Run { frames: answered, bytes: off as u64, wall_s, cpu_ns }
+}
+
+/// The same bytes through the same kind of socketpair, in 4 KiB writes of
+/// file reads, no framing: a writer thread and the reading main thread.
+fn raw(file: &Path, len: usize) -> Run {
+    let (mut rx, theirs) = pair();
+    let mut tx = UnixStream::from(theirs);
+    let path = file.to_path_buf();
+    let t0 = Instant::now();
+    let writer = std::thread::spawn(move || {
+        let cpu0 = thread_cpu_ns();
+        let mut f = fs::File::open(path).expect("open");
+        let mut chunk = [0u8; FRAME];
+        let mut frames = 0u64;
+        loop {
+            let n = f.read(&mut chunk).expect("read");
+            if n == 0 {
+                break;
+            }
+            tx.write_all(&chunk[..n]).expect("write");
+            frames += 1;
+        }
+        (frames, thread_cpu_ns() - cpu0)
+    });
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = rx.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    let wall_s = t0.elapsed().as_secs_f64();
+    let (frames, cpu_ns) = writer.join().expect("writer");
+    assert_eq!(got, len);
+    Run { frames, bytes: got as u64, wall_s, cpu_ns }
+}
+
+fn best(runs: impl Iterator<Item = Run>) -> Run {
+    runs.min_by(|a, b| a.cpu_ns.cmp(&b.cpu_ns)).expect("at least one run")
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` passes nothing
+    // and runs it once, small, as a smoke test.
+    let benching = std::env::args().any(|a| a == "--bench");
+    let mib: usize = std::env::var("PROXY_BENCH_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let (mib, runs) = if benching { (mib, RUNS) } else { (1, 1) };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("data");
+    // Incompressible, deterministic bytes.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let content: Vec<u8> = (0..mib << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    fs::write(&file, &content).expect("write data");
+
+    let p = best((0..runs).map(|_| proxied(dir.path(), &content)));
+    let r = best((0..runs).map(|_| raw(&file, content.len())));
+    println!("proxy: {mib} MiB in 4 KiB reads, {WINDOW} in flight, best of {runs} by CPU");
+    println!("| path | frames | MB/s | CPU per 4 KiB frame |");
+    println!("| --- | --- | --- | --- |");
+    println!(
+        "| `airlock serve`, framed JSON + base64 | {} | {:.0} | {:.2} µs |",
+        p.frames,
+        p.mb_s(),
+        p.cpu_us_per_frame()
+    );
+    println!(
+        "| same socketpair, raw 4 KiB writes | {} | {:.0} | {:.2} µs |",
+        r.frames,
+        r.mb_s(),
+        r.cpu_us_per_frame()
+    );
+    println!("| ratio (CPU per frame) | | | {:.1}× |", p.cpu_us_per_frame() / r.cpu_us_per_frame());
+}

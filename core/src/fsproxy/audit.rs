@@ -1,0 +1,166 @@
+//! The audit trail (`Config::audit`): one record per file operation a
+//! client asked for, with its path, mode, and whether the policy allowed
+//! it or the rule that refused it — the answer to "what did the agent
+//! touch?". The machine decides what each record says; the shell only
+//! writes them (`Output::Audit`).
+
+use super::wire::{ErrorCode, Failure, Mode, Op, Success};
+use crate::handles::{ClientId, Handle};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Which file operation a record is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditOp {
+    Open,
+    Read,
+    Write,
+    Close,
+}
+
+/// One file operation and its outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub client: ClientId,
+    pub op: AuditOp,
+    /// The path as the client asked for it (for read, write and close, the
+    /// path its handle was opened with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle: Option<Handle>,
+    /// Bytes read or written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    pub allowed: bool,
+    /// For a refusal: its code and the rule, as the client was told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+struct Asked {
+    op: AuditOp,
+    path: Option<String>,
+    mode: Option<Mode>,
+    handle: Option<Handle>,
+}
+
+/// What the machine keeps to write records: the file operations awaiting
+/// their answer (by client and request id, in order, since a client may
+/// reuse an id) and the path each open handle was opened with.
+#[derive(Debug, Default)]
+pub(crate) struct Audit {
+    asked: BTreeMap<(ClientId, String), VecDeque<Asked>>,
+    handles: BTreeMap<(ClientId, Handle), (String, Mode)>,
+}
+
+impl Audit {
+    /// A request is about to be served: remember a file operation's
+    /// particulars for its answer.
+    pub(crate) fn request(&mut self, client: ClientId, id: &str, op: &Op) {
+        let asked = match op {
+            Op::Open { path, mode, .. } => {
+                Asked { op: AuditOp::Open, path: Some(path.clone()), mode: Some(*mode), handle: None }
+            }
+            Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if !h.is_stdio() => {
+                let (path, mode) = self.handles.get(&(client, *h)).cloned().unzip();
+                let op = match op {
+                    Op::Read { .. } => AuditOp::Read,
+                    Op::Write { .. } => AuditOp::Write,
+                    _ => AuditOp::Close,
+                };
+                Asked { op, path, mode, handle: Some(*h) }
+            }
+            _ => return,
+        };
+        self.asked.entry((client, id.to_owned())).or_default().push_back(asked);
+    }
+
+    /// The answer to request `id` of `client`: its record, when it was a
+    /// file operation.
+    pub(crate) fn answered(
+        &mut self,
+        client: ClientId,
+        id: &str,
+        outcome: &Result<Success, Failure>,
+    ) -> Option<AuditRecord> {
+        let key = (client, id.to_owned());
+        let queue = self.asked.get_mut(&key)?;
+        let asked = queue.pop_front()?;
+        if queue.is_empty() {
+            self.asked.remove(&key);
+        }
+        let mut record = AuditRecord {
+            client,
+            op: asked.op,
+            path: asked.path,
+            mode: asked.mode,
+            handle: asked.handle,
+            bytes: None,
+            allowed: outcome.is_ok(),
+            code: None,
+            reason: None,
+        };
+        match outcome {
+            Ok(Success::Opened { handle }) => {
+                record.handle = Some(*handle);
+                if let (Some(path), Some(mode)) = (&record.path, record.mode) {
+                    self.handles.insert((client, *handle), (path.clone(), mode));
+                }
+            }
+            Ok(Success::Data { data, .. }) => record.bytes = Some(data.len() as u64),
+            Ok(Success::Written { written }) => record.bytes = Some(*written),
+            Ok(Success::Closed) => {
+                if let Some(h) = record.handle {
+                    self.handles.remove(&(client, h));
+                }
+            }
+            Ok(_) => {}
+            Err(f) => {
+                record.code = Some(f.code);
+                record.reason = Some(f.message.clone());
+            }
+        }
+        Some(record)
+    }
+
+    /// The client is gone: nothing of it is answered or held any more.
+    pub(crate) fn departed(&mut self, client: ClientId) {
+        self.asked.retain(|(c, _), _| *c != client);
+        self.handles.retain(|(c, _), _| *c != client);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_follow_the_handle_and_forget_a_departed_client() {
+        let (c, h) = (ClientId(1), Handle::FIRST);
+        let mut a = Audit::default();
+        a.request(c, "1", &Op::Open { path: "f".into(), mode: Mode::Write, scope: None });
+        let open = a.answered(c, "1", &Ok(Success::Opened { handle: h })).unwrap();
+        assert_eq!((open.op, open.handle, open.allowed), (AuditOp::Open, Some(h), true));
+        a.request(c, "2", &Op::Write { h, data: b"abc".to_vec() });
+        let write = a.answered(c, "2", &Ok(Success::Written { written: 3 })).unwrap();
+        assert_eq!((write.path.as_deref(), write.mode, write.bytes), (Some("f"), Some(Mode::Write), Some(3)));
+        a.request(c, "3", &Op::Open { path: "/etc/passwd".into(), mode: Mode::Read, scope: None });
+        let refused =
+            a.answered(c, "3", &Err(Failure::new(ErrorCode::Perm, "path is outside every allowed root")));
+        let refused = refused.unwrap();
+        assert_eq!((refused.allowed, refused.code), (false, Some(ErrorCode::Perm)));
+        assert_eq!(refused.reason.as_deref(), Some("path is outside every allowed root"));
+        // Not a file operation: no record.
+        assert!(a.answered(c, "9", &Ok(Success::Closed)).is_none());
+        a.request(c, "4", &Op::Read { h, max: 10 });
+        a.departed(c);
+        assert!(a.asked.is_empty() && a.handles.is_empty());
+    }
+}

@@ -1,0 +1,458 @@
+//! The `vfs_host` fuzz target's entry point, shared with the corpus replay
+//! (`core/tests/fuzz_corpus.rs`) and a proptest: bytes decide what a
+//! hostile tool writes (templated requests with hostile paths, raw bytes,
+//! floods, final messages), when effects complete and with what, how time
+//! moves, and when the user, the tool's exit and EOFs strike.
+//!
+//! Checked after every step (a panic is the finding):
+//! - a response's id was requested by the tool more often than it was
+//!   answered (one response per request id);
+//! - every file effect names only paths inside the policy, and what the
+//!   backend did never touched a path outside `out/` or a denied one;
+//! - nothing sent to the tool holds the secret or a denied file's marker,
+//!   in plain text or inside base64;
+//! - held bytes stay under `max_line + MAX_READ_CHUNK`, unanswered requests
+//!   under `max_pending`;
+//! - in the end, driven to completion (time, exit, EOF), the host finishes
+//!   exactly once and wants no more timers.
+
+use super::memfs::{MemFiles, MemNode};
+use super::*;
+use crate::codec::jsonrpc::{self, Incoming};
+use crate::time::Instant;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+pub const SECRET: &str = "Zq9-secret-Zq9";
+pub const MARKER: &str = "DENIED-MARKER";
+
+pub fn policy_config() -> PolicyConfig {
+    PolicyConfig {
+        project: "/p".into(),
+        allow: vec![".".into()],
+        allow_rw: vec!["out".into()],
+        deny: vec!["*.key".into(), "private/".into()],
+        allow_cmd: vec![("echo".into(), "/bin/echo".into())],
+        allow_url: vec!["http://127.0.0.1:9/api".into()],
+        env_allow: vec![("TOKEN".into(), Some(SECRET.into()))],
+        path_env: "/usr/bin".into(),
+    }
+}
+
+pub fn project() -> MemFiles {
+    let mut f = MemFiles::new();
+    f.put("src/main.rs", MemNode::File(b"fn main() {}\n".to_vec()));
+    f.put("src/leak.txt", MemNode::File(format!("token {SECRET}\n").into_bytes()));
+    f.put("src/bin.dat", MemNode::File([&[0u8, 0xff][..], SECRET.as_bytes()].concat()));
+    f.put(".env", MemNode::File(format!("{MARKER} env\n").into_bytes()));
+    f.put("src/.env.local", MemNode::File(format!("{MARKER} env local\n").into_bytes()));
+    f.put("a.key", MemNode::File(format!("{MARKER} key\n").into_bytes()));
+    f.put("private/p.txt", MemNode::File(format!("{MARKER} private\n").into_bytes()));
+    f.put("out/x.txt", MemNode::File(b"x\n".to_vec()));
+    f.put("ln_env", MemNode::Symlink(".env".into()));
+    f.put("ln_priv", MemNode::Symlink("private".into()));
+    f.put("ln_out", MemNode::Symlink("/etc".into()));
+    f.put("out/ln_src", MemNode::Symlink("../src/main.rs".into()));
+    f
+}
+
+const PATHS: &[&str] = &[
+    "src/main.rs",
+    "src/leak.txt",
+    "src/bin.dat",
+    ".env",
+    "src/.env.local",
+    "a.key",
+    "private/p.txt",
+    "ln_env",
+    "ln_priv/p.txt",
+    "ln_out/passwd",
+    "out/x.txt",
+    "out/new/y.txt",
+    "out/ln_src",
+    "/etc/passwd",
+    "src/../a.key",
+    ".",
+    "out",
+    "src",
+    "",
+];
+
+struct Bytes<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl Bytes<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.data.get(self.pos)?;
+        self.pos += 1;
+        Some(b)
+    }
+    fn pick<'b, T>(&mut self, from: &'b [T]) -> Option<&'b T> {
+        let b = self.byte()? as usize;
+        from.get(b % from.len())
+    }
+    fn take(&mut self, n: usize) -> &[u8] {
+        let end = (self.pos + n).min(self.data.len());
+        let s = &self.data[self.pos..end];
+        self.pos = end;
+        s
+    }
+}
+
+fn request_line(b: &mut Bytes) -> Option<String> {
+    let id = json!(b.byte()? % 8);
+    let path = *b.pick(PATHS)?;
+    let path2 = *b.pick(PATHS)?;
+    let (method, params) = match b.byte()? % 12 {
+        0 => ("fs.read", json!({ "path": path })),
+        1 => ("fs.write", json!({ "path": path, "content": format!("w {SECRET}") })),
+        2 => ("fs.exists", json!({ "path": path })),
+        3 => ("fs.metadata", json!({ "path": path })),
+        4 => ("fs.list_dir", json!({ "path": path })),
+        5 => ("fs.delete", json!({ "path": path })),
+        6 => ("fs.rename", json!({ "from": path, "to": path2 })),
+        7 => ("fs.grep", json!({ "pattern": "token|fn|MARKER", "paths": [path], "context": 1 })),
+        8 => (
+            "http.get",
+            json!({ "url": "http://127.0.0.1:9/api/x", "headers": [{"name": "A", "value": "${TOKEN}"}] }),
+        ),
+        9 => ("process.run", json!({ "program": "echo", "args": ["a"], "envs": ["TOKEN"] })),
+        10 => ("fs.write", json!({ "path": path, "content": "AP8=", "encoding": "base64" })),
+        _ => ("nope", json!({})),
+    };
+    Some(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string())
+}
+
+/// The checking harness around one host.
+struct Harness {
+    host: Host,
+    files: MemFiles,
+    now: Instant,
+    /// Tool stdout bytes not yet accepted (the budget holds them back).
+    unsent: Vec<u8>,
+    /// The checker's own line split of what the tool wrote.
+    tool_partial: Vec<u8>,
+    requested: BTreeMap<String, u64>,
+    answered: BTreeMap<String, u64>,
+    held: Vec<(EffectId, Effect)>,
+    initial: MemFiles,
+    /// Bytes written for the tool it has not read; a deaf tool reads none.
+    unread: usize,
+    deaf: bool,
+    finished: u32,
+    max_line: usize,
+    max_pending: usize,
+}
+
+impl Harness {
+    fn write_tool(&mut self, bytes: &[u8]) {
+        self.unsent.extend_from_slice(bytes);
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        loop {
+            let budget = self.host.stdout_budget();
+            if budget == 0 || self.unsent.is_empty() {
+                return;
+            }
+            let n = budget.min(self.unsent.len());
+            let chunk: Vec<u8> = self.unsent.drain(..n).collect();
+            self.note_tool_bytes(&chunk);
+            self.handle(Input::ToolStdout(chunk));
+        }
+    }
+
+    fn note_tool_bytes(&mut self, chunk: &[u8]) {
+        self.tool_partial.extend_from_slice(chunk);
+        while let Some(i) = self.tool_partial.iter().position(|&c| c == b'\n') {
+            let line: Vec<u8> = self.tool_partial.drain(..=i).collect();
+            if let Incoming::Request { id, .. } = jsonrpc::parse(&line[..line.len() - 1]) {
+                *self.requested.entry(id.key()).or_default() += 1;
+            }
+        }
+        if self.tool_partial.len() > self.max_line + 1 {
+            self.tool_partial.clear();
+        }
+    }
+
+    fn handle(&mut self, input: Input) {
+        self.host.handle(self.now, input);
+        self.drain();
+        self.check_bounds();
+        if !self.deaf && self.unread > 0 {
+            let n = std::mem::take(&mut self.unread);
+            self.host.handle(self.now, Input::ToolStdinWritten(n));
+            self.drain();
+            self.check_bounds();
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Some(o) = self.host.poll_output() {
+            match o {
+                Output::ToolStdin(bytes) => {
+                    self.unread += bytes.len();
+                    self.check_to_tool(&bytes)
+                }
+                Output::Effect { id, effect } => {
+                    if let Effect::Fs(op) = &effect {
+                        check_fs_effect(op);
+                    }
+                    self.held.push((id, effect));
+                }
+                Output::CancelEffect(id) => self.held.retain(|(i, _)| *i != id),
+                Output::Finished { line, exit_status } => {
+                    self.finished += 1;
+                    let v: Value = serde_json::from_slice(&line).expect("outcome is JSON");
+                    assert!(v["outcome"].is_string() && v["tool_exit"].is_object(), "{v}");
+                    assert!([0, 1, 3, 4, 5, 124, 129, 130, 143].contains(&exit_status), "{exit_status}");
+                }
+                Output::CloseStdin | Output::Signal(_) => {}
+            }
+        }
+    }
+
+    fn check_to_tool(&mut self, bytes: &[u8]) {
+        assert!(bytes.ends_with(b"\n"), "whole lines only");
+        for line in bytes.split(|&c| c == b'\n').filter(|l| !l.is_empty()) {
+            assert!(line.len() <= self.max_line, "a line of {} bytes to the tool", line.len());
+            let v: Value = serde_json::from_slice(line).expect("host lines are JSON");
+            assert_clean(&v);
+            if let Some(id) = v.get("id").filter(|i| !i.is_null()) {
+                let key = id.to_string();
+                let n = self.answered.entry(key.clone()).or_default();
+                *n += 1;
+                let asked = self.requested.get(&key).copied().unwrap_or(0);
+                assert!(*n <= asked, "id {key} answered {n} times, requested {asked} times");
+            }
+        }
+    }
+
+    fn check_bounds(&self) {
+        assert!(self.host.unanswered() <= self.max_pending, "{} unanswered", self.host.unanswered());
+        let held = self.host.buffered_bytes();
+        let bound = self.max_line + 1 + MAX_READ_CHUNK + self.host.config().stderr_tail;
+        assert!(held <= bound, "{held} bytes held");
+        let cfg = self.host.config();
+        let backlog = cfg.max_stdin_backlog + (cfg.max_pending + 4) * (cfg.max_line + 1);
+        assert!(self.unread <= backlog, "{} bytes unread by the tool", self.unread);
+        let fs_ok = self.files.nodes().keys().all(|k| {
+            let s = k.as_str();
+            self.initial.nodes().contains_key(k) || s.starts_with("out/") || s == "out"
+        });
+        assert!(fs_ok, "a node appeared outside out/: {:?}", self.files.nodes().keys().collect::<Vec<_>>());
+        for (k, v) in self.initial.nodes() {
+            if !k.as_str().starts_with("out") {
+                assert_eq!(self.files.nodes().get(k), Some(v), "{k} changed");
+            }
+        }
+    }
+
+    fn complete(&mut self, b: &mut Bytes) {
+        if self.held.is_empty() {
+            return;
+        }
+        let i = b.byte().unwrap_or(0) as usize % self.held.len();
+        let (id, effect) = self.held.remove(i);
+        let leak = format!("echo {SECRET}").into_bytes();
+        let result = match effect {
+            Effect::Fs(op) => EffectResult::Fs(op.run(&mut self.files, self.host.gate())),
+            Effect::Http(_) => match b.byte().unwrap_or(0) % 3 {
+                0 => EffectResult::Http(Err(OpError::io(format!("connect failed {SECRET}")))),
+                1 => EffectResult::Http(Ok(HttpResponse {
+                    status: 200,
+                    headers: vec![Header { name: "x".into(), value: leak.clone() }],
+                    body: leak,
+                })),
+                _ => {
+                    EffectResult::Http(Ok(HttpResponse { status: 500, headers: vec![], body: vec![0xff, 0] }))
+                }
+            },
+            Effect::Process(_) => EffectResult::Process(Ok(ProcessOutput {
+                stdout: leak.clone(),
+                stderr: [&[0xffu8][..], &leak].concat(),
+                exit_code: Some(0),
+                signal: None,
+            })),
+        };
+        // Sometimes the result comes twice, or for a made-up id.
+        let twice = b.byte().unwrap_or(0).is_multiple_of(8);
+        self.handle(Input::EffectDone { id, result: result.clone() });
+        if twice {
+            self.handle(Input::EffectDone { id, result: result.clone() });
+            self.handle(Input::EffectDone { id: EffectId(id.0 + 1000), result });
+        }
+    }
+}
+
+fn check_fs_effect(op: &FsOp) {
+    for (p, write) in op.paths() {
+        let s = p.as_str();
+        assert!(!s.starts_with('/') && !s.split('/').any(|c| c == ".."), "effect on {s}");
+        assert!(!s.split('/').any(|c| c == ".env" || c.starts_with(".env.")), "effect on {s}");
+        assert!(!s.ends_with(".key") && !s.starts_with("private"), "effect on {s}");
+        if write {
+            assert!(s == "out" || s.starts_with("out/"), "write effect on {s}");
+        }
+    }
+}
+
+fn assert_clean(v: &Value) {
+    match v {
+        Value::String(s) => {
+            assert!(!s.contains(SECRET) && !s.contains(MARKER), "leak to the tool: {s}");
+            if let Ok(raw) = STANDARD.decode(s) {
+                let text = String::from_utf8_lossy(&raw);
+                assert!(!text.contains(SECRET) && !text.contains(MARKER), "leak in base64: {s}");
+            }
+        }
+        Value::Array(a) => a.iter().for_each(assert_clean),
+        Value::Object(o) => o.iter().for_each(|(k, v)| {
+            assert!(!k.contains(SECRET));
+            assert_clean(v)
+        }),
+        _ => {}
+    }
+}
+
+/// One fuzz input through the machine.
+pub fn host_session(data: &[u8]) {
+    let mut b = Bytes { data, pos: 0 };
+    let knobs = b.byte().unwrap_or(0);
+    let mut cfg = Config::new("fuzz");
+    cfg.arguments = json!({ "leak": SECRET });
+    cfg.applies = (0..knobs % 4).map(|i| format!("apply {i}")).collect();
+    cfg.max_line = if knobs & 0x10 != 0 { 256 } else { 4096 };
+    cfg.max_pending = if knobs & 0x20 != 0 { 3 } else { 64 };
+    cfg.max_grep_lines = 5;
+    if knobs & 0x40 != 0 {
+        cfg.max_stdin_backlog = 512;
+    }
+    let policy = ToolPolicy::new(&policy_config()).expect("policy");
+    let mut h = Harness {
+        max_line: cfg.max_line,
+        max_pending: cfg.max_pending,
+        host: Host::new(Instant::ZERO, cfg, policy),
+        files: project(),
+        now: Instant::ZERO,
+        unsent: Vec::new(),
+        tool_partial: Vec::new(),
+        requested: BTreeMap::new(),
+        answered: BTreeMap::new(),
+        held: Vec::new(),
+        initial: project(),
+        unread: 0,
+        deaf: false,
+        finished: 0,
+    };
+    h.drain();
+    let mut exited = false;
+    let mut eof = false;
+    while let Some(op) = b.byte() {
+        match op % 16 {
+            0..=4 => {
+                if let Some(l) = request_line(&mut b) {
+                    h.write_tool(format!("{l}\n").as_bytes());
+                }
+            }
+            5 => {
+                let n = b.byte().unwrap_or(0) as usize;
+                let raw = b.take(n).to_vec();
+                h.write_tool(&raw);
+            }
+            6 | 7 => h.complete(&mut b),
+            8 => {
+                let secs = match b.byte().unwrap_or(0) {
+                    x @ 0..=200 => u64::from(x % 40),
+                    x => u64::from(x) * 1000,
+                };
+                h.now = h.now.saturating_add(std::time::Duration::from_secs(secs));
+                h.handle(Input::Tick);
+                h.flush();
+            }
+            9 => {
+                let id = b.byte().unwrap_or(0) % 8;
+                h.write_tool(
+                    json!({"jsonrpc":"2.0","method":"cancel","params":{"id":id}}).to_string().as_bytes(),
+                );
+                h.write_tool(b"\n");
+            }
+            10 => {
+                let sig = *b
+                    .pick(&[UserSignal::Int, UserSignal::Term, UserSignal::Hup])
+                    .unwrap_or(&UserSignal::Int);
+                h.handle(Input::UserSignal(sig));
+            }
+            11 => {
+                let finals = [
+                    r#"{"jsonrpc":"2.0","method":"result","params":{"content":"done"}}"#,
+                    r#"{"jsonrpc":"2.0","method":"error","params":{"message":"failed"}}"#,
+                    r#"{"jsonrpc":"2.0","method":"state","params":{"type":"running","content":"c"}}"#,
+                    r#"{"jsonrpc":"2.0","method":"state","params":{"type":"stopped","result":"r"}}"#,
+                    r#"{"jsonrpc":"2.0","method":"result","params":{}}"#,
+                    r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+                    r#"[{"jsonrpc":"2.0","id":1,"method":"fs.read","params":{"path":"src/main.rs"}}]"#,
+                ];
+                if let Some(l) = b.pick(&finals) {
+                    h.write_tool(format!("{l}\n").as_bytes());
+                }
+            }
+            12 if !eof => {
+                eof = true;
+                h.flush();
+                h.unsent.clear();
+                h.handle(Input::ToolStdoutEof);
+            }
+            13 if !exited => {
+                exited = true;
+                h.handle(Input::ToolExited(ToolExit::Code(i32::from(b.byte().unwrap_or(0)))));
+            }
+            14 => {
+                let n = b.byte().unwrap_or(0) as usize * 64;
+                h.handle(Input::ToolStderr(vec![b'e'; n]));
+            }
+            _ if b.byte().unwrap_or(0).is_multiple_of(2) => h.deaf = !h.deaf,
+            _ => {
+                h.unread = 0;
+                h.handle(Input::ToolStdinClosed)
+            }
+        }
+    }
+    // Drive to the end: whatever happened, the host must finish.
+    for _ in 0..8 {
+        h.now = h.now.saturating_add(std::time::Duration::from_secs(1000));
+        h.handle(Input::Tick);
+        if !h.held.is_empty() {
+            h.complete(&mut Bytes { data: &[0, 1], pos: 0 });
+        }
+    }
+    if !exited {
+        h.handle(Input::ToolExited(ToolExit::Signal(9)));
+    }
+    if !eof {
+        h.handle(Input::ToolStdoutEof);
+    }
+    h.now = h.now.saturating_add(std::time::Duration::from_secs(1000));
+    h.handle(Input::Tick);
+    assert_eq!(h.finished, 1, "finished {} times", h.finished);
+    assert!(h.host.is_finished() && h.host.poll_timeout().is_none());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+        #[test]
+        fn hostile_sessions_hold_every_invariant(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+            host_session(&data);
+        }
+    }
+}

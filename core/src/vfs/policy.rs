@@ -1,0 +1,380 @@
+//! The tool's access policy: project roots, deny globs, `.env` files,
+//! commands, URL prefixes and environment variables.
+//!
+//! File decisions are made twice: on the path as the tool wrote it
+//! ([`ToolPolicy::project_path`] then [`Gate::check`]), and by the backend
+//! on the path it resolves to ([`Gate::check`] again, from
+//! [`super::files::resolve`]). Uncovered is denied: there is no inquiry.
+
+use super::effect::OpError;
+use super::files::{Gate, ProjectPath};
+use super::scrub::Scrubber;
+use super::MIN_SECRET_LEN;
+use crate::policy::{normalize, Access};
+use crate::scope::{Rule, Scope};
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// What the command line says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyConfig {
+    /// The project root: absolute, symlinks resolved (the working directory).
+    pub project: PathBuf,
+    /// `--allow`: read-only roots, project-relative or absolute inside the
+    /// project. With no `--allow` and no `--allow-rw`, `.` read-only.
+    pub allow: Vec<String>,
+    /// `--allow-rw`: read-write roots.
+    pub allow_rw: Vec<String>,
+    /// `--deny`: gitignore-syntax globs, relative to the project root.
+    pub deny: Vec<String>,
+    /// `--allow-cmd`: each as written (bare name or absolute path), with
+    /// the absolute program the shell resolved it to at start.
+    pub allow_cmd: Vec<(String, PathBuf)>,
+    /// `--allow-url`: URL prefixes.
+    pub allow_url: Vec<String>,
+    /// `--env-allow`: each variable with airlock's value of it, if set.
+    pub env_allow: Vec<(String, Option<String>)>,
+    /// The `PATH` `process.run` children get.
+    pub path_env: String,
+}
+
+/// A command line the policy cannot be built from (exit 125).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicyError {
+    RootOutsideProject(String),
+    BadDeny { glob: String, why: String },
+    BadUrlPrefix { prefix: String, why: String },
+    ProjectNotAbsolute(PathBuf),
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyError::RootOutsideProject(r) => write!(f, "root {r:?} is outside the project"),
+            PolicyError::BadDeny { glob, why } => write!(f, "--deny {glob:?}: {why}"),
+            PolicyError::BadUrlPrefix { prefix, why } => write!(f, "--allow-url {prefix:?}: {why}"),
+            PolicyError::ProjectNotAbsolute(p) => write!(f, "project root {} is not absolute", p.display()),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct UrlPrefix {
+    text: String,
+    scheme: String,
+    host: String,
+    port: u16,
+    /// Starts with `/`.
+    path: String,
+}
+
+/// A URL the tool asked for, taken apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedUrl {
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct ToolPolicy {
+    gate: Gate,
+    commands: Vec<(String, PathBuf)>,
+    urls: Vec<UrlPrefix>,
+    env: Vec<(String, Option<String>)>,
+    path_env: String,
+    scrubber: Scrubber,
+}
+
+impl ToolPolicy {
+    pub fn new(cfg: &PolicyConfig) -> Result<Self, PolicyError> {
+        if !cfg.project.is_absolute() {
+            return Err(PolicyError::ProjectNotAbsolute(cfg.project.clone()));
+        }
+        let project = normalize(&cfg.project).unwrap_or_else(|| cfg.project.clone());
+        let mut rules = Vec::new();
+        let defaults = [".".to_string()];
+        let ro: &[String] =
+            if cfg.allow.is_empty() && cfg.allow_rw.is_empty() { &defaults } else { &cfg.allow };
+        for (roots, access) in [(ro, Access::ReadOnly), (&cfg.allow_rw[..], Access::ReadWrite)] {
+            for r in roots {
+                let rel = root_rel(&project, r).ok_or_else(|| PolicyError::RootOutsideProject(r.clone()))?;
+                rules.push((rel, access));
+            }
+        }
+        // The most specific root decides; of two equal roots the writable.
+        rules.sort();
+        let mut scope_rules: Vec<Rule> = Vec::new();
+        for (rel, access) in rules {
+            let path = Path::new("/").join(&rel);
+            match scope_rules.iter_mut().find(|r| r.path == path) {
+                Some(r) => r.access = r.access.max(Some(access)),
+                None => scope_rules.push(Rule { path, access: Some(access) }),
+            }
+        }
+        let scope = Scope::from_rules(scope_rules);
+        let mut deny = GitignoreBuilder::new(&project);
+        for g in &cfg.deny {
+            deny.add_line(None, g)
+                .map_err(|e| PolicyError::BadDeny { glob: g.clone(), why: e.to_string() })?;
+        }
+        let deny = deny
+            .build()
+            .map_err(|e| PolicyError::BadDeny { glob: cfg.deny.join(" "), why: e.to_string() })?;
+        let mut env_files = GitignoreBuilder::new(&project);
+        for g in ENV_FILE_GLOBS {
+            // Fixed, valid globs.
+            let _ = env_files.add_line(None, g);
+        }
+        let env_files = env_files.build().unwrap_or_else(|_| Gitignore::empty());
+        let mut urls = Vec::new();
+        for u in &cfg.allow_url {
+            urls.push(parse_prefix(u)?);
+        }
+        let scrubber = Scrubber::new(cfg.env_allow.iter().filter_map(|(_, v)| v.as_deref()), MIN_SECRET_LEN);
+        Ok(ToolPolicy {
+            gate: Gate::new(project, scope, deny, env_files),
+            commands: cfg.allow_cmd.clone(),
+            urls,
+            env: cfg.env_allow.clone(),
+            path_env: cfg.path_env.clone(),
+            scrubber,
+        })
+    }
+
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
+    pub(crate) fn gate_mut(&mut self) -> &mut Gate {
+        &mut self.gate
+    }
+
+    pub fn project(&self) -> &Path {
+        self.gate.project()
+    }
+
+    pub fn scrubber(&self) -> &Scrubber {
+        &self.scrubber
+    }
+
+    pub fn path_env(&self) -> &str {
+        &self.path_env
+    }
+
+    /// The lexical check of a path the tool sent: relative, no `..`,
+    /// no NUL; `.` components dropped (`.` is the project root).
+    pub fn project_path(&self, text: &str) -> Result<ProjectPath, OpError> {
+        ProjectPath::parse(text)
+    }
+
+    /// `program` must equal an `--allow-cmd` as written: its resolved path.
+    pub fn check_program(&self, program: &str) -> Result<PathBuf, OpError> {
+        self.commands.iter().find(|(given, _)| given == program).map(|(_, p)| p.clone()).ok_or_else(|| {
+            if self.commands.is_empty() {
+                OpError::denied(format!(
+                    "process.run of {program:?} denied: no --allow-cmd allows any program"
+                ))
+            } else {
+                OpError::denied(format!("process.run of {program:?} denied: it is not an --allow-cmd"))
+            }
+        })
+    }
+
+    /// An `--env-allow`ed variable's value: not allowed `-32001`, unset `-32002`.
+    pub fn env_value(&self, name: &str) -> Result<&str, OpError> {
+        match self.env.iter().find(|(n, _)| n == name) {
+            None => Err(OpError::denied(format!("variable {name} is not --env-allow'ed"))),
+            Some((_, None)) => Err(OpError::not_found(format!("variable {name} is not set"))),
+            Some((_, Some(v))) => Ok(v),
+        }
+    }
+
+    /// Whether `name` is `--env-allow`ed (set or not).
+    pub fn env_allowed(&self, name: &str) -> bool {
+        self.env.iter().any(|(n, _)| n == name)
+    }
+
+    /// Substitute `${VAR}` in a header value.
+    pub fn substitute(&self, value: &str) -> Result<String, OpError> {
+        let mut out = String::with_capacity(value.len());
+        let mut rest = value;
+        while let Some(i) = rest.find("${") {
+            out.push_str(&rest[..i]);
+            let after = &rest[i + 2..];
+            let Some(end) = after.find('}') else {
+                return Err(OpError::invalid("unterminated ${ in a header value"));
+            };
+            let name = &after[..end];
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(OpError::invalid(format!("${{{name}}} is not a variable name")));
+            }
+            out.push_str(self.env_value(name)?);
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+
+    /// A URL must share an `--allow-url` prefix's scheme, host and port,
+    /// its path extending the prefix's at a `/`; userinfo and dot segments
+    /// are refused.
+    pub fn check_url(&self, url: &str) -> Result<CheckedUrl, OpError> {
+        let u = parse_url(url).map_err(|why| {
+            // Credentials in a URL are a policy matter, not a malformed one.
+            if why == USERINFO_REFUSED {
+                OpError::denied(format!("url {url:?} denied: {why}"))
+            } else {
+                OpError::invalid(format!("url {url:?}: {why}"))
+            }
+        })?;
+        if u.path.split('/').any(|seg| {
+            let s = seg.to_ascii_lowercase().replace("%2e", ".");
+            s == "." || s == ".."
+        }) {
+            return Err(OpError::denied(format!("url {url:?} denied: dot segments are refused")));
+        }
+        if self.urls.is_empty() {
+            return Err(OpError::denied(format!(
+                "url {url:?} denied: no --allow-url allows any network access"
+            )));
+        }
+        let ok = self.urls.iter().any(|p| {
+            p.scheme == u.scheme && p.host == u.host && p.port == u.port && path_extends(&u.path, &p.path)
+        });
+        if ok {
+            Ok(u)
+        } else {
+            Err(OpError::denied(format!("url {url:?} denied: it is under no --allow-url prefix")))
+        }
+    }
+}
+
+/// `.env` files are never reachable (RFD 075), whatever `--deny` says.
+pub const ENV_FILE_GLOBS: [&str; 2] = ["**/.env", "**/.env.*"];
+
+fn root_rel(project: &Path, root: &str) -> Option<PathBuf> {
+    if root.is_empty() || root.contains('\0') {
+        return None;
+    }
+    let p = Path::new(root);
+    let abs = if p.is_absolute() { normalize(p)? } else { normalize(&project.join(p))? };
+    let rel = abs.strip_prefix(project).ok()?;
+    Some(rel.to_path_buf())
+}
+
+fn path_extends(path: &str, prefix: &str) -> bool {
+    if path == prefix {
+        return true;
+    }
+    path.starts_with(prefix) && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+const USERINFO_REFUSED: &str = "userinfo is refused";
+
+fn parse_url(text: &str) -> Result<CheckedUrl, String> {
+    if text.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+        return Err("control characters or spaces".into());
+    }
+    let uri: http::Uri = text.parse().map_err(|e: http::uri::InvalidUri| e.to_string())?;
+    let scheme = uri.scheme_str().ok_or("not absolute")?.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => 80,
+        "https" => 443,
+        other => return Err(format!("scheme {other:?} is not http or https")),
+    };
+    let authority = uri.authority().ok_or("no host")?;
+    if authority.as_str().contains('@') {
+        return Err(USERINFO_REFUSED.into());
+    }
+    let host = authority.host().to_ascii_lowercase();
+    if host.is_empty() {
+        return Err("no host".into());
+    }
+    let port = match authority.port_u16() {
+        Some(p) => p,
+        None if authority.as_str().ends_with(':') => return Err("empty port".into()),
+        None => default_port,
+    };
+    let path = if uri.path().is_empty() { "/".to_string() } else { uri.path().to_string() };
+    Ok(CheckedUrl { scheme, host, port, path })
+}
+
+fn parse_prefix(text: &str) -> Result<UrlPrefix, PolicyError> {
+    let bad = |why: String| PolicyError::BadUrlPrefix { prefix: text.to_string(), why };
+    let u = parse_url(text).map_err(bad)?;
+    if text.contains('?') {
+        return Err(bad("a prefix has no query".into()));
+    }
+    if u.path.split('/').any(|s| s == "." || s == "..") {
+        return Err(bad("dot segments".into()));
+    }
+    Ok(UrlPrefix { text: text.to_string(), scheme: u.scheme, host: u.host, port: u.port, path: u.path })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> ToolPolicy {
+        ToolPolicy::new(&PolicyConfig {
+            project: "/p".into(),
+            allow: vec!["src".into()],
+            allow_rw: vec!["src/out".into(), "/p/tmp".into()],
+            deny: vec!["*.key".into(), "secret/".into()],
+            allow_cmd: vec![("git".into(), "/usr/bin/git".into())],
+            allow_url: vec!["https://api.example.com/v1".into(), "http://127.0.0.1:8080/".into()],
+            env_allow: vec![("TOKEN".into(), Some("tok-123456".into())), ("UNSET".into(), None)],
+            path_env: "/usr/bin".into(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn roots_outside_the_project_are_refused() {
+        let mut c = PolicyConfig { project: "/p".into(), ..Default::default() };
+        c.allow = vec!["../x".into()];
+        assert!(matches!(ToolPolicy::new(&c), Err(PolicyError::RootOutsideProject(_))));
+        c.allow = vec!["/etc".into()];
+        assert!(ToolPolicy::new(&c).is_err());
+        c.allow = vec!["/p/sub".into()];
+        assert!(ToolPolicy::new(&c).is_ok());
+    }
+
+    #[test]
+    fn urls() {
+        let p = policy();
+        assert!(p.check_url("https://api.example.com/v1").is_ok());
+        assert!(p.check_url("https://API.example.com:443/v1/repos?x=1").is_ok());
+        assert!(p.check_url("https://api.example.com/v10").is_err());
+        assert!(p.check_url("https://api.example.com/v1/../admin").is_err());
+        assert!(p.check_url("https://api.example.com/v1/%2E%2e/admin").is_err());
+        assert!(p.check_url("https://u:p@api.example.com/v1").is_err());
+        assert!(p.check_url("http://api.example.com/v1").is_err());
+        assert!(p.check_url("https://api.example.com:8443/v1").is_err());
+        assert!(p.check_url("http://127.0.0.1:8080/anything").is_ok());
+        assert!(p.check_url("http://127.0.0.1:8081/").is_err());
+        assert!(p.check_url("ftp://127.0.0.1:8080/").is_err());
+        assert!(p.check_url("not a url").is_err());
+    }
+
+    #[test]
+    fn commands_env_and_substitution() {
+        let p = policy();
+        assert_eq!(p.check_program("git").unwrap(), PathBuf::from("/usr/bin/git"));
+        assert!(p.check_program("/usr/bin/git").is_err());
+        assert!(p.check_program("sh").is_err());
+        assert_eq!(p.substitute("Bearer ${TOKEN}!").unwrap(), "Bearer tok-123456!");
+        assert_eq!(
+            p.substitute("${OTHER}").unwrap_err().code,
+            crate::codec::jsonrpc::ErrorCode::AccessDenied
+        );
+        assert_eq!(p.substitute("${UNSET}").unwrap_err().code, crate::codec::jsonrpc::ErrorCode::NotFound);
+        assert!(p.substitute("${TOKEN").is_err());
+        assert_eq!(&*p.scrubber().bytes(b"x tok-123456 y"), b"x [REDACTED] y");
+    }
+}

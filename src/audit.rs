@@ -1,0 +1,53 @@
+//! The `--audit FILE` writer: one JSON line per record the machine yields
+//! (`Output::Audit`), each with `ts` (UTC, when written), flushed line by
+//! line so a crash loses at most the line being written. Like the report,
+//! a nested airlock writes it through its upstream proxy.
+//!
+//! Auditing never stops a session: the first write error is reported once
+//! on stderr and later records are dropped (and counted in `dropped`).
+
+use crate::outfile::OutFile;
+use airlock_core::fsproxy::audit::AuditRecord;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub struct AuditWriter {
+    path: PathBuf,
+    out: Option<OutFile>,
+    line: Vec<u8>,
+}
+
+impl AuditWriter {
+    pub fn new(path: &Path, out: OutFile) -> Self {
+        AuditWriter { path: path.to_path_buf(), out: Some(out), line: Vec::with_capacity(256) }
+    }
+
+    pub fn write(&mut self, record: &AuditRecord) {
+        let Some(out) = &mut self.out else { return };
+        let mut value = serde_json::to_value(record).unwrap_or_default();
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("ts".into(), crate::telemetry::rfc3339(std::time::SystemTime::now()).into());
+        }
+        self.line.clear();
+        let res = serde_json::to_writer(&mut self.line, &value)
+            .map_err(std::io::Error::from)
+            .and_then(|()| {
+                self.line.push(b'\n');
+                out.write_all(&self.line)
+            })
+            .and_then(|()| out.flush());
+        if let Err(e) = res {
+            eprintln!("airlock: audit {}: {e}; further records are dropped", self.path.display());
+            self.out = None;
+        }
+    }
+
+    /// Close the file.
+    pub fn finish(mut self) {
+        if let Some(out) = self.out.take() {
+            if let Err(e) = out.finish() {
+                eprintln!("airlock: audit {}: {e}", self.path.display());
+            }
+        }
+    }
+}

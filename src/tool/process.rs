@@ -1,0 +1,116 @@
+//! Process plumbing for `airlock tool`: the tool itself and `process.run`
+//! effects, each in a process group of its own so one signal reaches every
+//! descendant that stayed in it, and a guard that SIGKILLs the group when
+//! its owner goes away (an effect cancelled by the core, a panic, an early
+//! return): nothing airlock started outlives it by accident.
+
+use airlock_core::vfs::{OpError, ProcessOutput, ProcessRun};
+use rustix::process::{Pid, Signal};
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+
+/// SIGKILLs its process group when dropped.
+pub struct GroupGuard {
+    pgid: Option<Pid>,
+}
+
+impl GroupGuard {
+    pub fn new(pid: Option<u32>) -> Self {
+        GroupGuard { pgid: pid.and_then(|p| Pid::from_raw(p as i32)) }
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        if let Some(pgid) = self.pgid {
+            // ESRCH once the group is empty: nothing left to signal.
+            let _ = rustix::process::kill_process_group(pgid, sig);
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.signal(Signal::KILL);
+    }
+}
+
+/// The environment variables a tool inherits from airlock (issue 10): only
+/// these, whatever else airlock was given.
+pub fn tool_env_allowed(name: &str) -> bool {
+    matches!(name, "PATH" | "HOME" | "USER" | "LANG" | "TZ" | "TMPDIR") || name.starts_with("LC_")
+}
+
+/// A `Command` for a new process group with exactly `env`.
+fn grouped(program: &std::ffi::OsStr) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.process_group(0).env_clear().kill_on_drop(true);
+    cmd
+}
+
+/// Start the tool: own group, filtered environment, three pipes.
+pub fn spawn_tool(argv: &[std::ffi::OsString]) -> std::io::Result<tokio::process::Child> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(std::io::Error::other("no command given"));
+    };
+    let mut cmd = grouped(program);
+    cmd.args(args)
+        .envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(tool_env_allowed)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd.spawn()
+}
+
+/// Run one `process.run` effect to its end. Dropping the future kills the
+/// group (the core cancelled it or its `--op-timeout` passed).
+pub async fn run(p: ProcessRun) -> Result<ProcessOutput, OpError> {
+    let mut cmd = grouped(p.program.as_os_str());
+    cmd.args(&p.args)
+        .envs(p.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&p.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| OpError::io(format!("starting {}: {e}", p.program.display())))?;
+    let guard = GroupGuard::new(child.id());
+    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(OpError::io("the process has no output pipes"));
+    };
+    let max = p.max_output;
+    let waiting = async {
+        let status = child.wait().await.map_err(|e| OpError::io(format!("waiting for the process: {e}")))?;
+        // Descendants still holding its pipes go with the group, so the
+        // streams end now rather than whenever they let go.
+        guard.signal(Signal::KILL);
+        Ok::<_, OpError>(status)
+    };
+    // The first error (a stream over the limit) drops the rest, and the
+    // guard then kills the group.
+    let (status, stdout, stderr) =
+        tokio::try_join!(waiting, bounded(out, max, "stdout"), bounded(err, max, "stderr"))?;
+    Ok(output(stdout, stderr, status))
+}
+
+fn output(stdout: Vec<u8>, stderr: Vec<u8>, status: std::process::ExitStatus) -> ProcessOutput {
+    ProcessOutput { stdout, stderr, exit_code: status.code(), signal: status.signal() }
+}
+
+/// Read a stream to its end, refusing more than `max` bytes.
+async fn bounded<R: AsyncRead + Unpin>(mut r: R, max: usize, what: &str) -> Result<Vec<u8>, OpError> {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = r
+            .read(&mut chunk)
+            .await
+            .map_err(|e| OpError::io(format!("reading the process's {what}: {e}")))?;
+        if n == 0 {
+            return Ok(buf);
+        }
+        if buf.len() + n > max {
+            return Err(OpError::too_large(&format!("the process's {what}"), max));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}

@@ -1,0 +1,1320 @@
+//! `airlock tool` against real tool processes (issue 10, seed 004): every
+//! outcome and exit status, every method and error code, the policy, cancel
+//! and signals, stateful tools, limits, scrubbing, HTTP and process.run.
+//! The tools are Python and sh scripts written from the seed's text; the
+//! hostile ones (floods, huge lines, hangs, ignored signals, grandchildren
+//! holding stdout, cancel races) are kept here as tests.
+
+mod common;
+
+use common::airlock;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A project directory (the tool's root) and a scratch directory outside it
+/// for the tool scripts and side-channel notes.
+struct Fixture {
+    project: tempfile::TempDir,
+    scratch: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture { project: tempfile::tempdir().unwrap(), scratch: tempfile::tempdir().unwrap() }
+    }
+
+    fn root(&self) -> &Path {
+        self.project.path()
+    }
+
+    fn file(&self, rel: &str, content: impl AsRef<[u8]>) {
+        let p = self.root().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    fn read(&self, rel: &str) -> Option<Vec<u8>> {
+        std::fs::read(self.root().join(rel)).ok()
+    }
+
+    fn note(&self, name: &str) -> PathBuf {
+        self.scratch.path().join(name)
+    }
+
+    /// A Python tool: the test client is importable and `init()` has been
+    /// read when `body` starts (its message is in `INIT`).
+    fn py(&self, body: &str) -> Vec<String> {
+        self.py_raw(&format!("INIT = init()\n{body}"))
+    }
+
+    /// A Python tool that reads nothing before `body`.
+    fn py_raw(&self, body: &str) -> Vec<String> {
+        let path = self.scratch.path().join(format!("tool{}.py", unique()));
+        let prelude = format!(
+            "import sys, os, json, time, signal, base64\nsys.dont_write_bytecode = True\nsys.path.insert(0, {:?})\nfrom vfstool import *\nNOTES = {:?}\n",
+            common::support("").display().to_string(),
+            self.scratch.path().display().to_string(),
+        );
+        std::fs::write(&path, format!("{prelude}{body}\n")).unwrap();
+        vec!["python3".into(), path.display().to_string()]
+    }
+
+    fn run(&self, args: &[&str], cmd: &[String]) -> Out {
+        self.run_env(args, cmd, &[])
+    }
+
+    fn run_env(&self, args: &[&str], cmd: &[String], env: &[(&str, &str)]) -> Out {
+        let start = Instant::now();
+        let mut c = Command::new(airlock());
+        c.current_dir(self.root()).arg("tool").args(args).arg("--").args(cmd);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let output = c.stdin(Stdio::null()).output().expect("airlock runs");
+        Out::new(output, start.elapsed())
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+struct Out {
+    output: Output,
+    elapsed: Duration,
+}
+
+impl Out {
+    fn new(output: Output, elapsed: Duration) -> Out {
+        Out { output, elapsed }
+    }
+
+    fn code(&self) -> Option<i32> {
+        self.output.status.code()
+    }
+
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    /// The one JSON line airlock prints.
+    fn json(&self) -> Value {
+        let out = self.stdout();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "exactly one line expected on stdout: {out:?}\nstderr: {}", self.stderr());
+        serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+    }
+
+    /// The text of the first content block.
+    fn text(&self) -> String {
+        let j = self.json();
+        j["content"][0]["text"].as_str().unwrap_or_else(|| panic!("no text block: {j}")).to_owned()
+    }
+
+    /// Asserts outcome and exit status together, with everything on failure.
+    fn expect(&self, outcome: &str, code: i32) -> Value {
+        let j = self.json();
+        assert_eq!(
+            (j["outcome"].as_str(), self.code()),
+            (Some(outcome), Some(code)),
+            "stdout: {}\nstderr: {}",
+            self.stdout(),
+            self.stderr()
+        );
+        j
+    }
+
+    /// The tool's own assertions failed if it ended without a result.
+    fn completed(&self) -> Value {
+        self.expect("completed", 0)
+    }
+}
+
+/// Processes (zombies excluded) whose process group is `pgid`.
+fn group_members(pgid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // state, ppid, pgrp
+        if fields.len() > 2 && fields[0] != "Z" && fields[2].parse() == Ok(pgid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Waits (briefly) for the group to be empty; the kernel may take a moment
+/// to tear down processes killed just before airlock exited.
+fn assert_group_gone(pgid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left = group_members(pgid);
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "processes of group {pgid} outlive airlock: {left:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_for_file(path: &Path, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if !s.is_empty() {
+                return s;
+            }
+        }
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn read_pgid(f: &Fixture, name: &str) -> i32 {
+    wait_for_file(&f.note(name), Duration::from_secs(10)).trim().parse().unwrap()
+}
+
+// ---------------------------------------------------------------- outcomes
+
+#[test]
+fn a_string_result_becomes_one_text_block_and_exit_0() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("result('Modified 2 files.')"));
+    let j = out.completed();
+    assert_eq!(j["content"], json!([{"type": "text", "text": "Modified 2 files."}]));
+    assert_eq!(j["tool_exit"], json!({"code": 0}));
+    assert!(j.get("error").is_none(), "{j}");
+}
+
+#[test]
+fn block_results_are_passed_through() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("result([{'type': 'text', 'text': 'a'}, {'type': 'text', 'text': 'b'}])"));
+    let j = out.completed();
+    assert_eq!(j["content"], json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]));
+}
+
+#[test]
+fn an_error_notification_exits_1_with_the_error_copied() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("error('Failed to parse input', trace=['x'], transient=False)"));
+    let j = out.expect("error", 1);
+    assert_eq!(j["error"]["message"], "Failed to parse input");
+    assert_eq!(j["error"]["transient"], false);
+    assert!(out.text().contains("Failed to parse input"), "{j}");
+}
+
+#[test]
+fn exit_without_a_final_message_is_no_result_with_status_and_stderr() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("sys.stderr.write('boom: disk on fire\\n'); sys.exit(7)"));
+    let j = out.expect("no_result", 3);
+    assert_eq!(j["tool_exit"], json!({"code": 7}));
+    let text = out.text();
+    assert!(text.contains('7') && text.contains("boom: disk on fire"), "{text}");
+}
+
+#[test]
+fn no_result_keeps_only_the_last_64_kib_of_stderr() {
+    let f = Fixture::new();
+    let out = f
+        .run(&[], &f.py("sys.stderr.write('HEAD' + 'x' * 200000 + 'TAIL'); sys.stderr.flush(); sys.exit(1)"));
+    out.expect("no_result", 3);
+    let text = out.text();
+    assert!(text.contains("TAIL") && !text.contains("HEAD"), "stderr tail not kept");
+    assert!(text.len() < 70 * 1024, "{} bytes of message", text.len());
+}
+
+#[test]
+fn a_tool_killed_by_a_signal_reports_it() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("os.kill(os.getpid(), signal.SIGKILL)"));
+    let j = out.expect("no_result", 3);
+    assert_eq!(j["tool_exit"], json!({"signal": 9}));
+}
+
+#[test]
+fn a_line_over_max_line_is_a_protocol_error() {
+    let f = Fixture::new();
+    let out = f.run(&["--max-line", "1000"], &f.py("send_raw(b'{' + b' ' * 5000 + b'}\\n'); time.sleep(30)"));
+    out.expect("protocol_error", 4);
+    assert!(out.elapsed < Duration::from_secs(20), "{:?}", out.elapsed);
+}
+
+#[test]
+fn a_line_without_newline_over_max_line_is_caught_while_reading() {
+    let f = Fixture::new();
+    // Never ends the line: airlock must not wait for a newline that never comes.
+    let out = f.run(&["--max-line", "4096"], &f.py("send_raw(b'x' * 100000); time.sleep(30)"));
+    out.expect("protocol_error", 4);
+    assert!(out.elapsed < Duration::from_secs(20), "{:?}", out.elapsed);
+}
+
+#[test]
+fn a_malformed_result_is_a_protocol_error() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("send({'jsonrpc': '2.0', 'method': 'result', 'params': {'content': 42}})"));
+    out.expect("protocol_error", 4);
+    let out = f.run(&[], &f.py("send({'jsonrpc': '2.0', 'method': 'error', 'params': {'msg': 1}})"));
+    out.expect("protocol_error", 4);
+}
+
+#[test]
+fn a_waiting_state_without_apply_is_waiting() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("state({'type': 'waiting', 'content': 'Confirm?', 'question': {'id': 'q'}})\nrecv(); time.sleep(30)"));
+    let j = out.expect("waiting", 5);
+    assert_eq!(j["states"][0]["type"], "waiting");
+    assert_eq!(j["states"][0]["content"], "Confirm?");
+}
+
+#[test]
+fn a_stopped_state_completes_with_its_result() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("state({'type': 'stopped', 'result': 'Staged 3 hunks.'})"));
+    let j = out.completed();
+    assert_eq!(j["content"][0]["text"], "Staged 3 hunks.");
+    assert_eq!(j["states"][0]["type"], "stopped");
+}
+
+#[test]
+fn each_running_state_gets_the_next_apply_in_order() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--apply", "y", "--apply", "n"],
+        &f.py("got = []\n\
+             for i in range(2):\n\
+             \x20   state({'type': 'running', 'content': f'hunk {i}'})\n\
+             \x20   m = recv(); assert m['method'] == 'apply', m; got.append(m['params']['input'])\n\
+             state({'type': 'stopped', 'result': ','.join(got)})"),
+    );
+    let j = out.completed();
+    assert_eq!(j["content"][0]["text"], "y,n");
+    let types: Vec<&str> =
+        j["states"].as_array().unwrap().iter().map(|s| s["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["running", "running", "stopped"]);
+}
+
+#[test]
+fn a_silent_tool_times_out_with_124_and_its_group_is_gone() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--timeout", "3", "--kill-grace", "0.3"],
+        &f.py("note(NOTES + '/pgid', str(os.getpgid(0)))\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)"),
+    );
+    out.expect("timeout", 124);
+    assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
+    assert_group_gone(read_pgid(&f, "pgid"));
+}
+
+#[test]
+fn a_request_pending_is_not_silence() {
+    let f = Fixture::new();
+    // process.run of 5 s with --timeout 3: the tool waits on airlock, not idle.
+    let out = f.run(
+        &["--timeout", "3", "--allow-cmd", "sleep"],
+        &f.py("r = ok('process.run', {'program': 'sleep', 'args': ['5']})\nresult(str(r['exit_code']))"),
+    );
+    let j = out.completed();
+    assert_eq!(j["content"][0]["text"], "0");
+}
+
+// ---------------------------------------------------------------- start-up
+
+#[test]
+fn usage_errors_exit_2() {
+    let f = Fixture::new();
+    let out = f.run(&["--no-such-flag"], &["true".to_string()]);
+    assert_eq!(out.code(), Some(2), "{}", out.stderr());
+    assert!(out.stdout().is_empty());
+    let o = Command::new(airlock()).current_dir(f.root()).args(["tool"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty());
+}
+
+#[test]
+fn start_up_errors_exit_125_with_stdout_empty() {
+    let f = Fixture::new();
+    for (args, cmd) in [
+        (vec!["--args", "[1,2]"], "true"),
+        (vec!["--args", "{not json"], "true"),
+        (vec!["--allow", "/etc"], "true"),
+        (vec!["--allow", "../elsewhere"], "true"),
+        (vec![], "/no/such/program"),
+    ] {
+        let out = f.run(&args, &[cmd.to_string()]);
+        assert_eq!(out.code(), Some(125), "{args:?} {cmd}: {}", out.stderr());
+        assert!(out.stdout().is_empty(), "{args:?}: {}", out.stdout());
+        assert!(!out.stderr().is_empty(), "{args:?}: no message");
+    }
+}
+
+#[test]
+fn init_carries_name_arguments_and_protocol_version() {
+    let f = Fixture::new();
+    let tool =
+        f.py("p = INIT['params']\nresult(json.dumps([p['tool'], p['protocol_version'], INIT['jsonrpc']]))");
+    let out = f.run(&[], &tool);
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    // CMD is python3 here: its file name is the default name.
+    assert_eq!(got[0], json!({"name": "python3", "arguments": {}, "answers": {}, "options": {}}));
+    assert_eq!(got[1], "0.1.0");
+    assert_eq!(got[2], "2.0");
+    let out = f.run(&["--name", "fs_modify_file", "--args", r#"{"path":"src/main.rs"}"#], &tool);
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[0]["name"], "fs_modify_file");
+    assert_eq!(got[0]["arguments"], json!({"path": "src/main.rs"}));
+}
+
+#[test]
+fn the_tool_sees_only_the_allowed_environment() {
+    let f = Fixture::new();
+    // The environment the tool was started with, as the kernel kept it
+    // (a shell's own additions such as PWD come later and are not in it).
+    let tool = r#"read -r init; names=$(tr '\0' '\n' < /proc/$$/environ | cut -d= -f1 | sort | tr '\n' ' ')
+printf '{"jsonrpc":"2.0","method":"result","params":{"content":"%s"}}\n' "$names""#;
+    let out = f.run_env(
+        &[],
+        &["sh".into(), "-c".into(), tool.into()],
+        &[("SECRET_API_KEY", "sk-123456"), ("LC_ALL", "C"), ("TZ", "UTC"), ("AIRLOCK_FD", "3")],
+    );
+    let text = out.text();
+    let names: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
+    for n in &names {
+        let ok =
+            ["PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR"].contains(&n.as_str()) || n.starts_with("LC_");
+        assert!(ok, "{n} reached the tool: {names:?}");
+    }
+    assert!(names.contains(&"TZ".to_string()) && names.contains(&"LC_ALL".to_string()), "{names:?}");
+}
+
+#[test]
+fn the_tool_runs_in_its_own_process_group() {
+    let f = Fixture::new();
+    let out = f.run(&[], &f.py("result(str(os.getpgid(0) == os.getpid()))"));
+    assert_eq!(out.text(), "True");
+}
+
+// ---------------------------------------------------------------- methods
+
+#[test]
+fn fs_read_text_and_binary() {
+    let f = Fixture::new();
+    f.file("src/main.rs", "fn main() {}");
+    f.file("img.bin", [0x89u8, b'P', b'N', b'G', 0xff, 0x00]);
+    let out = f.run(
+        &[],
+        &f.py("a = ok('fs.read', {'path': 'src/main.rs'})\n\
+             b = ok('fs.read', {'path': 'img.bin'})\n\
+             result(json.dumps([a, b]))"),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[0], json!({"content": "fn main() {}", "size": 12}));
+    assert_eq!(got[1], json!({"content": "iVBOR/8A", "size": 6, "encoding": "base64"}));
+}
+
+#[test]
+fn fs_write_creates_parents_and_needs_allow_rw() {
+    let f = Fixture::new();
+    let tool = f.py("a = call('fs.write', {'path': 'deep/er/x.txt', 'content': 'hello'})\n\
+         b = call('fs.write', {'path': 'bin.dat', 'content': '/wA=', 'encoding': 'base64'})\n\
+         result(json.dumps([a.get('result'), a.get('error', {}).get('code'), b.get('result')]))");
+    let out = f.run(&[], &tool);
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[1], -32001, "default policy is read-only: {got}");
+    assert_eq!(f.read("deep/er/x.txt"), None);
+    let out = f.run(&["--allow-rw", "."], &tool);
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[0], json!({}));
+    assert_eq!(f.read("deep/er/x.txt").unwrap(), b"hello");
+    assert_eq!(f.read("bin.dat").unwrap(), [0xff, 0x00]);
+}
+
+#[test]
+fn fs_exists_metadata_list_dir() {
+    let f = Fixture::new();
+    f.file("b.txt", "12345");
+    f.file("a/inner.txt", "x");
+    f.file(".env", "SECRET=1");
+    std::os::unix::fs::symlink("b.txt", f.root().join("link")).unwrap();
+    let out = f.run(
+        &[],
+        &f.py("r = [ok('fs.exists', {'path': 'b.txt'}), ok('fs.exists', {'path': 'nope'}),\n\
+             \x20    ok('fs.metadata', {'path': 'b.txt'}), ok('fs.metadata', {'path': 'a'}),\n\
+             \x20    ok('fs.metadata', {'path': 'link'}), code('fs.metadata', {'path': 'nope'}),\n\
+             \x20    ok('fs.list_dir', {'path': '.'})]\n\
+             result(json.dumps(r))"),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[0], json!({"exists": true}));
+    assert_eq!(got[1], json!({"exists": false}));
+    assert_eq!(got[2], json!({"kind": "file", "size": 5}));
+    assert_eq!(got[3]["kind"], "dir");
+    assert_eq!(got[4], json!({"kind": "file", "size": 5}), "metadata follows the link");
+    assert_eq!(got[5], -32002);
+    assert_eq!(
+        got[6],
+        json!({"entries": [
+            {"path": "a", "kind": "dir"},
+            {"path": "b.txt", "kind": "file"},
+            {"path": "link", "kind": "symlink"},
+        ]}),
+        ".env is left out, entries sorted"
+    );
+}
+
+#[test]
+fn fs_delete_and_rename() {
+    let f = Fixture::new();
+    f.file("a.txt", "A");
+    f.file("b.txt", "B");
+    f.file("d/x", "x");
+    let out = f.run(
+        &["--allow-rw", "."],
+        &f.py("r = [code('fs.rename', {'from': 'a.txt', 'to': 'b.txt'}),\n\
+             \x20    code('fs.write', {'path': 'd', 'content': 'x'}),\n\
+             \x20    ok('fs.rename', {'from': 'a.txt', 'to': 'new/c.txt'}),\n\
+             \x20    ok('fs.delete', {'path': 'b.txt'}),\n\
+             \x20    code('fs.delete', {'path': 'b.txt'}),\n\
+             \x20    code('fs.delete', {'path': 'd'})]\n\
+             result(json.dumps(r))"),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[0], -32003, "rename onto an existing path");
+    assert_eq!(got[1], -32003, "write onto a directory");
+    assert_eq!(got[2], json!({}));
+    assert_eq!(got[4], -32002);
+    assert!(got[5].is_i64(), "deleting a directory is refused: {got}");
+    assert_eq!(f.read("new/c.txt").unwrap(), b"A");
+    assert_eq!(f.read("a.txt"), None);
+    assert_eq!(f.read("b.txt"), None);
+    assert_eq!(f.read("d/x").unwrap(), b"x");
+}
+
+#[test]
+fn fs_grep_with_context_extensions_and_skips() {
+    let f = Fixture::new();
+    f.file("src/a.rs", "one\nfoo two\nthree\nfour\nfoo five\n");
+    f.file("src/b.txt", "foo in txt\n");
+    f.file("src/bin.rs", b"foo\x00binary\n");
+    f.file(".env", "foo=secret\n");
+    std::os::unix::fs::symlink("a.rs", f.root().join("src/link.rs")).unwrap();
+    let out = f.run(
+        &[],
+        &f.py(
+            "a = ok('fs.grep', {'pattern': 'fo+ ', 'paths': ['src'], 'extensions': ['rs'], 'context': 1})\n\
+             b = ok('fs.grep', {'pattern': 'foo'})\n\
+             c = code('fs.grep', {'pattern': '('})\n\
+             result(json.dumps([a, b, c]))",
+        ),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    let l = |n: u64, c: &str, m: bool| json!({"line_number": n, "content": c, "is_match": m});
+    assert_eq!(
+        got[0]["matches"],
+        json!([{"path": "src/a.rs", "lines": [
+            l(1, "one", false), l(2, "foo two", true), l(3, "three", false),
+            l(4, "four", false), l(5, "foo five", true),
+        ]}]),
+        "{got}"
+    );
+    let paths: Vec<&str> =
+        got[1]["matches"].as_array().unwrap().iter().map(|m| m["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["src/a.rs", "src/b.txt"], "links, binary and denied files skipped");
+    assert_eq!(got[2], -32602);
+}
+
+#[test]
+fn fs_grep_stops_at_10000_lines() {
+    let f = Fixture::new();
+    let many: String = (0..12_000).map(|i| format!("hit {i}\n")).collect();
+    f.file("big.txt", many);
+    let out = f.run(&[], &f.py("r = ok('fs.grep', {'pattern': 'hit'})\nresult(json.dumps([len(r['matches'][0]['lines']), r.get('truncated')]))"));
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got, json!([10000, true]));
+}
+
+// ---------------------------------------------------------------- policy
+
+#[test]
+fn policy_refuses_before_any_read_or_write() {
+    let f = Fixture::new();
+    f.file(".env", "S=1");
+    f.file("cfg/.env.local", "S=1");
+    f.file("keys/id.pem", "K");
+    f.file("ro/a.txt", "a");
+    f.file("rw/a.txt", "a");
+    let outside = f.scratch.path().join("outside.txt");
+    std::fs::write(&outside, "outside").unwrap();
+    std::os::unix::fs::symlink(&outside, f.root().join("escape")).unwrap();
+    std::os::unix::fs::symlink("../.env", f.root().join("rw/env-link")).unwrap();
+    std::os::unix::fs::symlink("keys", f.root().join("rw/keys-link")).unwrap();
+    let abs = outside.display().to_string();
+    let out = f.run(
+        &["--allow", "ro", "--allow", ".", "--allow-rw", "rw", "--deny", "*.pem"],
+        &f.py(&format!(
+            "cases = [('fs.read', {{'path': {abs:?}}}), ('fs.read', {{'path': 'ro/../rw/a.txt'}}),\n\
+             \x20 ('fs.read', {{'path': '.env'}}), ('fs.read', {{'path': 'cfg/.env.local'}}),\n\
+             \x20 ('fs.read', {{'path': 'keys/id.pem'}}), ('fs.write', {{'path': 'ro/a.txt', 'content': 'x'}}),\n\
+             \x20 ('fs.read', {{'path': 'escape'}}), ('fs.read', {{'path': 'rw/env-link'}}),\n\
+             \x20 ('fs.exists', {{'path': '.env'}}), ('fs.write', {{'path': 'rw/env-link', 'content': 'x'}}),\n\
+             \x20 ('fs.read', {{'path': 'rw/keys-link/id.pem'}}), ('fs.write', {{'path': 'escape', 'content': 'x'}}),\n\
+             \x20 ('fs.list_dir', {{'path': '/'}}), ('fs.grep', {{'pattern': 'S', 'paths': ['..']}})]\n\
+             result(json.dumps([code(m, p) for m, p in cases] + [ok('fs.read', {{'path': 'rw/a.txt'}})['content']]))"
+        )),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    let codes = got.as_array().unwrap();
+    for (i, c) in codes[..codes.len() - 1].iter().enumerate() {
+        assert_eq!(c, -32001, "case {i} not refused by policy: {got}");
+    }
+    assert_eq!(codes.last().unwrap(), "a");
+    assert_eq!(std::fs::read(&outside).unwrap(), b"outside");
+    assert_eq!(f.read(".env").unwrap(), b"S=1");
+    assert_eq!(f.read("ro/a.txt").unwrap(), b"a");
+}
+
+#[test]
+fn deny_wins_over_allow_rw_and_list_dir_hides_denied() {
+    let f = Fixture::new();
+    f.file("out/keep.txt", "k");
+    f.file("out/secret.key", "s");
+    let out = f.run(
+        &["--allow-rw", "out", "--deny", "*.key"],
+        &f.py(
+            "r = [code('fs.write', {'path': 'out/new.key', 'content': 'x'}), ok('fs.list_dir', {'path': 'out'})]\n\
+             result(json.dumps(r))",
+        ),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[0], -32001);
+    assert_eq!(got[1], json!({"entries": [{"path": "out/keep.txt", "kind": "file"}]}));
+    assert_eq!(f.read("out/new.key"), None);
+}
+
+#[test]
+fn no_network_and_no_processes_by_default() {
+    let f = Fixture::new();
+    let out = f.run(
+        &[],
+        &f.py("result(json.dumps([code('http.get', {'url': 'http://127.0.0.1:9/'}),\n\
+             \x20 code('process.run', {'program': 'true'})]))"),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got, json!([-32001, -32001]));
+}
+
+// ---------------------------------------------------------------- wire
+
+#[test]
+fn wire_errors_have_their_codes_and_ids() {
+    let f = Fixture::new();
+    let out = f.run(
+        &[],
+        &f.py(
+            "def raw(b):\n    send_raw(b); return recv()\n\
+             r = []\n\
+             r.append(raw(b'{not json\\n'))\n\
+             r.append(raw(b'\\xff\\xfe\\n'))\n\
+             r.append(raw(b'[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"fs.exists\",\"params\":{\"path\":\"a\"}}]\\n'))\n\
+             r.append(raw(b'{\"jsonrpc\":\"1.0\",\"id\":5,\"method\":\"fs.exists\",\"params\":{\"path\":\"a\"}}\\n'))\n\
+             r.append(raw(b'{\"jsonrpc\":\"2.0\",\"id\":null,\"method\":\"fs.exists\",\"params\":{\"path\":\"a\"}}\\n'))\n\
+             r.append(raw(b'\\n\\n  \\n{\"jsonrpc\":\"2.0\",\"id\":\"s\",\"method\":\"no.such\"}\\n'))\n\
+             r.append(raw(b'{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"fs.read\",\"params\":{\"path\":3}}\\n'))\n\
+             r.append(raw(b'{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"fs.read\"}\\n'))\n\
+             result(json.dumps(r))",
+        ),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    let pairs: Vec<(Value, Value)> =
+        got.as_array().unwrap().iter().map(|r| (r["id"].clone(), r["error"]["code"].clone())).collect();
+    assert_eq!(
+        pairs,
+        vec![
+            (Value::Null, json!(-32600)),
+            (Value::Null, json!(-32600)),
+            (Value::Null, json!(-32600)),
+            (json!(5), json!(-32600)),
+            (Value::Null, json!(-32600)),
+            (json!("s"), json!(-32601)),
+            (json!(7), json!(-32602)),
+            (json!(8), json!(-32602)),
+        ],
+        "{got}"
+    );
+    for r in got.as_array().unwrap() {
+        assert_eq!(r["jsonrpc"], "2.0");
+        assert!(r["error"]["message"].as_str().is_some_and(|m| m.len() > 5), "message says why: {r}");
+    }
+}
+
+#[test]
+fn a_pending_id_reused_is_refused() {
+    let f = Fixture::new();
+    // Two requests with the same id while the first (a 1 s process) runs.
+    let out = f.run(
+        &["--allow-cmd", "sleep"],
+        &f.py("request('process.run', {'program': 'sleep', 'args': ['1']}, id=9)\n\
+             request('fs.exists', {'path': 'a'}, id=9)\n\
+             a = recv(); b = recv()\n\
+             result(json.dumps([a, b]))"),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    let codes: Vec<Value> = got.as_array().unwrap().iter().map(|r| r["error"]["code"].clone()).collect();
+    assert!(codes.contains(&json!(-32600)), "{got}");
+    assert!(got.as_array().unwrap().iter().any(|r| r["result"]["exit_code"] == 0), "{got}");
+}
+
+#[test]
+fn requests_are_answered_in_order() {
+    let f = Fixture::new();
+    f.file("a", "A");
+    let out = f.run(
+        &[],
+        &f.py("ids = [request('fs.read', {'path': 'a'}) for _ in range(50)]\n\
+             got = [recv()['id'] for _ in ids]\n\
+             result(str(got == ids))"),
+    );
+    assert_eq!(out.text(), "True");
+}
+
+#[test]
+fn the_tool_cancels_its_own_pending_process() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--allow-cmd", "sh"],
+        &f.py(&format!(
+            "request('process.run', {{'program': 'sh', 'args': ['-c', 'echo $$ > {}; exec sleep 30']}}, id=1)\n\
+             while not os.path.exists({:?}): time.sleep(0.01)\n\
+             time.sleep(0.1)\n\
+             send({{'jsonrpc': '2.0', 'method': 'cancel', 'params': {{'id': 1}}}})\n\
+             r = recv()\n\
+             result(json.dumps(r))",
+            f.note("runpid").display(),
+            f.note("runpid").display()
+        )),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got["id"], 1);
+    assert_eq!(got["error"]["code"], -32005);
+    assert!(out.elapsed < Duration::from_secs(15));
+    let pid: i32 = std::fs::read_to_string(f.note("runpid")).unwrap().trim().parse().unwrap();
+    assert_group_gone(pid);
+}
+
+// ---------------------------------------------------------------- cancel and signals
+
+/// airlock with the tool running; `signal` sent once the tool wrote its pgid.
+fn signalled(f: &Fixture, args: &[&str], body: &str, signal: i32) -> (Out, i32) {
+    let start = Instant::now();
+    let child = Command::new(airlock())
+        .current_dir(f.root())
+        .arg("tool")
+        .args(args)
+        .arg("--")
+        .args(f.py(&format!("note(NOTES + '/pgid', str(os.getpgid(0)))\n{body}")))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pgid = read_pgid(f, "pgid");
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+    let output = child.wait_with_output().unwrap();
+    (Out::new(output, start.elapsed()), pgid)
+}
+
+#[test]
+fn int_term_hup_cancel_with_128_plus_n() {
+    for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129)] {
+        let f = Fixture::new();
+        let (out, pgid) = signalled(
+            &f,
+            &["--cancel-grace", "5"],
+            "m = recv()\nnote(NOTES + '/got', json.dumps(m))\nsys.exit(0)",
+            sig,
+        );
+        let j = out.expect("cancelled", code);
+        assert_eq!(j["tool_exit"], json!({"code": 0}));
+        let got: Value = serde_json::from_str(&std::fs::read_to_string(f.note("got")).unwrap()).unwrap();
+        assert_eq!(got["method"], "cancel", "{got}");
+        assert!(out.elapsed < Duration::from_secs(4), "tool left at cancel: {:?}", out.elapsed);
+        assert_group_gone(pgid);
+    }
+}
+
+#[test]
+fn cancel_escalates_to_sigterm_then_sigkill_for_a_tool_that_ignores_it() {
+    let f = Fixture::new();
+    let (out, pgid) = signalled(
+        &f,
+        &["--cancel-grace", "0.5", "--kill-grace", "0.5"],
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         if os.fork() == 0:\n    time.sleep(60); os._exit(0)\n\
+         while True: time.sleep(1)",
+        libc::SIGINT,
+    );
+    let j = out.expect("cancelled", 130);
+    assert_eq!(j["tool_exit"], json!({"signal": 9}));
+    assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
+    assert_group_gone(pgid);
+}
+
+#[test]
+fn cancel_answers_the_pending_request_with_32005() {
+    let f = Fixture::new();
+    let (out, pgid) = signalled(
+        &f,
+        &["--allow-cmd", "sleep", "--cancel-grace", "5"],
+        "request('process.run', {'program': 'sleep', 'args': ['30']}, id=3)\n\
+         r = [recv(), recv()]\n\
+         note(NOTES + '/got', json.dumps(r))\nsys.exit(0)",
+        libc::SIGTERM,
+    );
+    out.expect("cancelled", 143);
+    let got: Value = serde_json::from_str(&std::fs::read_to_string(f.note("got")).unwrap()).unwrap();
+    assert_eq!(got[0]["id"], 3);
+    assert_eq!(got[0]["error"]["code"], -32005);
+    assert_eq!(got[1]["method"], "cancel");
+    assert_group_gone(pgid);
+}
+
+#[test]
+fn no_apply_left_cancels_a_running_tool() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--apply", "y", "--cancel-grace", "5"],
+        &f.py("state({'type': 'running', 'content': 'one'})\n\
+             m = recv(); assert m['method'] == 'apply'\n\
+             state({'type': 'running', 'content': 'two'})\n\
+             m = recv(); note(NOTES + '/got', json.dumps(m)); sys.exit(0)"),
+    );
+    let j = out.expect("waiting", 5);
+    assert_eq!(j["states"].as_array().unwrap().len(), 2);
+    let got: Value = serde_json::from_str(&std::fs::read_to_string(f.note("got")).unwrap()).unwrap();
+    assert_eq!(got["method"], "cancel");
+}
+
+// ---------------------------------------------------------------- after the final message
+
+#[test]
+fn after_the_result_the_group_is_killed_even_if_it_ignores_sigterm() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--kill-grace", "0.3"],
+        &f.py(
+            "note(NOTES + '/pgid', str(os.getpgid(0)))\n\
+             signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+             if os.fork() == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60); os._exit(0)\n\
+             result('done')\n\
+             while True: time.sleep(1)",
+        ),
+    );
+    let j = out.completed();
+    assert_eq!(j["tool_exit"], json!({"signal": 9}));
+    assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
+    assert_group_gone(read_pgid(&f, "pgid"));
+}
+
+#[test]
+fn a_grandchild_holding_stdout_does_not_keep_airlock_alive() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--kill-grace", "0.3"],
+        &f.py("note(NOTES + '/pgid', str(os.getpgid(0)))\n\
+             if os.fork() == 0:\n    time.sleep(60); os._exit(0)\n\
+             result('bye')\nos._exit(0)"),
+    );
+    out.completed();
+    assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
+    assert_group_gone(read_pgid(&f, "pgid"));
+}
+
+#[test]
+fn a_grandchild_that_left_the_group_is_still_not_waited_for() {
+    // A tool that starts a new session for a grandchild escapes the group
+    // kill (documented); airlock must still finish instead of waiting for
+    // the pipe it holds.
+    let f = Fixture::new();
+    let out = f.run(
+        &["--kill-grace", "0.3"],
+        &f.py(
+            "if os.fork() == 0:\n    os.setsid(); note(NOTES + '/esc', str(os.getpid())); time.sleep(5); os._exit(0)\n\
+             result('bye')\nos._exit(0)",
+        ),
+    );
+    out.completed();
+    assert!(out.elapsed < Duration::from_secs(4), "{:?}", out.elapsed);
+}
+
+// ---------------------------------------------------------------- attacks
+
+#[test]
+fn attack_request_flood_without_reading_responses() {
+    // 20 000 requests written before reading a single answer: airlock stops
+    // reading at 64 unanswered and must neither deadlock nor buffer all.
+    let f = Fixture::new();
+    f.file("a", "A".repeat(4096));
+    let out = f.run(
+        &["--timeout", "20"],
+        &f.py("import threading\n\
+             got = []\n\
+             def reader():\n\
+             \x20   for _ in range(20000): got.append(recv())\n\
+             t = threading.Thread(target=reader)\n\
+             t.start()\n\
+             for i in range(20000): request('fs.read', {'path': 'a'})\n\
+             t.join()\n\
+             result(str(sum(1 for r in got if r and 'result' in r)))"),
+    );
+    assert_eq!(out.text(), "20000");
+    assert!(out.elapsed < Duration::from_secs(60), "{:?}", out.elapsed);
+}
+
+#[test]
+fn attack_writer_that_never_reads_its_stdin() {
+    // The tool floods requests and never reads one answer: airlock stops
+    // reading at 64 unanswered; its answers fill the pipe; silence then
+    // ends it as a timeout, not a hang or unbounded memory.
+    let f = Fixture::new();
+    f.file("a", "A".repeat(65536));
+    let out = f.run(
+        &["--timeout", "1", "--kill-grace", "0.2"],
+        &f.py("while True: request('fs.read', {'path': 'a'})"),
+    );
+    out.expect("timeout", 124);
+    assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
+}
+
+#[test]
+fn attack_huge_result_line_is_bounded() {
+    let f = Fixture::new();
+    let out = f.run(&["--max-line", "65536"], &f.py("result('x' * 10_000_000)"));
+    out.expect("protocol_error", 4);
+}
+
+#[test]
+fn attack_garbage_then_result_still_works() {
+    let f = Fixture::new();
+    let out = f.run(
+        &[],
+        &f.py(
+            "for b in [b'\\x00\\x01\\x02\\n', b'{}\\n', b'null\\n', b'{\"jsonrpc\":\"2.0\",\"id\":1}\\n', b'{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"fs.read\"}\\n']:\n\
+             \x20   send_raw(b); r = recv(); assert 'error' in r, r\n\
+             result('survived')",
+        ),
+    );
+    assert_eq!(out.text(), "survived");
+}
+
+#[test]
+fn attack_cancel_race_with_completion() {
+    // The tool cancels ids that are done, unknown, and in flight, many times:
+    // exactly one response per id, never two.
+    let f = Fixture::new();
+    f.file("a", "A");
+    let out = f.run(
+        &[],
+        &f.py("seen = {}\n\
+             for i in range(1, 200):\n\
+             \x20   request('fs.read', {'path': 'a'}, id=i)\n\
+             \x20   send({'jsonrpc': '2.0', 'method': 'cancel', 'params': {'id': i}})\n\
+             \x20   send({'jsonrpc': '2.0', 'method': 'cancel', 'params': {'id': 100000 + i}})\n\
+             for i in range(1, 200):\n\
+             \x20   r = recv(); seen[r['id']] = seen.get(r['id'], 0) + 1\n\
+             request('fs.exists', {'path': 'a'}, id='last'); r = recv()\n\
+             assert r['id'] == 'last', r\n\
+             result(json.dumps([len(seen), max(seen.values())]))"),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got, json!([199, 1]));
+}
+
+#[test]
+fn attack_result_then_flood_of_output() {
+    let f = Fixture::new();
+    let out = f
+        .run(&["--kill-grace", "0.3"], &f.py("result('first')\nwhile True: send_raw(b'x' * 65536 + b'\\n')"));
+    let j = out.completed();
+    assert_eq!(j["content"][0]["text"], "first");
+    assert!(out.elapsed < Duration::from_secs(5));
+}
+
+#[test]
+fn attack_stderr_flood_is_bounded() {
+    let f = Fixture::new();
+    let out = f.run(
+        &[],
+        &f.py("for _ in range(2000): sys.stderr.write('e' * 65536)\nsys.stderr.flush()\nresult('ok')"),
+    );
+    assert_eq!(out.text(), "ok");
+}
+
+#[test]
+fn attack_symlink_swapped_to_escape_between_calls() {
+    let f = Fixture::new();
+    f.file("inside.txt", "in");
+    let outside = f.scratch.path().join("secret.txt");
+    std::fs::write(&outside, "SECRET").unwrap();
+    let link = f.root().join("l");
+    let out = f.run(
+        &["--allow-rw", "."],
+        &f.py(&format!(
+            "bad = 0\n\
+             for i in range(100):\n\
+             \x20   try: os.remove({l:?})\n\
+             \x20   except FileNotFoundError: pass\n\
+             \x20   os.symlink('inside.txt' if i % 2 else {o:?}, {l:?})\n\
+             \x20   r = call('fs.read', {{'path': 'l'}})\n\
+             \x20   if 'SECRET' in json.dumps(r): bad += 1\n\
+             \x20   w = call('fs.write', {{'path': 'l', 'content': 'pwn'}})\n\
+             result(str(bad))",
+            l = link.display().to_string(),
+            o = outside.display().to_string()
+        )),
+    );
+    assert_eq!(out.text(), "0");
+    assert_eq!(std::fs::read(&outside).unwrap(), b"SECRET");
+}
+
+// ---------------------------------------------------------------- scrubbing
+
+#[test]
+fn allowed_env_values_are_scrubbed_from_everything_the_tool_gets() {
+    let f = Fixture::new();
+    f.file("t.txt", "token=supersecret123 end");
+    f.file("b.bin", b"\xff\xfesupersecret123");
+    let out = f.run_env(
+        &["--env-allow", "MY_TOKEN", "--allow-cmd", "sh"],
+        &f.py(
+            "a = ok('fs.read', {'path': 't.txt'})['content']\n\
+             b = base64.b64decode(ok('fs.read', {'path': 'b.bin'})['content'])\n\
+             c = ok('process.run', {'program': 'sh', 'args': ['-c', 'echo $MY_TOKEN; echo $MY_TOKEN >&2'], 'envs': ['MY_TOKEN']})\n\
+             g = ok('fs.grep', {'pattern': 'token'})\n\
+             result(json.dumps([a, b.decode('latin-1'), c['stdout'], c['stderr'], json.dumps(g), os.environ.get('MY_TOKEN')]))",
+        ),
+        &[("MY_TOKEN", "supersecret123")],
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert!(!out.stdout().contains("supersecret123"), "{}", out.stdout());
+    assert_eq!(got[0], "token=[REDACTED] end");
+    assert!(got[1].as_str().unwrap().ends_with("[REDACTED]"), "{got}");
+    assert_eq!(got[2], "[REDACTED]\n");
+    assert_eq!(got[3], "[REDACTED]\n");
+    assert!(got[4].as_str().unwrap().contains("[REDACTED]"));
+    assert_eq!(got[5], Value::Null, "the variable itself is not in the tool's env");
+}
+
+#[test]
+fn the_record_holds_no_secret() {
+    let f = Fixture::new();
+    f.file("t.txt", "token=supersecret123");
+    let rec = f.scratch.path().join("trace.jsonl");
+    let out = f.run_env(
+        &["--env-allow", "MY_TOKEN", "--record", rec.to_str().unwrap()],
+        &f.py("a = ok('fs.read', {'path': 't.txt'})\nresult(a['content'])"),
+        &[("MY_TOKEN", "supersecret123")],
+    );
+    out.completed();
+    let trace = std::fs::read_to_string(&rec).unwrap();
+    assert!(trace.lines().count() > 3, "{trace}");
+    // Bytes are base64 in a trace: look inside every string, decoded too.
+    let mut texts = Vec::new();
+    fn strings(v: &Value, out: &mut Vec<Vec<u8>>) {
+        use base64::Engine as _;
+        match v {
+            Value::String(s) => {
+                out.push(s.as_bytes().to_vec());
+                if let Ok(b) = base64::engine::general_purpose::STANDARD.decode(s) {
+                    out.push(b);
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+            Value::Object(o) => o.values().for_each(|x| strings(x, out)),
+            _ => {}
+        }
+    }
+    for line in trace.lines() {
+        strings(&serde_json::from_str(line).unwrap(), &mut texts);
+    }
+    let has = |needle: &[u8]| texts.iter().any(|t| t.windows(needle.len()).any(|w| w == needle));
+    assert!(!has(b"supersecret123"), "secret in the trace");
+    assert!(has(b"fs.read") && has(b"token=[REDACTED]"), "{trace}");
+}
+
+// ---------------------------------------------------------------- process.run
+
+#[test]
+fn process_run_with_allow_cmd() {
+    let f = Fixture::new();
+    f.file("hello.txt", "hi");
+    let out = f.run_env(
+        &["--allow-cmd", "sh", "--allow-cmd", "/bin/echo", "--env-allow", "GREETING"],
+        &f.py(
+            "a = ok('process.run', {'program': 'sh', 'args': ['-c', 'cat hello.txt; pwd; echo err >&2; exit 3']})\n\
+             b = ok('process.run', {'program': '/bin/echo', 'args': ['x']})\n\
+             c = code('process.run', {'program': 'echo', 'args': ['x']})\n\
+             d = code('process.run', {'program': 'sh', 'envs': ['HOME']})\n\
+             e = ok('process.run', {'program': 'sh', 'args': ['-c', 'echo $GREETING; env | cut -d= -f1 | sort | tr \"\\n\" \" \"'], 'envs': ['GREETING']})\n\
+             g = ok('process.run', {'program': 'sh', 'args': ['-c', 'kill -9 $$']})\n\
+             result(json.dumps([a, b, c, d, e, g]))",
+        ),
+        &[("GREETING", "hello-there")],
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    let root = std::fs::canonicalize(f.root()).unwrap();
+    assert_eq!(got[0]["stdout"], format!("hi{}\n", root.display()));
+    assert_eq!(got[0]["stderr"], "err\n");
+    assert_eq!(got[0]["exit_code"], 3);
+    assert_eq!(got[1]["stdout"], "x\n");
+    assert_eq!(got[2], -32001, "bare echo is not /bin/echo");
+    assert_eq!(got[3], -32001, "envs not --env-allow'ed");
+    let env_line = got[4]["stdout"].as_str().unwrap();
+    // The value reached the process, and is scrubbed from its output.
+    assert!(env_line.starts_with("[REDACTED]\n"), "{env_line}");
+    let names: Vec<&str> = env_line.lines().nth(1).unwrap().split_whitespace().collect();
+    for n in names {
+        assert!(
+            ["PATH", "GREETING", "PWD", "SHLVL", "_"].contains(&n),
+            "{n} reached the process: {env_line}"
+        );
+    }
+    assert_eq!(got[5]["signal"], 9);
+}
+
+#[test]
+fn process_run_is_killed_with_its_group_on_op_timeout() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--allow-cmd", "sh", "--op-timeout", "1"],
+        &f.py(&format!(
+            "r = call('process.run', {{'program': 'sh', 'args': ['-c', 'echo $$ > {}; sleep 60 & sleep 60']}})\n\
+             result(json.dumps(r))",
+            f.note("runpid").display()
+        )),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got["error"]["code"], -32004, "{got}");
+    assert!(out.elapsed < Duration::from_secs(10));
+    let pid: i32 = std::fs::read_to_string(f.note("runpid")).unwrap().trim().parse().unwrap();
+    assert_group_gone(pid);
+}
+
+#[test]
+fn process_run_streams_are_bounded_by_max_file() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--allow-cmd", "sh", "--max-file", "1000", "--op-timeout", "10"],
+        &f.py("r = call('process.run', {'program': 'sh', 'args': ['-c', 'yes']})\nresult(json.dumps(r))"),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got["error"]["code"], -32603, "{got}");
+    assert!(out.elapsed < Duration::from_secs(10));
+}
+
+// ---------------------------------------------------------------- http
+
+/// A loopback HTTP server for the tests: `/echo` answers with the request
+/// it got, `/redirect` with a 302, `/big` with 100 000 bytes, `/slow` after
+/// 30 s. Serves until the test ends.
+fn http_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || serve_one(stream));
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn serve_one(mut s: std::net::TcpStream) {
+    let mut req = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        let Ok(n) = s.read(&mut buf) else { return };
+        if n == 0 {
+            return;
+        }
+        req.extend_from_slice(&buf[..n]);
+        if let Some(p) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&req[..head_end]).to_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while req.len() < head_end + len {
+        let Ok(n) = s.read(&mut buf) else { return };
+        if n == 0 {
+            break;
+        }
+        req.extend_from_slice(&buf[..n]);
+    }
+    let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+    let (status, extra, body): (&str, &str, Vec<u8>) = match path.as_str() {
+        "/redirect" => ("302 Found", "location: /echo\r\n", b"moved".to_vec()),
+        "/big" => ("200 OK", "", vec![b'b'; 100_000]),
+        "/binary" => ("200 OK", "x-kind: bin\r\n", vec![0xff, 0x00, 0x01]),
+        "/slow" => {
+            std::thread::sleep(Duration::from_secs(30));
+            ("200 OK", "", b"late".to_vec())
+        }
+        _ => ("200 OK", "x-test: yes\r\n", req.clone()),
+    };
+    let _ =
+        write!(s, "HTTP/1.1 {status}\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n", body.len());
+    let _ = s.write_all(&body);
+}
+
+#[test]
+fn http_get_and_post_against_a_local_server() {
+    let f = Fixture::new();
+    let base = http_server();
+    let prefix = format!("{base}/");
+    let out = f.run_env(
+        &["--allow-url", &prefix, "--env-allow", "API_TOKEN"],
+        &f.py(&format!(
+            "b = {base:?}\n\
+             a = ok('http.get', {{'url': b + '/echo', 'headers': [{{'name': 'X-Token', 'value': 'Bearer ${{API_TOKEN}}'}}]}})\n\
+             p = ok('http.post', {{'url': b + '/echo', 'body': 'payload-123'}})\n\
+             r = ok('http.get', {{'url': b + '/redirect'}})\n\
+             n = ok('http.get', {{'url': b + '/binary'}})\n\
+             e1 = code('http.get', {{'url': b + '/echo', 'headers': [{{'name': 'X', 'value': '${{HOME}}'}}]}})\n\
+             e2 = code('http.get', {{'url': b + '/echo', 'headers': [{{'name': 'X', 'value': '${{UNSET_VAR_X}}'}}]}})\n\
+             result(json.dumps([a, p, r, n, e1, e2]))"
+        )),
+        &[("API_TOKEN", "tok-abcdef")],
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[0]["status"], 200);
+    let echoed = got[0]["body"].as_str().unwrap();
+    assert!(echoed.starts_with("GET /echo HTTP/1.1"), "{echoed}");
+    assert!(
+        echoed.to_lowercase().contains("x-token: bearer [redacted]"),
+        "header sent, echo scrubbed: {echoed}"
+    );
+    assert!(got[0]["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|h| h["name"] == "x-test" && h["value"] == "yes"));
+    assert!(got[1]["body"].as_str().unwrap().ends_with("payload-123"));
+    assert_eq!(got[2]["status"], 302, "redirects are not followed");
+    assert_eq!(got[3]["encoding"], "base64");
+    assert_eq!(got[3]["body"], "/wAB");
+    assert_eq!(got[4], -32001, "HOME is not --env-allow'ed");
+    assert!(!out.stdout().contains("tok-abcdef"));
+}
+
+#[test]
+fn http_unset_allowed_var_is_32002() {
+    let f = Fixture::new();
+    let base = http_server();
+    let out = f.run(
+        &["--allow-url", &format!("{base}/"), "--env-allow", "NOT_SET_ANYWHERE_X"],
+        &f.py(&format!(
+            "result(str(code('http.get', {{'url': {:?}, 'headers': [{{'name': 'X', 'value': '${{NOT_SET_ANYWHERE_X}}'}}]}})))",
+            format!("{base}/echo")
+        )),
+    );
+    assert_eq!(out.text(), "-32002");
+}
+
+#[test]
+fn http_policy_limits_and_timeouts() {
+    let f = Fixture::new();
+    let base = http_server();
+    let port = base.rsplit(':').next().unwrap().to_owned();
+    let out = f.run(
+        &["--allow-url", &format!("{base}/api"), "--max-file", "1000", "--op-timeout", "1"],
+        &f.py(&format!(
+            "b = {base:?}\n\
+             cases = [b + '/apix', b + '/other', 'http://localhost:{port}/api/x', 'https://127.0.0.1:{port}/api/x',\n\
+             \x20   'http://127.0.0.1:1/api/x', 'http://u:p@127.0.0.1:{port}/api/x', b + '/api/../echo', b + '/api/%2e%2e/echo']\n\
+             r = [code('http.get', {{'url': u}}) for u in cases]\n\
+             r.append(call('http.get', {{'url': b + '/api'}}).get('result', {{}}).get('status'))\n\
+             r.append(ok('http.get', {{'url': b + '/api/echo'}})['status'])\n\
+             result(json.dumps(r))"
+        )),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    for (i, c) in got.as_array().unwrap()[..8].iter().enumerate() {
+        assert_eq!(c, -32001, "url case {i}: {got}");
+    }
+    assert_eq!(got[8], 200);
+    assert_eq!(got[9], 200);
+
+    // Bodies over --max-file and slow servers.
+    let out = f.run(
+        &["--allow-url", &format!("{base}/"), "--max-file", "1000", "--op-timeout", "1"],
+        &f.py(&format!(
+            "result(json.dumps([code('http.get', {{'url': {b:?} + '/big'}}), code('http.get', {{'url': {b:?} + '/slow'}}),\n\
+             \x20 code('http.post', {{'url': {b:?} + '/echo', 'body': 'x' * 5000}})]))",
+            b = base
+        )),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got, json!([-32603, -32004, -32603]));
+    assert!(out.elapsed < Duration::from_secs(10));
+}
+
+// ---------------------------------------------------------------- README and SDK
+
+/// The README's Python tool, extracted verbatim.
+fn readme_python_tool() -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let start = readme.find("<!-- tool-example -->").expect("README marks its Python tool");
+    let rest = &readme[start..];
+    let code = rest.split("```python\n").nth(1).expect("a python block follows the mark");
+    code.split("```").next().unwrap().to_owned()
+}
+
+#[test]
+fn the_readme_python_tool_works_when_pasted() {
+    let f = Fixture::new();
+    let code = readme_python_tool();
+    assert!(code.lines().count() <= 12, "the README promises a ten-line tool:\n{code}");
+    let path = f.scratch.path().join("count_lines.py");
+    std::fs::write(&path, &code).unwrap();
+    f.file("notes.txt", "a\nb\nc\n");
+    let out = f.run(&["--args", r#"{"path":"notes.txt"}"#], &["python3".into(), path.display().to_string()]);
+    let j = out.completed();
+    assert_eq!(j["content"][0]["text"], "notes.txt: 3 lines", "{j}");
+}
+
+#[test]
+fn the_rust_example_tool_uses_the_sdk() {
+    let f = Fixture::new();
+    f.file("src/main.rs", "fn main() {}\n");
+    // Examples are built next to the binary under test.
+    let exe = Path::new(airlock()).parent().unwrap().join("examples/vfs_tool");
+    let status = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--example", "vfs_tool"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = f.run(&["--allow-rw", "."], &[exe.display().to_string()]);
+    let j = out.completed();
+    assert_eq!(j["content"][0]["text"], "Modified src/main.rs", "{j}");
+    assert_eq!(f.read("src/main.rs").unwrap(), b"// edited by vfs_tool\nfn main() {}\n");
+}
