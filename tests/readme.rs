@@ -301,25 +301,43 @@ fn readme_commands_work_as_pasted() {
             }
             _ => continue,
         };
-        // A block that hangs fails instead of holding the test.
+        // A block that hangs fails instead of holding the test. `timeout`
+        // leads a process group of its own: whatever the block left
+        // running in the background (a server it failed to stop) is killed
+        // with it, and its output goes to files, not pipes, so a straggler
+        // cannot hold the test open waiting for their end.
         let mut cmd = Command::new("timeout");
         cmd.args(["--kill-after=5", &BLOCK_TIMEOUT_SECS.to_string()]).args(&argv);
         ran += 1;
-        let out = cmd
+        let out_path = scratch.path().join("block.out");
+        let err_path = scratch.path().join("block.err");
+        let status = cmd
             .current_dir(&clone)
             .env("PATH", &path)
             .env_remove("AIRLOCK_FD")
             .env_remove("AIRLOCK")
-            .output()
-            .unwrap_or_else(|e| panic!("{}: cannot start: {e}", block.name()));
-        if !out.status.success() {
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&out_path).expect("block stdout"))
+            .stderr(std::fs::File::create(&err_path).expect("block stderr"))
+            .spawn()
+            .and_then(|mut child| {
+                let pid = child.id();
+                let status = child.wait();
+                let leftovers = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).output();
+                if leftovers.is_ok_and(|o| o.status.success()) {
+                    failures.push(format!("{}: left processes running after it ended", block.name()));
+                }
+                status
+            })
+            .unwrap_or_else(|e| panic!("{}: cannot run: {e}", block.name()));
+        if !status.success() {
             failures.push(format!(
                 "{} ({}) exited {:?}\n--- stdout\n{}--- stderr\n{}",
                 block.name(),
                 block.lang,
-                out.status.code(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                status.code(),
+                String::from_utf8_lossy(&std::fs::read(&out_path).unwrap_or_default()),
+                String::from_utf8_lossy(&std::fs::read(&err_path).unwrap_or_default())
             ));
         }
     }

@@ -42,7 +42,7 @@ pub enum Resolved {
     Virtual { name: String },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Denied {
     Empty,
     Nul,
@@ -50,8 +50,10 @@ pub enum Denied {
     Escape,
     /// An absolute path under no allowed root.
     OutsideRoots,
-    /// A write to a path under a read-only root.
-    ReadOnly,
+    /// A write to a path under a read-only root (the root named).
+    ReadOnly {
+        root: PathBuf,
+    },
 }
 
 impl fmt::Display for Denied {
@@ -61,7 +63,7 @@ impl fmt::Display for Denied {
             Denied::Nul => "path contains a NUL byte",
             Denied::Escape => "path escapes the working directory",
             Denied::OutsideRoots => "path is outside every allowed root",
-            Denied::ReadOnly => "path is under a read-only root",
+            Denied::ReadOnly { root } => return write!(f, "path is under read-only root {}", root.display()),
         })
     }
 }
@@ -156,7 +158,7 @@ impl Policy {
         match (best, norm_rel) {
             (Some((i, root)), _) => {
                 if write && root.access == Access::ReadOnly {
-                    return Err(Denied::ReadOnly);
+                    return Err(Denied::ReadOnly { root: root.path.clone() });
                 }
                 let rel = abs.strip_prefix(&root.path).map(Path::to_path_buf).unwrap_or_default();
                 Ok(Resolved::Host { root: RootId(i), rel })
@@ -198,7 +200,7 @@ mod tests {
     fn resolves_roots_virtuals_and_refusals() {
         let p = policy();
         assert_eq!(p.resolve("/data/a.txt", false), host(0, "a.txt"));
-        assert_eq!(p.resolve("/data/a.txt", true), Err(Denied::ReadOnly));
+        assert_eq!(p.resolve("/data/a.txt", true), Err(Denied::ReadOnly { root: "/data".into() }));
         assert_eq!(p.resolve("/data/out/b", true), host(1, "b"));
         assert_eq!(p.resolve("/data/x/../out/b", true), host(1, "b"));
         assert_eq!(p.resolve("scratch/c", true), host(2, "c"));

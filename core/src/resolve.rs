@@ -45,13 +45,35 @@ pub enum Final<F> {
     Symlink(PathBuf),
 }
 
+/// The first symlink an open followed, and the scope rule it sits under:
+/// what a refusal names so that the child (and the audit log) learns which
+/// rule decided, not only that something did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Via {
+    pub link: PathBuf,
+    /// The rule (an allowed root, or a nested level's narrowing) the link
+    /// itself is under, when one is.
+    pub root: Option<PathBuf>,
+}
+
 /// Why an open failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// The resolved path is outside the scope, or outside every anchor.
-    Outside(PathBuf),
-    /// A write to a resolved path the scope allows only for reading.
-    ReadOnly(PathBuf),
+    /// `denied_by` is the rule that denies it explicitly (a `none` rule of
+    /// a narrowing), when one does.
+    Outside {
+        path: PathBuf,
+        denied_by: Option<PathBuf>,
+        via: Option<Via>,
+    },
+    /// A write to a resolved path the scope allows only for reading:
+    /// `root` is the read-only rule that decided.
+    ReadOnly {
+        path: PathBuf,
+        root: PathBuf,
+        via: Option<Via>,
+    },
     TooManyLinks,
     NotFound,
     /// The file system refused (permission, not a regular file, …).
@@ -66,9 +88,10 @@ impl Refusal {
     pub fn kind(&self) -> crate::fsproxy::FsErrorKind {
         use crate::fsproxy::FsErrorKind;
         match self {
-            Refusal::Outside(_) | Refusal::ReadOnly(_) | Refusal::TooManyLinks | Refusal::Denied(_) => {
-                FsErrorKind::Denied
-            }
+            Refusal::Outside { .. }
+            | Refusal::ReadOnly { .. }
+            | Refusal::TooManyLinks
+            | Refusal::Denied(_) => FsErrorKind::Denied,
             Refusal::NotFound => FsErrorKind::NotFound,
             Refusal::Fs(_) => FsErrorKind::Other,
         }
@@ -78,8 +101,33 @@ impl Refusal {
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Refusal::Outside(p) => write!(f, "{} resolves outside the allowed paths", p.display()),
-            Refusal::ReadOnly(p) => write!(f, "{} resolves to a read-only path", p.display()),
+            Refusal::Outside { path, denied_by, via } => {
+                match via {
+                    Some(Via { link, root: Some(root) }) => write!(
+                        f,
+                        "symlink {} leads outside root {}: it resolves to {}",
+                        link.display(),
+                        root.display(),
+                        path.display()
+                    )?,
+                    Some(Via { link, root: None }) => {
+                        write!(f, "symlink {} resolves to {}", link.display(), path.display())?
+                    }
+                    None => write!(f, "{}", path.display())?,
+                }
+                match denied_by {
+                    Some(rule) => write!(f, ", under {}, which this level denies", rule.display()),
+                    None if via.is_some() => f.write_str(", outside every allowed root"),
+                    None => f.write_str(" is outside every allowed root"),
+                }
+            }
+            Refusal::ReadOnly { path, root, via } => {
+                write!(f, "{} is under read-only root {}", path.display(), root.display())?;
+                match via {
+                    Some(v) => write!(f, " (reached through symlink {})", v.link.display()),
+                    None => Ok(()),
+                }
+            }
             Refusal::TooManyLinks => write!(f, "more than {MAX_SYMLINK_HOPS} symlinks"),
             Refusal::NotFound => f.write_str("no such file or directory"),
             Refusal::Denied(m) | Refusal::Fs(m) => f.write_str(m),
@@ -150,6 +198,14 @@ pub fn open<N: Namespace>(
         })
         .collect();
     let mut hops = 0;
+    // The first symlink followed: what a refusal names.
+    let mut via: Option<Via> = None;
+    let note = |link: PathBuf, via: &mut Option<Via>| {
+        if via.is_none() {
+            let root = scope.rule_for(&link).filter(|r| r.access.is_some()).map(|r| r.path.clone());
+            *via = Some(Via { link, root });
+        }
+    };
     'walk: loop {
         let Some((name, parent)) = parts.split_last() else {
             return Err(Refusal::Denied("not a regular file".into()));
@@ -162,7 +218,8 @@ pub fn open<N: Namespace>(
             .filter(|(_, a)| parent_path.starts_with(a))
             .max_by_key(|(_, a)| a.components().count())
         else {
-            return Err(Refusal::Outside(to_path(&parts)));
+            let path = to_path(&parts);
+            return Err(outside(scope, path, via));
         };
         let depth = anchor.components().count() - 1;
         let mut dir = ns.anchor(index)?;
@@ -174,6 +231,7 @@ pub fn open<N: Namespace>(
                     if hops > MAX_SYMLINK_HOPS {
                         return Err(Refusal::TooManyLinks);
                     }
+                    note(to_path(&parent[..=i]), &mut via);
                     parts = rewrite(&parent[..i], &target, &parts[i + 1..]);
                     continue 'walk;
                 }
@@ -183,10 +241,11 @@ pub fn open<N: Namespace>(
         }
         let full = to_path(&parts);
         if !scope.permits(&full, false) {
-            return Err(Refusal::Outside(full));
+            return Err(outside(scope, full, via));
         }
         if mode.writable() && !scope.permits(&full, true) {
-            return Err(Refusal::ReadOnly(full));
+            let root = scope.rule_for(&full).map_or_else(|| full.clone(), |r| r.path.clone());
+            return Err(Refusal::ReadOnly { path: full, root, via });
         }
         match ns.open_final(&dir, name, &full, mode)? {
             Final::File(f) => return Ok((f, full)),
@@ -195,10 +254,16 @@ pub fn open<N: Namespace>(
                 if hops > MAX_SYMLINK_HOPS {
                     return Err(Refusal::TooManyLinks);
                 }
+                note(full, &mut via);
                 parts = rewrite(parent, &target, &[]);
             }
         }
     }
+}
+
+fn outside(scope: &Scope, path: PathBuf, via: Option<Via>) -> Refusal {
+    let denied_by = scope.rule_for(&path).filter(|r| r.access.is_none()).map(|r| r.path.clone());
+    Refusal::Outside { path, denied_by, via }
 }
 
 #[cfg(test)]
@@ -289,16 +354,39 @@ mod tests {
         // Read-only decided on the resolved file.
         let s = scope(&[("/d", RW), ("/d/ro", RO)]);
         let r = open(&mut m, &anchors, Path::new("/d/rolink/keep.txt"), Mode::Write, &s);
-        assert_eq!(r.unwrap_err(), Refusal::ReadOnly("/d/ro/keep.txt".into()));
+        let e = r.unwrap_err();
+        assert_eq!(
+            e,
+            Refusal::ReadOnly {
+                path: "/d/ro/keep.txt".into(),
+                root: "/d/ro".into(),
+                via: Some(Via { link: "/d/rolink".into(), root: Some("/d".into()) }),
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "/d/ro/keep.txt is under read-only root /d/ro (reached through symlink /d/rolink)"
+        );
         assert!(open(&mut m, &anchors, Path::new("/d/rolink/keep.txt"), Mode::Read, &s).is_ok());
         // A narrower nested level cannot be left through a symlink.
         let s = scope(&[("/d/a/sub", RW)]);
         let r = open(&mut m, &anchors, Path::new("/d/a/sub/up/secret"), Mode::Read, &s);
-        assert_eq!(r.unwrap_err(), Refusal::Outside("/d/a/other/secret".into()));
+        assert_eq!(
+            r.unwrap_err().to_string(),
+            "symlink /d/a/sub/up leads outside root /d/a/sub: it resolves to /d/a/other/secret, \
+             outside every allowed root"
+        );
         // A single-file root that is a symlink to a sibling.
         let s = scope(&[("/d/out.txt", RW)]);
         let r = open(&mut m, &anchors, Path::new("/d/out.txt"), Mode::Read, &s);
-        assert_eq!(r.unwrap_err(), Refusal::Outside("/d/secret.txt".into()));
+        assert_eq!(
+            r.unwrap_err(),
+            Refusal::Outside {
+                path: "/d/secret.txt".into(),
+                denied_by: None,
+                via: Some(Via { link: "/d/out.txt".into(), root: Some("/d/out.txt".into()) }),
+            }
+        );
         // Loops end.
         let s = scope(&[("/d", RW)]);
         assert_eq!(
@@ -313,8 +401,19 @@ mod tests {
         let s = Scope::everything();
         assert_eq!(
             open(&mut m, &anchors, Path::new("/d/abs"), Mode::Read, &s).unwrap_err(),
-            Refusal::Outside("/etc/passwd".into())
+            Refusal::Outside {
+                path: "/etc/passwd".into(),
+                denied_by: None,
+                via: Some(Via { link: "/d/abs".into(), root: Some("/".into()) }),
+            }
         );
+        // A plain path under a rule a narrowing denies names that rule.
+        let s = scope(&[("/d", RW), ("/d/a", None)]);
+        let e = open(&mut m, &anchors, Path::new("/d/a/sub/f"), Mode::Read, &s).unwrap_err();
+        assert_eq!(e.to_string(), "/d/a/sub/f, under /d/a, which this level denies");
+        let s = scope(&[("/d/ro", RW)]);
+        let e = open(&mut m, &anchors, Path::new("/d/secret.txt"), Mode::Read, &s).unwrap_err();
+        assert_eq!(e.to_string(), "/d/secret.txt is outside every allowed root");
         // No file is created through a refused path.
         let s = scope(&[("/d", RW), ("/d/ro", RO)]);
         assert!(open(&mut m, &anchors, Path::new("/d/rolink/new"), Mode::Write, &s).is_err());

@@ -86,11 +86,12 @@ impl Scope {
 
     /// The access the most specific rule containing `path` gives.
     pub fn access(&self, path: &Path) -> Option<Access> {
-        self.rules
-            .iter()
-            .filter(|r| path.starts_with(&r.path))
-            .max_by_key(|r| r.path.components().count())
-            .and_then(|r| r.access)
+        self.rule_for(path).and_then(|r| r.access)
+    }
+
+    /// The rule that decides `path`: the deepest one containing it.
+    pub fn rule_for(&self, path: &Path) -> Option<&Rule> {
+        self.rules.iter().filter(|r| path.starts_with(&r.path)).max_by_key(|r| r.path.components().count())
     }
 
     /// Whether `path` may be opened for reading, or writing when `write`.

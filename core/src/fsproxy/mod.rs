@@ -610,8 +610,15 @@ pub struct FsProxy {
 fn narrowed_permit(narrowing: Option<&Scope>, abs: &std::path::Path, write: bool) -> Result<(), Failure> {
     match narrowing {
         Some(n) if !n.permits(abs, write) => {
-            let what = if n.permits(abs, false) { "read-only" } else { "outside the allowed paths" };
-            Err(Failure::new(ErrorCode::Perm, format!("path is {what} for a nested level")))
+            let rule = n.rule_for(abs).map(|r| r.path.display().to_string());
+            let msg = match (n.permits(abs, false), rule) {
+                (true, Some(r)) => format!("path is under {r}, which a nested level narrowed to read-only"),
+                (false, Some(r)) => format!("path is under {r}, which a nested level denies"),
+                (_, None) => {
+                    "path is outside the roots a nested level narrowed this connection to".to_owned()
+                }
+            };
+            Err(Failure::new(ErrorCode::Perm, msg))
         }
         _ => Ok(()),
     }

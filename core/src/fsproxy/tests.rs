@@ -1574,10 +1574,17 @@ fn narrow_intersects_every_open_on_the_connection_and_its_attachments() {
         narrow_req("n", json!([{"path": "/rw/sub", "access": "rw"}, {"path": "/ro", "access": "rw"}])),
     );
     assert_eq!(r, json!({"id": "n", "ok": true, "result": {}}));
-    // Lexically outside the narrowing: refused here, no effect.
-    assert_eq!(code(&open(&mut s, A, "/rw/other.txt", "r")), "E_PERM");
+    // Lexically outside the narrowing: refused here, no effect, and the
+    // refusal says which rule decided.
+    let r = open(&mut s, A, "/rw/other.txt", "r");
+    assert_eq!(code(&r), "E_PERM");
+    assert_eq!(
+        r["error"]["message"],
+        json!("path is outside the roots a nested level narrowed this connection to")
+    );
     // The top's read-only root stays read-only whatever the narrowing says.
-    assert_eq!(code(&open(&mut s, A, "/ro/hello.txt", "w")), "E_PERM");
+    let r = open(&mut s, A, "/ro/hello.txt", "w");
+    assert_eq!(r["error"], json!({"code": "E_PERM", "message": "path is under read-only root /ro"}));
     // Inside: the effect carries the intersection, to be checked on the
     // resolved file.
     s.auto = false;
@@ -1677,4 +1684,18 @@ fn three_levels_intersect_at_the_top() {
     c.mid.send_json(B, &json!({"id": "3", "op": "open", "params": {"path": "/rw/a/other", "mode": "w"}}));
     c.pump();
     assert!(open_scope(&c.top).permits(Path::new("/rw/a/other"), true));
+}
+
+#[test]
+fn a_narrowing_refusal_names_the_rule_that_decided() {
+    let mut s = shell();
+    let rules = json!([{"path": "/rw", "access": "rw"}, {"path": "/rw/sub", "access": "r"}, {"path": "/rw/sub/x", "access": "none"}]);
+    call(&mut s, A, narrow_req("n", rules));
+    let r = open(&mut s, A, "/rw/sub/f", "w");
+    assert_eq!(
+        r["error"]["message"],
+        json!("path is under /rw/sub, which a nested level narrowed to read-only")
+    );
+    let r = open(&mut s, A, "/rw/sub/x/f", "r");
+    assert_eq!(r["error"]["message"], json!("path is under /rw/sub/x, which a nested level denies"));
 }
