@@ -469,6 +469,11 @@ enum Waiting {
         mode: Mode,
     },
     Read,
+    /// A read forwarded upstream, asking for at most `max` bytes: an
+    /// answer with more is refused.
+    UpstreamRead {
+        max: u32,
+    },
     Write,
     Close,
     /// Closing for a client that left; nobody to answer.
@@ -1489,7 +1494,7 @@ impl FsProxy {
                 if !self.upstream_alive {
                     return Err(Failure::new(ErrorCode::Io, "upstream closed"));
                 }
-                self.forward(client, req, Waiting::Read, Op::Read { h: up, max });
+                self.forward(client, req, Waiting::UpstreamRead { max }, Op::Read { h: up, max });
                 Ok(None)
             }
         }
@@ -1707,7 +1712,7 @@ impl FsProxy {
         self.upstream_decoder.push(data);
         loop {
             match self.upstream_decoder.next_frame() {
-                Ok(Some(payload)) => self.on_upstream_frame(&payload),
+                Ok(Some(payload)) => self.on_upstream_frame(payload),
                 Ok(None) => return,
                 Err(FrameError::Skipped { len, max, head }) => {
                     // One oversized answer fails the one request it
@@ -1734,18 +1739,23 @@ impl FsProxy {
         }
     }
 
-    fn on_upstream_frame(&mut self, payload: &[u8]) {
+    fn on_upstream_frame(&mut self, payload: Vec<u8>) {
         #[derive(Deserialize)]
         struct IdOnly {
             id: Option<String>,
         }
-        let id = serde_json::from_slice::<IdOnly>(payload).ok().and_then(|r| r.id);
+        let id = serde_json::from_slice::<IdOnly>(&payload).ok().and_then(|r| r.id);
         let Some(pending) = id.and_then(|id| self.upstream_pending.remove(&id)) else {
             self.stats.upstream_errors += 1;
             return;
         };
+        let mut max_read = self.config.limits.max_read;
         let kind = match pending.waiting {
             Waiting::UpstreamOpen { .. } => OpKind::Open,
+            Waiting::UpstreamRead { max } => {
+                max_read = max;
+                OpKind::Read
+            }
             Waiting::Read => OpKind::Read,
             Waiting::Write => OpKind::Write,
             Waiting::Close | Waiting::Cleanup => OpKind::Close,
@@ -1757,7 +1767,9 @@ impl FsProxy {
             | Waiting::Pager { .. }
             | Waiting::UpstreamFd(_) => OpKind::Other,
         };
-        let outcome = match wire::parse_response(payload, kind) {
+        // A read's data is checked and passed on as the base64 text it
+        // came in, not decoded here and encoded again.
+        let outcome = match wire::parse_upstream_response(payload, kind, max_read) {
             Ok(r) => r.outcome,
             Err(e) => {
                 self.stats.upstream_errors += 1;
