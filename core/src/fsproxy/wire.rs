@@ -316,8 +316,10 @@ mod fast {
     struct Params<'a> {
         h: Option<u64>,
         max: Option<u64>,
+        // Bytes, not `str`: base64's alphabet is ASCII, so decoding
+        // checks what UTF-8 validation would.
         #[serde(borrow)]
-        data: Option<&'a str>,
+        data: Option<&'a [u8]>,
         #[serde(rename = "final")]
         fin: Option<bool>,
         path: Option<String>,
@@ -687,7 +689,7 @@ impl Base64Data {
 
     /// The base64 text (ASCII).
     pub fn text(&self) -> &[u8] {
-        &self.frame[self.start..self.end]
+        self.frame.get(self.start..self.end).unwrap_or_default()
     }
 
     /// Bytes the text decodes to.
@@ -859,51 +861,80 @@ fn check_read_len(len: usize, max_read: u32) -> Result<(), String> {
 /// reference, which decides it (both are property-tested to agree).
 pub fn parse_upstream_response(payload: Vec<u8>, op: OpKind, max_read: u32) -> Result<Response, String> {
     if op == OpKind::Read {
-        if let Some((id, eof, text, decoded_len)) = pass_through_read(&payload, max_read) {
-            let data = Base64Data { frame: payload, start: text.start, end: text.end, decoded_len };
-            return Ok(Response { id, outcome: Ok(Success::Base64Data { data, eof }) });
+        if let Some(read) = ReadAnswer::parse(&payload).filter(|r| r.within(max_read)) {
+            return Ok(read.into_response(payload));
         }
     }
     parse_upstream_response_decoded(&payload, op, max_read)
 }
 
-/// A read answer's id, `eof`, where its data's text lies in the frame and
-/// its decoded length, when the answer is the well-formed successful one
-/// and its data checks; `None` sends the frame to the reference.
-fn pass_through_read(
-    payload: &[u8],
-    max_read: u32,
-) -> Option<(Option<String>, bool, std::ops::Range<usize>, usize)> {
-    use std::borrow::Cow;
+/// A successful `read` answer, typed-parsed from its frame in one pass,
+/// its data checked canonical base64 where it lies in the frame. Only the
+/// well-formed answer parses (a JSON object with exactly `id`, `ok: true`
+/// and `result: {data, eof}`, the data unescaped); anything else is left
+/// to [`parse_upstream_response_decoded`].
+pub(crate) struct ReadAnswer {
+    id: Option<String>,
+    eof: bool,
+    text: std::ops::Range<usize>,
+    decoded_len: usize,
+}
 
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Answer<'a> {
-        #[serde(borrow)]
-        id: Option<Cow<'a, str>>,
-        ok: bool,
-        #[serde(borrow)]
-        result: Option<Obj<ReadResult<'a>>>,
+impl ReadAnswer {
+    pub(crate) fn parse(payload: &[u8]) -> Option<Self> {
+        use std::borrow::Cow;
+
+        // Unknown fields go to the reference: serde_json skips them
+        // without the nesting limit the tree parse enforces.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Answer<'a> {
+            #[serde(borrow)]
+            id: Option<Cow<'a, str>>,
+            ok: bool,
+            #[serde(borrow)]
+            result: Option<Obj<ReadResult<'a>>>,
+        }
+
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct ReadResult<'a> {
+            // Bytes, not `str`: base64's alphabet is ASCII, so the
+            // canonical check below covers what UTF-8 validation would.
+            data: &'a [u8],
+            eof: bool,
+        }
+
+        let Obj(answer) = serde_json::from_slice::<Obj<Answer<'_>>>(payload).ok()?;
+        let Answer { id, ok: true, result: Some(Obj(ReadResult { data, eof })) } = answer else {
+            return None;
+        };
+        // `data` borrows from `payload` (an escaped string could not): its
+        // offset there is where the text lies.
+        let start = (data.as_ptr() as usize).checked_sub(payload.as_ptr() as usize)?;
+        let text = start..start + data.len();
+        let decoded_len = canonical_base64_len(payload.get(text.clone())?)?;
+        Some(ReadAnswer { id: id.map(Cow::into_owned), eof, text, decoded_len })
     }
 
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct ReadResult<'a> {
-        data: &'a str,
-        eof: bool,
+    /// The upstream's id for the request this answers.
+    pub(crate) fn id(&self) -> Option<&str> {
+        self.id.as_deref()
     }
 
-    let Obj(answer) = serde_json::from_slice::<Obj<Answer<'_>>>(payload).ok()?;
-    let Answer { id, ok: true, result: Some(Obj(ReadResult { data, eof })) } = answer else {
-        return None;
-    };
-    // `data` borrows from `payload` (an escaped string could not): its
-    // offset there is where the text lies.
-    let start = (data.as_ptr() as usize).checked_sub(payload.as_ptr() as usize)?;
-    let text = start..start + data.len();
-    let decoded_len = canonical_base64_len(payload.get(text.clone())?)?;
-    check_read_len(decoded_len, max_read).ok()?;
-    Some((id.map(Cow::into_owned), eof, text, decoded_len))
+    /// Whether the data is at most `max_read` bytes, as a read of that
+    /// size must return.
+    pub(crate) fn within(&self, max_read: u32) -> bool {
+        check_read_len(self.decoded_len, max_read).is_ok()
+    }
+
+    /// The answer, holding `payload`: the frame this was parsed from.
+    pub(crate) fn into_response(self, payload: Vec<u8>) -> Response {
+        let ReadAnswer { id, eof, text, decoded_len } = self;
+        debug_assert!(text.end <= payload.len());
+        let data = Base64Data { frame: payload, start: text.start, end: text.end, decoded_len };
+        Response { id, outcome: Ok(Success::Base64Data { data, eof }) }
+    }
 }
 
 /// How to read a response's `result`.
