@@ -115,6 +115,7 @@ impl Audit {
                 }
             }
             Ok(Success::Data { data, .. }) => record.bytes = Some(data.len() as u64),
+            Ok(Success::Base64Data { data, .. }) => record.bytes = Some(data.decoded_len() as u64),
             Ok(Success::Written { written }) => record.bytes = Some(*written),
             Ok(Success::Closed) => {
                 if let Some(h) = record.handle {

@@ -806,6 +806,55 @@ fn bad_upstream_response_is_e_io() {
 }
 
 #[test]
+fn forwarded_read_data_is_checked_before_it_is_passed_on() {
+    let mut s = intermediate();
+    s.send_json(A, &json!({"id": "a", "op": "open", "params": {"path": "/rw/x", "mode": "r"}}));
+    upstream_requests(&mut s);
+    reply_upstream(&mut s, json!({"id": "u1", "ok": true, "result": {"handle": 7}}));
+    assert_eq!(handle_of(&s.responses(A)[0]), 3);
+    // Each answer as a hostile upstream might send it, for a read of at
+    // most 4 bytes: none may reach the client.
+    let bad = [
+        ("aGVsbG8=", "exceeds the 4 bytes asked for"),
+        ("aGk", "not base64"),
+        ("aGk==", "not base64"),
+        ("aGl=", "not base64"),
+        ("aG!=", "not base64"),
+        ("aGk=\n", "not base64"),
+    ];
+    let mut next = 2;
+    for (i, (data, why)) in bad.iter().enumerate() {
+        let id = format!("r{i}");
+        s.send_json(A, &json!({"id": id, "op": "read", "params": {"h": 3, "max": 4}}));
+        assert_eq!(upstream_requests(&mut s).len(), 1);
+        reply_upstream(
+            &mut s,
+            json!({"id": format!("u{next}"), "ok": true, "result": {"data": data, "eof": false}}),
+        );
+        next += 1;
+        let resp = s.responses(A).pop().unwrap_or_default();
+        assert_eq!(resp["id"], json!(id));
+        assert_eq!(code(&resp), "E_IO", "{data} passed: {resp}");
+        let msg = resp["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(why), "{data}: {msg}");
+    }
+    assert_eq!(s.proxy.stats().upstream_errors, bad.len() as u64);
+    // Exactly the asked-for size, and the empty read at EOF, pass.
+    for (data, eof) in [("aGVsbA==", false), ("", true)] {
+        s.send_json(A, &json!({"id": "ok", "op": "read", "params": {"h": 3, "max": 4}}));
+        upstream_requests(&mut s);
+        reply_upstream(
+            &mut s,
+            json!({"id": format!("u{next}"), "ok": true, "result": {"data": data, "eof": eof}}),
+        );
+        next += 1;
+        let resp = s.responses(A).pop().unwrap_or_default();
+        assert_eq!(resp, json!({"id": "ok", "ok": true, "result": {"data": data, "eof": eof}}));
+    }
+    assert_eq!(s.proxy.stats().upstream_errors, bad.len() as u64);
+}
+
+#[test]
 fn upstream_eof_answers_pending_requests_with_e_io() {
     let mut s = intermediate();
     s.send_json(A, &json!({"id": "a1", "op": "open", "params": {"path": "/rw/notes.txt", "mode": "r"}}));

@@ -300,20 +300,26 @@ mod fast {
     use super::*;
     use serde_json::value::RawValue;
 
+    // Unknown fields send a frame to the tree: serde_json skips them
+    // without its nesting limit, which the tree enforces.
     #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Envelope<'a> {
         id: String,
         op: &'a str,
         #[serde(borrow)]
-        params: Option<&'a RawValue>,
+        params: Option<Obj<Params<'a>>>,
     }
 
     #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Params<'a> {
         h: Option<u64>,
         max: Option<u64>,
+        // Bytes, not `str`: base64's alphabet is ASCII, so decoding
+        // checks what UTF-8 validation would.
         #[serde(borrow)]
-        data: Option<&'a str>,
+        data: Option<&'a [u8]>,
         #[serde(rename = "final")]
         fin: Option<bool>,
         path: Option<String>,
@@ -323,11 +329,10 @@ mod fast {
     }
 
     pub(super) fn parse(payload: &[u8], limits: Limits) -> Option<Result<Request, Rejection>> {
-        let env: Envelope<'_> = serde_json::from_slice(payload).ok()?;
-        let p: Params<'_> = match env.params {
-            Some(raw) => serde_json::from_str(raw.get()).ok()?,
-            None => return None,
-        };
+        // One pass over the frame: the params are read where they stand,
+        // not kept as raw text and scanned a second time.
+        let Obj(env) = serde_json::from_slice::<Obj<Envelope<'_>>>(payload).ok()?;
+        let Obj(p) = env.params?;
         let op = match env.op {
             "read" => {
                 let (h, max) = (p.h?, p.max?);
@@ -346,6 +351,45 @@ mod fast {
         // `final` only has to be a boolean or null, which `Params` checked.
         let _ = p.fin;
         Some(Ok(Request { id: env.id, op }))
+    }
+}
+
+/// A derived struct read only from a JSON object. serde's derived structs
+/// also take an array of their fields in order, which the tree parses
+/// refuse ("is not an object"): a fast path reading `T` directly would
+/// accept frames the tree rejects.
+struct Obj<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        T::deserialize(MapOnly(d)).map(Obj)
+    }
+}
+
+/// Hands a derived struct's visitor to `deserialize_map`, which serde_json
+/// serves from an object only.
+struct MapOnly<D>(D);
+
+impl<'de, D: serde::Deserializer<'de>> serde::Deserializer<'de> for MapOnly<D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, v: V) -> Result<V::Value, D::Error> {
+        self.0.deserialize_any(v)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, D::Error> {
+        self.0.deserialize_map(v)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map enum identifier ignored_any
     }
 }
 
@@ -501,6 +545,12 @@ pub enum Success {
         data: Vec<u8>,
         eof: bool,
     },
+    /// A read's data as a nested level's upstream sent it: checked, and
+    /// passed on as the base64 text it came in (see [`Base64Data`]).
+    Base64Data {
+        data: Base64Data,
+        eof: bool,
+    },
     Written {
         written: u64,
     },
@@ -570,7 +620,17 @@ pub fn encode_response(resp: &Response) -> Vec<u8> {
 pub fn encode_response_into(resp: &Response, out: &mut Vec<u8>) {
     let id = resp.id.as_deref();
     let (result, error) = match &resp.outcome {
-        Ok(Success::Data { data, eof }) => return encode_data(id, data, *eof, out),
+        Ok(Success::Data { data, eof }) => {
+            let len = data.len().div_ceil(3) * 4;
+            return encode_data(id, len, *eof, out, |b64| STANDARD.encode_slice(data, b64).unwrap_or(0));
+        }
+        Ok(Success::Base64Data { data, eof }) => {
+            let text = data.text();
+            return encode_data(id, text.len(), *eof, out, |b64| {
+                b64.copy_from_slice(text);
+                text.len()
+            });
+        }
         Ok(Success::Opened { handle }) => (Some(WireResult::Opened { handle: handle.get() }), None),
         Ok(Success::Written { written }) => (Some(WireResult::Written { written: *written }), None),
         Ok(Success::Closed | Success::Attached) => (None, None),
@@ -585,17 +645,131 @@ pub fn encode_response_into(resp: &Response, out: &mut Vec<u8>) {
 
 /// A read's answer, `{"id":…,"ok":true,"result":{"data":"…","eof":…}}`,
 /// the bytes serde_json would write: base64's alphabet needs no escaping,
-/// so it is encoded in place rather than built as a string and escaped.
-fn encode_data(id: Option<&str>, data: &[u8], eof: bool, out: &mut Vec<u8>) {
-    out.reserve(64 + id.map_or(4, str::len) + data.len().div_ceil(3) * 4);
+/// so `fill` writes the (at most `b64_len` bytes of) base64 text in place
+/// rather than building it as a string and escaping it.
+fn encode_data(
+    id: Option<&str>,
+    b64_len: usize,
+    eof: bool,
+    out: &mut Vec<u8>,
+    fill: impl FnOnce(&mut [u8]) -> usize,
+) {
+    out.reserve(64 + id.map_or(4, str::len) + b64_len);
     out.extend_from_slice(b"{\"id\":");
     let _ = serde_json::to_writer(&mut *out, &id);
     out.extend_from_slice(b",\"ok\":true,\"result\":{\"data\":\"");
     let start = out.len();
-    out.resize(start + data.len().div_ceil(3) * 4, 0);
-    let written = STANDARD.encode_slice(data, &mut out[start..]).unwrap_or(0);
+    out.resize(start + b64_len, 0);
+    let written = fill(&mut out[start..]);
     out.truncate(start + written);
     out.extend_from_slice(if eof { b"\",\"eof\":true}}" } else { b"\",\"eof\":false}}" });
+}
+
+/// A read's data held as the standard base64 text an upstream sent, known
+/// to be exactly what decoding and re-encoding it would give: canonical
+/// (what `STANDARD.decode` accepts, and what `STANDARD.encode` writes).
+/// A nested level passes it on without decoding it, since it only needs
+/// its length ([`Base64Data::decoded_len`], for the audit log); the text
+/// stays in the frame it arrived in.
+#[derive(Clone)]
+pub struct Base64Data {
+    frame: Vec<u8>,
+    start: usize,
+    end: usize,
+    decoded_len: usize,
+}
+
+impl Base64Data {
+    /// `text` as checked base64 data, or `None` when it is not canonical
+    /// standard base64.
+    pub fn new(text: Vec<u8>) -> Option<Self> {
+        let decoded_len = canonical_base64_len(&text)?;
+        Some(Base64Data { start: 0, end: text.len(), frame: text, decoded_len })
+    }
+
+    /// The base64 text (ASCII).
+    pub fn text(&self) -> &[u8] {
+        self.frame.get(self.start..self.end).unwrap_or_default()
+    }
+
+    /// Bytes the text decodes to.
+    pub fn decoded_len(&self) -> usize {
+        self.decoded_len
+    }
+
+    /// The decoded bytes, for whoever needs them rather than the text.
+    pub fn decode(&self) -> Vec<u8> {
+        // Checked canonical when it was built.
+        STANDARD.decode(self.text()).unwrap_or_default()
+    }
+}
+
+impl PartialEq for Base64Data {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl Eq for Base64Data {}
+
+impl fmt::Debug for Base64Data {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Base64Data")
+            .field("text", &String::from_utf8_lossy(self.text()))
+            .field("decoded_len", &self.decoded_len)
+            .finish()
+    }
+}
+
+/// Value of a standard base64 symbol, 0xff for any other byte.
+const fn symbol_value(b: u8) -> u8 {
+    match b {
+        b'A'..=b'Z' => b - b'A',
+        b'a'..=b'z' => b - b'a' + 26,
+        b'0'..=b'9' => b - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => 0xff,
+    }
+}
+
+/// Written without branches so the compiler checks many bytes per
+/// instruction.
+#[inline(always)]
+fn is_symbol(b: u8) -> bool {
+    ((b | 0x20).wrapping_sub(b'a') < 26) | (b.wrapping_sub(b'0') < 10) | (b == b'+') | (b == b'/')
+}
+
+/// The number of bytes `text` decodes to when it is canonical standard
+/// base64, exactly the texts `STANDARD.decode` accepts: a multiple of four
+/// symbols, at most two `=` and only at the end, and the bits the padding
+/// leaves over zero. `None` for anything else (property-tested against
+/// the decoder).
+pub fn canonical_base64_len(text: &[u8]) -> Option<usize> {
+    if !text.len().is_multiple_of(4) {
+        return None;
+    }
+    let pad = match text {
+        [.., b'=', b'='] => 2,
+        [.., b'='] => 1,
+        _ => 0,
+    };
+    let body = &text[..text.len() - pad];
+    let all_symbols = body.chunks(64).all(|c| c.iter().fold(true, |ok, &b| ok & is_symbol(b)));
+    if !all_symbols {
+        return None;
+    }
+    // The last symbol before the padding carries 2 (one `=`) or 4 (two)
+    // bits beyond the last byte; the canonical encoding leaves them zero.
+    let spare = match pad {
+        1 => 0b11,
+        2 => 0b1111,
+        _ => 0,
+    };
+    if body.last().is_some_and(|&b| symbol_value(b) & spare != 0) {
+        return None;
+    }
+    Some(text.len() / 4 * 3 - pad)
 }
 
 /// Decode a response to a request of kind `op` (a proxy forwarding upstream,
@@ -651,6 +825,118 @@ pub fn parse_response(payload: &[u8], op: OpKind) -> Result<Response, String> {
     Ok(Response { id, outcome: Ok(success) })
 }
 
+/// An upstream's answer to a request this level forwarded, decoded and
+/// checked as [`parse_response`] does, and for a `read`, its data at most
+/// `max_read` bytes (what this level asked for): an upstream that sends
+/// more is refused, not passed on.
+///
+/// This is the reference: it decodes a read's data and holds the bytes.
+/// [`parse_upstream_response`] gives the same answer without decoding.
+pub fn parse_upstream_response_decoded(
+    payload: &[u8],
+    op: OpKind,
+    max_read: u32,
+) -> Result<Response, String> {
+    let resp = parse_response(payload, op)?;
+    if let Ok(Success::Data { data, .. }) = &resp.outcome {
+        check_read_len(data.len(), max_read)?;
+    }
+    Ok(resp)
+}
+
+fn check_read_len(len: usize, max_read: u32) -> Result<(), String> {
+    if len as u64 > u64::from(max_read) {
+        return Err(format!("read data of {len} bytes exceeds the {max_read} bytes asked for"));
+    }
+    Ok(())
+}
+
+/// [`parse_upstream_response_decoded`], with a read's data kept as the
+/// base64 text it came in ([`Success::Base64Data`]) rather than decoded
+/// here and encoded again for the client: the text is checked canonical
+/// and of a decoded length within `max_read`, so what goes on is exactly
+/// what decoding and re-encoding would give. Anything but the well-formed
+/// read answer (a failure, another op, an escaped or non-canonical text,
+/// a field of a wrong type, a duplicate or unknown field) goes to the
+/// reference, which decides it (both are property-tested to agree).
+pub fn parse_upstream_response(payload: Vec<u8>, op: OpKind, max_read: u32) -> Result<Response, String> {
+    if op == OpKind::Read {
+        if let Some(read) = ReadAnswer::parse(&payload).filter(|r| r.within(max_read)) {
+            return Ok(read.into_response(payload));
+        }
+    }
+    parse_upstream_response_decoded(&payload, op, max_read)
+}
+
+/// A successful `read` answer, typed-parsed from its frame in one pass,
+/// its data checked canonical base64 where it lies in the frame. Only the
+/// well-formed answer parses (a JSON object with exactly `id`, `ok: true`
+/// and `result: {data, eof}`, the data unescaped); anything else is left
+/// to [`parse_upstream_response_decoded`].
+pub(crate) struct ReadAnswer {
+    id: Option<String>,
+    eof: bool,
+    text: std::ops::Range<usize>,
+    decoded_len: usize,
+}
+
+impl ReadAnswer {
+    pub(crate) fn parse(payload: &[u8]) -> Option<Self> {
+        use std::borrow::Cow;
+
+        // Unknown fields go to the reference: serde_json skips them
+        // without the nesting limit the tree parse enforces.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Answer<'a> {
+            #[serde(borrow)]
+            id: Option<Cow<'a, str>>,
+            ok: bool,
+            #[serde(borrow)]
+            result: Option<Obj<ReadResult<'a>>>,
+        }
+
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct ReadResult<'a> {
+            // Bytes, not `str`: base64's alphabet is ASCII, so the
+            // canonical check below covers what UTF-8 validation would.
+            data: &'a [u8],
+            eof: bool,
+        }
+
+        let Obj(answer) = serde_json::from_slice::<Obj<Answer<'_>>>(payload).ok()?;
+        let Answer { id, ok: true, result: Some(Obj(ReadResult { data, eof })) } = answer else {
+            return None;
+        };
+        // `data` borrows from `payload` (an escaped string could not): its
+        // offset there is where the text lies.
+        let start = (data.as_ptr() as usize).checked_sub(payload.as_ptr() as usize)?;
+        let text = start..start + data.len();
+        let decoded_len = canonical_base64_len(payload.get(text.clone())?)?;
+        Some(ReadAnswer { id: id.map(Cow::into_owned), eof, text, decoded_len })
+    }
+
+    /// The upstream's id for the request this answers.
+    pub(crate) fn id(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+
+    /// Whether the data is at most `max_read` bytes, as a read of that
+    /// size must return.
+    pub(crate) fn within(&self, max_read: u32) -> bool {
+        check_read_len(self.decoded_len, max_read).is_ok()
+    }
+
+    /// The answer, holding `payload`: the frame this was parsed from.
+    pub(crate) fn into_response(self, payload: Vec<u8>) -> Response {
+        let ReadAnswer { id, eof, text, decoded_len } = self;
+        debug_assert!(text.end <= payload.len());
+        let data = Base64Data { frame: payload, start: text.start, end: text.end, decoded_len };
+        Response { id, outcome: Ok(Success::Base64Data { data, eof }) }
+    }
+}
+
 /// How to read a response's `result`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -696,7 +982,7 @@ mod tests {
             Ok(Success::Written { written }) => (true, Some(serde_json::json!({ "written": written })), None),
             Ok(Success::Closed | Success::Attached) => (true, None, None),
             Ok(Success::Value(m)) => (true, Some(Value::Object(m.clone())), None),
-            Ok(Success::Json(_)) => unreachable!("not generated"),
+            Ok(Success::Json(_) | Success::Base64Data { .. }) => unreachable!("not generated"),
             Err(f) => {
                 (false, None, Some(serde_json::json!({ "code": f.code.as_str(), "message": f.message })))
             }
@@ -790,10 +1076,27 @@ mod tests {
             let body: Vec<String> = kv.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
             format!("{{{}}}", body.join(","))
         });
-        let params = prop_oneof![8 => params, 1 => Just("null".to_string()), 1 => Just("[1]".to_string())];
+        // Deep nesting: the tree's parser stops at 128 levels, serde's
+        // skipping of an unknown field does not.
+        let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
+        let params = prop_oneof![
+            8 => params,
+            1 => Just("null".to_string()),
+            1 => Just("[1]".to_string()),
+            // Right for one op each, so the other parts decide.
+            1 => Just(r#"{"h":3,"max":1}"#.to_string()),
+            1 => Just(r#"{"h":3,"data":"aGk=","final":true}"#.to_string()),
+            1 => Just(r#"{"path":"a.txt","mode":"r"}"#.to_string()),
+            // A derived struct would take its fields as an array.
+            1 => Just("[3,4096,null,null,null,null,null]".to_string()),
+            1 => Just(r#"[3,null,"aGk=",null,null,null,null]"#.to_string()),
+            1 => Just(format!(r#"{{"h":3,"max":1,"other":{deep}}}"#)),
+        ];
         let id = prop_oneof![Just(r#""1""#), Just(r#""a"b""#), Just("5"), Just("null")];
-        (id, op, params, any::<u8>()).prop_map(|(id, op, params, shape)| match shape % 6 {
+        (id, op, params, any::<u8>()).prop_map(|(id, op, params, shape)| match shape % 8 {
             0 => format!(r#"{{"op":{op},"params":{params},"id":{id}}}"#),
+            6 => format!(r#"[{id},{op},{params}]"#),
+            7 => format!(r#"{{"id":{id},"op":{op},"params":{params},"x":[[[[[[]]]]]]}}"#),
             1 => format!(r#"{{"id":{id},"op":{op}}}"#),
             2 => format!(r#"{{"id":{id},"id":"2","op":{op},"params":{params}}}"#),
             3 => format!(r#"{{"id":{id},"op":{op},"params":{params}}} x"#),
@@ -826,6 +1129,170 @@ mod tests {
             let fast = fast::parse(frame.as_bytes(), limits).expect("taken by the fast path");
             assert_eq!(fast, parse_request_tree(frame.as_bytes(), limits), "{frame}");
         }
+    }
+
+    /// Base64 texts, right and wrong in every way the decoder cares about.
+    fn b64_text() -> impl Strategy<Value = String> {
+        let valid = proptest::collection::vec(any::<u8>(), 0..40).prop_map(|d| STANDARD.encode(d));
+        let odd = prop_oneof![
+            Just(b'='),
+            Just(b'A'),
+            Just(b'B'),
+            Just(b'/'),
+            Just(b'!'),
+            Just(b'-'),
+            Just(b'_'),
+            Just(b' '),
+            Just(b'\n'),
+            Just(0xc3)
+        ];
+        prop_oneof![
+            4 => valid.clone(),
+            // One symbol replaced: padding in the middle, spare bits set,
+            // the URL-safe alphabet, whitespace.
+            3 => (valid.clone(), any::<prop::sample::Index>(), odd).prop_map(|(t, i, b)| {
+                let mut t = t.into_bytes();
+                if !t.is_empty() {
+                    let i = i.index(t.len());
+                    t[i] = b;
+                }
+                String::from_utf8_lossy(&t).into_owned()
+            }),
+            // Padding cut or added.
+            2 => (valid.clone(), 1usize..4).prop_map(|(t, n)| t[..t.len().saturating_sub(n)].to_owned()),
+            // Spare bits set: the last symbol before the padding moved on.
+            2 => valid.clone().prop_filter_map("no padding", |t| {
+                let end = t.trim_end_matches('=').len();
+                (end < t.len()).then(|| {
+                    let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+                    let mut t = t.into_bytes();
+                    let v = alphabet.iter().position(|&a| a == t[end - 1]).unwrap_or(0);
+                    t[end - 1] = alphabet[(v + 1) % 64];
+                    String::from_utf8_lossy(&t).into_owned()
+                })
+            }),
+            1 => valid.clone().prop_map(|t| t + "="),
+            1 => valid.prop_map(|t| t + "=="),
+            2 => "[A-Za-z0-9+/=]{0,12}",
+            1 => ".{0,8}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn canonical_base64_is_what_the_decoder_accepts(text in b64_text()) {
+            let decoded = STANDARD.decode(&text).ok().map(|d| d.len());
+            prop_assert_eq!(canonical_base64_len(text.as_bytes()), decoded, "text {:?}", text);
+        }
+    }
+
+    /// An upstream's answer to a forwarded read, as a well-behaved or a
+    /// hostile upstream sends it, and the `max` the read asked for.
+    fn upstream_read_answer() -> impl Strategy<Value = (String, u32)> {
+        let data = prop_oneof![
+            6 => b64_text().prop_map(|t| serde_json::to_string(&t).unwrap()),
+            2 => proptest::collection::vec(any::<u8>(), 0..5000)
+                .prop_map(|d| serde_json::to_string(&STANDARD.encode(d)).unwrap()),
+            1 => Just(r#""aGk\u003d""#.to_owned()),
+            1 => Just(r#""aG\/k""#.to_owned()),
+            1 => Just("null".to_owned()),
+            1 => Just("5".to_owned()),
+            1 => Just(r#"["aGk="]"#.to_owned()),
+        ];
+        let eof = prop_oneof![
+            4 => Just("false"),
+            4 => Just("true"),
+            1 => Just("null"),
+            1 => Just(r#""true""#),
+            1 => Just("0")
+        ];
+        let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
+        let result = (data, eof, any::<u8>()).prop_map(move |(d, e, shape)| match shape % 8 {
+            0 => format!(r#"{{"eof":{e},"data":{d}}}"#),
+            1 => format!(r#"{{"data":{d}}}"#),
+            2 => format!(r#"{{"data":{d},"eof":{e},"x":1}}"#),
+            3 => format!(r#"[{d},{e}]"#),
+            4 => format!(r#"{{"data":{d},"eof":{e},"data":"aGk="}}"#),
+            5 => format!(r#"{{"data":{d},"eof":{e},"x":{deep}}}"#),
+            _ => format!(r#"{{"data":{d},"eof":{e}}}"#),
+        });
+        let result = prop_oneof![10 => result, 1 => Just("null".to_owned()), 1 => Just("7".to_owned())];
+        let id = prop_oneof![
+            4 => Just(r#""u1""#),
+            1 => Just("null"),
+            1 => Just("3"),
+            1 => Just(r#""u\u0031""#)
+        ];
+        let ok = prop_oneof![8 => Just("true"), 1 => Just("false"), 1 => Just(r#""true""#)];
+        let answer = (id, ok, result, any::<u8>()).prop_map(|(id, ok, r, shape)| match shape % 10 {
+            0 => format!(r#"{{"result":{r},"ok":{ok},"id":{id}}}"#),
+            1 => format!(r#"{{"ok":{ok},"result":{r}}}"#),
+            2 => format!(r#"{{"id":{id},"ok":{ok},"result":{r},"error":{{"code":"E_IO","message":"m"}}}}"#),
+            3 => format!(r#"{{"id":{id},"ok":{ok},"error":{{"code":"E_PERM"}}}}"#),
+            4 => format!(r#"[{id},{ok},{r}]"#),
+            5 => format!(r#"{{"id":{id},"ok":{ok},"result":{r}}} x"#),
+            6 => format!(r#"{{"id":{id},"id":"u2","ok":{ok},"result":{r}}}"#),
+            _ => format!(r#" {{ "id" : {id} , "ok" : {ok} , "result" : {r} }} "#),
+        });
+        let max = prop_oneof![Just(DEFAULT_MAX_READ), 1u32..64, 0u32..=5000];
+        (answer, max)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn passing_a_read_through_gives_what_decoding_and_encoding_would(
+            (answer, max) in upstream_read_answer(),
+            client_id in proptest::option::of("[a-z0-9\"\\\\]{0,6}"),
+        ) {
+            let passed = parse_upstream_response(answer.clone().into_bytes(), OpKind::Read, max);
+            let decoded = parse_upstream_response_decoded(answer.as_bytes(), OpKind::Read, max);
+            match (passed, decoded) {
+                (Ok(p), Ok(d)) => {
+                    prop_assert_eq!(&p.id, &d.id);
+                    // What the client below hears, under its own id.
+                    let p = Response { id: client_id.clone(), outcome: p.outcome };
+                    let d = Response { id: client_id, outcome: d.outcome };
+                    prop_assert_eq!(encode_response(&p), encode_response(&d), "answer {}", answer);
+                    if let (Ok(Success::Base64Data { data, .. }), Ok(Success::Data { data: bytes, .. })) =
+                        (&p.outcome, &d.outcome)
+                    {
+                        prop_assert_eq!(data.decoded_len(), bytes.len());
+                        prop_assert_eq!(&data.decode(), bytes);
+                        prop_assert!(bytes.len() as u64 <= u64::from(max));
+                    }
+                }
+                (Err(p), Err(d)) => prop_assert_eq!(p, d, "answer {}", answer),
+                (p, d) => prop_assert!(false, "answer {} passed as {:?}, decoded as {:?}", answer, p, d),
+            }
+        }
+    }
+
+    #[test]
+    fn airlock_answers_pass_through_without_decoding() {
+        for (data, max) in [(vec![], 1), (b"hi".to_vec(), 2), (vec![0xff; 4096], DEFAULT_MAX_READ)] {
+            let payload = encode_response(&Response {
+                id: Some("u9".into()),
+                outcome: Ok(Success::Data { data: data.clone(), eof: data.is_empty() }),
+            });
+            let resp = parse_upstream_response(payload, OpKind::Read, max).expect("a valid answer");
+            match resp.outcome {
+                Ok(Success::Base64Data { data: b64, eof }) => {
+                    assert_eq!((b64.text(), eof), (STANDARD.encode(&data).as_bytes(), data.is_empty()));
+                    assert_eq!(b64.decoded_len(), data.len());
+                }
+                other => panic!("not passed through: {other:?}"),
+            }
+        }
+        // One byte over what was asked for is refused by both paths.
+        let payload = encode_response(&Response {
+            id: Some("u9".into()),
+            outcome: Ok(Success::Data { data: vec![1; 5], eof: false }),
+        });
+        let want = Err("read data of 5 bytes exceeds the 4 bytes asked for".to_owned());
+        assert_eq!(parse_upstream_response(payload.clone(), OpKind::Read, 4), want);
+        assert_eq!(parse_upstream_response_decoded(&payload, OpKind::Read, 4), want);
     }
 
     proptest! {
