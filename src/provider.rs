@@ -145,7 +145,7 @@ impl Provider for HttpProvider {
 }
 
 fn error(message: String) -> ProviderResult {
-    ProviderResult::Err { usage: None, message }
+    ProviderResult::error(None, message)
 }
 
 /// An error with its sources (hyper's top-level messages say little).

@@ -537,7 +537,7 @@ impl World {
         let usage = match &p.result {
             ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => usage.filter(|_| partial),
         };
-        p.result = ProviderResult::Err { usage, message: "request dropped".into() };
+        p.result = ProviderResult::error(usage, "request dropped");
         p.due = Some(p.due.map_or(now + delay, |d| d.min(now + delay)));
         Ok(())
     }
