@@ -1177,7 +1177,7 @@ impl World {
                 if self.broker.is_none() {
                     return Err(violation("policy", format!("telemetry without a broker: {record:?}")));
                 }
-                Ok(())
+                self.on_broker_telemetry(&record)
             }
             Output::SendUpstream { data } => {
                 if !self.nested || level != 1 {

@@ -1379,3 +1379,31 @@ fn max_completion_tokens_is_trimmed_and_sent_in_the_models_field() {
         .to_string();
     assert!(e.contains("max_tokens_field \"max_len\""), "{e}");
 }
+
+/// The fuzz corpus inputs written for retries do reach them: a corpus
+/// that decoded into something else would pass its replay vacuously.
+#[test]
+fn the_retry_corpus_inputs_back_off() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/broker_events");
+    for (name, retries) in [
+        ("retry_429_then_ok", 1),
+        ("retries_until_max", 3),
+        ("cancel_during_backoff", 0),
+        ("owner_dies_during_backoff", 0),
+        ("deadline_during_backoff_after_a_jump", 0),
+        ("stray_during_backoff_then_not_retried", 1),
+    ] {
+        let data = std::fs::read(dir.join(name)).expect("corpus file");
+        let (setup, script) = data.split_first().expect("a setup byte");
+        let mut c = check::Checker::new(Setup::from_byte(*setup));
+        let mut backed_off = false;
+        for step in check::decode_steps(script) {
+            c.step(&step);
+            backed_off |= c.broker.backing_off().is_some();
+        }
+        c.finish();
+        let stats = c.broker.stats();
+        assert!(backed_off, "{name} never backs off");
+        assert_eq!(stats.retries, retries, "{name}: {stats:?}");
+    }
+}
