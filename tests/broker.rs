@@ -151,7 +151,7 @@ async fn handle(
     let w = words(&content);
     let num = |k: &str, d: u64| w.get(k).and_then(|v| v.parse().ok()).unwrap_or(d);
     let tag = w.get("tag").cloned().unwrap_or_default();
-    let mut earlier = 0;
+    let earlier;
     let mut guard = {
         let mut s = state.lock().unwrap();
         earlier = s.seen.iter().filter(|x| x.tag == tag).count() as u64;
