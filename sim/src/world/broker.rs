@@ -61,7 +61,7 @@ use airlock_core::fsproxy::Input;
 use airlock_core::fsproxy::PlantedBug;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -111,7 +111,7 @@ pub(super) fn world_redactor(bug: Option<PlantedBug>) -> Redactor {
 /// The broker a broker world's machine runs: short timers, so timeouts
 /// happen within a run; a budget from none to plenty, so the trim and the
 /// clamp at zero are reached; queue bounds from tight to the defaults.
-pub(super) fn setup(rng: &mut ChaCha8Rng) -> BrokerSetup {
+pub(super) fn setup(rng: &mut ChaCha8Rng, seed: u64) -> BrokerSetup {
     let mut config = BrokerConfig {
         queue_max_wait: Duration::from_millis(rng.gen_range(20..200)),
         request_timeout: Duration::from_millis(rng.gen_range(50..500)),
@@ -126,10 +126,13 @@ pub(super) fn setup(rng: &mut ChaCha8Rng) -> BrokerSetup {
         [4 << 10, 16 << 10, 64 << 10, airlock_core::broker::DEFAULT_MAX_PENDING_BYTES][rng.gen_range(0..4)];
     config.enforce_budget = rng.gen_bool(0.5);
     // Back-offs of a few ms against timeouts of 50..500 ms: some retries
-    // fit, some do not; retries off in some worlds.
-    config.max_retries = [0, 1, 3][rng.gen_range(0..3)];
-    config.retry_base = Duration::from_millis(rng.gen_range(1..20));
-    config.retry_after_max = config.retry_base * rng.gen_range(1..=20);
+    // fit, some do not; retries off in some worlds. From a stream of their
+    // own, so the world draws what it drew before retries were modelled
+    // (and the worlds of kept traces are still the same worlds).
+    let mut retry_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5245_5452_5900_0000);
+    config.max_retries = [0, 1, 3][retry_rng.gen_range(0..3)];
+    config.retry_base = Duration::from_millis(retry_rng.gen_range(1..20));
+    config.retry_after_max = config.retry_base * retry_rng.gen_range(1..=20);
     BrokerSetup {
         config,
         // The constant above is valid JSON; a test runs the scenario.
