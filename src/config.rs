@@ -20,6 +20,9 @@
 //! max_pending_bytes = 8388608              # bytes they hold at most
 //! [broker.request]
 //! timeout_seconds = 60
+//! max_retries = 3                          # more attempts after a 429 or 5xx, within the timeout
+//! retry_base_ms = 500                      # first back-off; doubles per retry
+//! retry_after_max_ms = 20000               # no back-off is longer, whatever Retry-After says
 //! ```
 //!
 //! Unknown keys and wrong types are refused at start-up, with the key named
@@ -106,6 +109,24 @@ pub struct RequestSection {
     /// Seconds; fractions allowed.
     #[serde(default = "default_timeout")]
     pub timeout_seconds: f64,
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    #[serde(default = "default_retry_base_ms")]
+    pub retry_base_ms: u64,
+    #[serde(default = "default_retry_after_max_ms")]
+    pub retry_after_max_ms: u64,
+}
+
+fn default_max_retries() -> u32 {
+    broker::DEFAULT_MAX_RETRIES
+}
+
+fn default_retry_base_ms() -> u64 {
+    broker::DEFAULT_RETRY_BASE.as_millis() as u64
+}
+
+fn default_retry_after_max_ms() -> u64 {
+    broker::DEFAULT_RETRY_AFTER_MAX.as_millis() as u64
 }
 
 impl Default for QueueSection {
@@ -120,7 +141,12 @@ impl Default for QueueSection {
 
 impl Default for RequestSection {
     fn default() -> Self {
-        RequestSection { timeout_seconds: default_timeout() }
+        RequestSection {
+            timeout_seconds: default_timeout(),
+            max_retries: default_max_retries(),
+            retry_base_ms: default_retry_base_ms(),
+            retry_after_max_ms: default_retry_after_max_ms(),
+        }
     }
 }
 
@@ -257,6 +283,9 @@ fn resolve_broker(s: BrokerSection, dir: &Path) -> anyhow::Result<BrokerShellCon
         max_pending: s.queue.max_pending,
         max_pending_bytes: s.queue.max_pending_bytes,
         enforce_budget: s.enforce_budget,
+        max_retries: s.request.max_retries,
+        retry_base: Duration::from_millis(s.request.retry_base_ms),
+        retry_after_max: Duration::from_millis(s.request.retry_after_max_ms),
     };
     let setup = BrokerSetup { config, catalog, initial_units, session_id: session_id() };
     setup.validate().map_err(|e| anyhow::anyhow!("broker: {e}"))?;
@@ -339,6 +368,9 @@ max_pending = 3
 max_pending_bytes = 4096
 [broker.request]
 timeout_seconds = 2
+max_retries = 1
+retry_base_ms = 100
+retry_after_max_ms = 1500
 "#,
             dir.path(),
         )
@@ -356,6 +388,9 @@ timeout_seconds = 2
         assert!(b.setup.config.enforce_budget);
         assert_eq!((b.setup.config.max_pending, b.setup.config.max_pending_bytes), (3, 4096));
         assert_eq!(b.setup.config.request_timeout, Duration::from_secs(2));
+        assert_eq!(b.setup.config.max_retries, 1);
+        assert_eq!(b.setup.config.retry_base, Duration::from_millis(100));
+        assert_eq!(b.setup.config.retry_after_max, Duration::from_millis(1500));
         assert!(b.setup.catalog.get("m").is_some());
     }
 
@@ -385,6 +420,12 @@ timeout_seconds = 2
         assert!(e.contains("initial_units"), "{e}");
         let e = err("[broker]\nbase_url = \"http://x\"\n[broker.request]\ntimeout_seconds = 0\n");
         assert!(e.contains("timeout_seconds"), "{e}");
+        let e = err("[broker]\nbase_url = \"http://x\"\n[broker.request]\nretry_base_ms = 0\n");
+        assert!(e.contains("retry_base_ms"), "{e}");
+        let e = err("[broker]\nbase_url = \"http://x\"\n[broker.request]\nretry_after_max_ms = 10\n");
+        assert!(e.contains("retry_after_max_ms"), "{e}");
+        let e = err("[broker]\nbase_url = \"http://x\"\n[broker.request]\nmax_retries = -1\n");
+        assert!(e.contains("max_retries"), "{e}");
         let e = err("[broker]\nbase_url = \"http://x\"\nsafety_factor = 1.5\n");
         assert!(e.contains("safety_factor"), "{e}");
         let e = err("[broker]\nbase_url = \"http://x\"\ndefault_model = \"nope\"\n");

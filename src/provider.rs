@@ -3,12 +3,14 @@
 //! OpenSSL, no platform verifier.
 //!
 //! It makes the HTTP call the broker asks for (`Output::StartProvider`) and
-//! turns whatever comes back into a [`ProviderResult`]. It keeps no timer
+//! turns whatever comes back into a [`ProviderResult`], with the answer's
+//! HTTP status and `Retry-After` for the broker's retries (which it makes
+//! by asking again: this client never retries on its own). It keeps no timer
 //! of its own: the broker gives up at the call's deadline and the session
 //! then drops the task, which drops the request and its connection.
 
 use crate::proxy::{Proxy, Tunnel};
-use airlock_core::broker::openai::{parse_response, request_body};
+use airlock_core::broker::openai::{parse_response, request_body, retry_after_ms};
 use airlock_core::broker::{ProviderRequest, ProviderResult, Redactor};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -127,11 +129,18 @@ impl HttpProvider {
             Err(e) => return error(format!("request to {} failed: {}", self.url, chain(&e))),
         };
         let status = resp.status();
+        // Read against the wall clock when the answer came; a header that
+        // is not text counts as absent.
+        let retry_after = resp
+            .headers()
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| retry_after_ms(v, std::time::SystemTime::now()));
         let bytes = match Limited::new(resp.into_body(), MAX_RESPONSE_BYTES).collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) => return error(format!("reading the response (HTTP {status}): {e}")),
         };
-        parse_response(status.as_u16(), &bytes, &request.model, &self.redactor)
+        parse_response(status.as_u16(), &bytes, &request.model, &self.redactor).with_retry_after(retry_after)
     }
 }
 
@@ -145,7 +154,7 @@ impl Provider for HttpProvider {
 }
 
 fn error(message: String) -> ProviderResult {
-    ProviderResult::Err { usage: None, message }
+    ProviderResult::error(None, message)
 }
 
 /// An error with its sources (hyper's top-level messages say little).

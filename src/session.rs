@@ -451,8 +451,7 @@ impl Session {
             task.abort();
         }
         for (call, result) in self.inflight.drain() {
-            let result =
-                result.unwrap_or_else(|| ProviderResult::Err { usage: None, message: SESSION_ENDED.into() });
+            let result = result.unwrap_or_else(|| ProviderResult::error(None, SESSION_ENDED));
             self.feed(Input::ProviderDone { call, result });
         }
     }
@@ -460,7 +459,7 @@ impl Session {
     fn start_provider(&mut self, call: CallId, request: ProviderRequest) -> Option<Input> {
         let Some(provider) = self.broker.provider.clone() else {
             let message = "no provider is configured".to_string();
-            return Some(Input::ProviderDone { call, result: ProviderResult::Err { usage: None, message } });
+            return Some(Input::ProviderDone { call, result: ProviderResult::error(None, message) });
         };
         let events = self.events_tx.clone();
         let inflight = self.inflight.clone();
@@ -491,7 +490,7 @@ impl Session {
                 if let Some(task) = task {
                     task.abort();
                 }
-                ProviderResult::Err { usage: None, message: CANCELLED.into() }
+                ProviderResult::error(None, CANCELLED)
             }
             Cancel::Unknown => return None,
         };

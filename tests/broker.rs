@@ -9,7 +9,9 @@
 //! reported), `usage=none`, `echo_auth` (the error message quotes the
 //! Authorization header, as real providers do for a bad key), `leak=N`
 //! (the reply carries the bearer key in shape N: see `leaky`), `huge=N`
-//! (a reply of N small JSON values).
+//! (a reply of N small JSON values), `fail=N` (the first N requests of
+//! the tag get `status`, 429 if none is named, and the rest succeed),
+//! `retry_after=V` (sent as a `Retry-After` header with every failure).
 
 mod common;
 
@@ -149,8 +151,10 @@ async fn handle(
     let w = words(&content);
     let num = |k: &str, d: u64| w.get(k).and_then(|v| v.parse().ok()).unwrap_or(d);
     let tag = w.get("tag").cloned().unwrap_or_default();
+    let earlier;
     let mut guard = {
         let mut s = state.lock().unwrap();
+        earlier = s.seen.iter().filter(|x| x.tag == tag).count() as u64;
         s.in_flight += 1;
         s.max_in_flight = s.max_in_flight.max(s.in_flight);
         s.seen.push(Seen {
@@ -172,7 +176,11 @@ async fn handle(
         "total_tokens": num("prompt", 10) + num("completion", 5),
         "prompt_tokens_details": {"cached_tokens": num("cached", 0)},
     });
-    let status = num("status", 200) as u16;
+    let status = match w.get("fail") {
+        Some(_) if earlier < num("fail", 0) => num("status", 429) as u16,
+        Some(_) => 200,
+        None => num("status", 200) as u16,
+    };
     let reply = if path != "/v1/chat/completions" {
         json!({"error": {"message": format!("no route {path}")}})
     } else if status != 200 {
@@ -206,12 +214,11 @@ async fn handle(
     };
     guard.answered = true;
     drop(guard);
-    let resp = hyper::Response::builder()
-        .status(status)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(text)))
-        .unwrap();
-    Ok(resp)
+    let mut resp = hyper::Response::builder().status(status).header("content-type", "application/json");
+    if let Some(v) = w.get("retry_after").filter(|_| status != 200) {
+        resp = resp.header("retry-after", v.as_str());
+    }
+    Ok(resp.body(Full::new(Bytes::from(text))).unwrap())
 }
 
 /// A reply that gives `key` back in shape `n`: verbatim in the content
@@ -564,7 +571,7 @@ fn quota_reflects_the_exact_charge_and_the_session_replays() {
 out(call("QUOTA"))
 out(llm("tag=q prompt=1000 cached=400 completion=100"))
 out(call("QUOTA"))
-out(llm("tag=e status=500 prompt=500 completion=0"))
+out(llm("tag=e status=400 prompt=500 completion=0"))
 out(call("QUOTA"))
 "#,
         ),
@@ -583,9 +590,10 @@ out(call("QUOTA"))
     // (600 × 2 + 400 × 0.5 + 100 × 8) / 1e6 = 0.0022: cached tokens are
     // inside prompt_tokens and charged once, at the cached price.
     assert_eq!(l[2]["result"]["remaining_units"], 0.9978, "{}", l[2]);
-    // An error with reported usage is charged too: 500 × 2 / 1e6.
+    // An error with reported usage is charged too: 500 × 2 / 1e6 (a 400,
+    // which is not retried).
     assert_eq!(l[3]["error"]["code"], "provider_error", "{}", l[3]);
-    assert!(l[3]["error"]["message"].as_str().unwrap().contains("HTTP 500"), "{}", l[3]);
+    assert!(l[3]["error"]["message"].as_str().unwrap().contains("HTTP 400"), "{}", l[3]);
     assert_eq!(l[4]["result"]["remaining_units"], 0.9968, "{}", l[4]);
     let b = &run.report["broker"];
     assert_eq!(b["remaining_units"], 0.9968, "{b}");
@@ -1082,8 +1090,86 @@ wait
     assert!(err.contains("airlock llm: E_ARG: unknown model"), "{err}");
     assert!(err.contains("airlock llm: provider_error:"), "{err}");
     assert!(err.contains("airlock llm: queue_timeout:"), "{err}");
+    // A 500 is retried (after 0.5 s and 1 s of back-off) until the next
+    // back-off would pass the 2 s timeout.
     let tags: Vec<String> = fake.seen().into_iter().map(|s| s.tag).collect();
-    assert_eq!(tags, ["fail", "slow", "hold"]);
+    assert_eq!(tags, ["fail", "fail", "fail", "slow", "hold"]);
+}
+
+#[test]
+fn a_429_is_retried_after_retry_after_holding_the_lock_and_each_attempt_is_recorded() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    // The first two attempts of `r` get 429 with `Retry-After: 1`; a call
+    // made meanwhile waits for the lock until `r` is answered.
+    let script = r#"
+{ "$AIRLOCK" llm "tag=r fail=2 retry_after=1"; echo "r=$?"; } &
+sleep 0.3
+"$AIRLOCK" llm "tag=next"; echo "next=$?"
+wait
+"#;
+    let cfg = config(&fake, "telemetry = \"telemetry.jsonl\"\n[broker.request]\nretry_base_ms = 100\n");
+    let run = run_broker(dir.path(), &cfg, &[], &sh(script), &[]);
+    ok(&run);
+    let out = run.stdout();
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        ["next=0", "r=0", "tag=next max_tokens=4096", "tag=r max_tokens=4096"],
+        "{}",
+        run.stderr()
+    );
+    let seen = fake.seen();
+    let tags: Vec<&str> = seen.iter().map(|s| s.tag.as_str()).collect();
+    assert_eq!(tags, ["r", "r", "r", "next"], "the waiter starts only once r is done");
+    assert_eq!(fake.max_in_flight(), 1);
+    // Each back-off honoured Retry-After (1 s, over the 100 ms base).
+    for pair in seen[..3].windows(2) {
+        let gap = pair[1].arrived.duration_since(pair[0].ended.expect("answered"));
+        assert!(gap >= Duration::from_millis(950), "retried after {gap:?}");
+    }
+    let t = telemetry(dir.path());
+    let r: Vec<&Value> = t.iter().filter(|x| x["call_id"] == t[0]["call_id"]).collect();
+    assert_eq!(r.len(), 3, "{t:#?}");
+    for (i, rec) in r.iter().enumerate() {
+        assert_eq!(rec["attempt"], i + 1, "{rec}");
+    }
+    for rec in &r[..2] {
+        assert_eq!(
+            (&rec["http_status"], &rec["retry_after_ms"], &rec["retry_delay_ms"], &rec["error_code"]),
+            (&json!(429), &json!(1000), &json!(1000), &json!("provider_error")),
+            "{rec}"
+        );
+    }
+    assert_eq!(r[2]["error_code"], Value::Null, "{}", r[2]);
+    assert!(r[2].get("retry_delay_ms").is_none(), "{}", r[2]);
+    // Usage the failed attempts reported is charged too.
+    for rec in &r {
+        assert!(rec["charged_pico"].as_u64().unwrap() > 0, "{rec}");
+    }
+}
+
+#[test]
+fn retries_that_would_outrun_the_timeout_end_in_provider_error() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    // The provider asks for 2 s; the call has 1 s in all.
+    let script = r#"
+"$AIRLOCK" llm "tag=busy fail=5 status=503 retry_after=2"; echo "rc=$?"
+"#;
+    let cfg = config(&fake, "telemetry = \"telemetry.jsonl\"\n[broker.request]\ntimeout_seconds = 1\n");
+    let run = run_broker(dir.path(), &cfg, &[], &sh(script), &[]);
+    ok(&run);
+    assert_eq!(run.stdout().trim(), "rc=16", "{}", run.stderr());
+    let err = run.stderr();
+    assert!(err.contains("airlock llm: provider_error: HTTP 503"), "{err}");
+    assert!(err.contains("would start past the request timeout"), "{err}");
+    assert_eq!(fake.seen().len(), 1, "no attempt started that could not finish in time");
+    let t = telemetry(dir.path());
+    assert_eq!(t.len(), 1, "{t:#?}");
+    assert_eq!((&t[0]["http_status"], &t[0]["retry_after_ms"]), (&json!(503), &json!(2000)));
+    assert!(t[0].get("retry_delay_ms").is_none());
 }
 
 #[test]

@@ -666,7 +666,7 @@ pub fn fsproxy_session(data: &[u8]) {
     // Calls still running end (each report may start nothing: every
     // waiter's owner has gone).
     while let Some((call, _, _)) = shell.provider_calls.first().cloned() {
-        shell.provider_done(call, ProviderResult::Err { usage: None, message: "end".into() });
+        shell.provider_done(call, ProviderResult::error(None, "end"));
     }
     while shell.fire_timer() {}
     if let Some(b) = shell.proxy.broker() {
@@ -769,7 +769,7 @@ fn provider_command(shell: &mut Shell, arg: u8) {
                     model: "m".into(),
                 }
             } else {
-                ProviderResult::Err { usage, message: "fuzz".into() }
+                ProviderResult::error(usage, "fuzz")
             };
             shell.provider_done(call, result);
         }

@@ -61,7 +61,7 @@ fn transcript(config: Config, steps: &[Step]) -> String {
                         model: "gpt-4o-mini".into(),
                     }
                 } else {
-                    ProviderResult::Err { usage, message: "HTTP 500".into() }
+                    ProviderResult::error(usage, "HTTP 500")
                 };
                 s.provider_done(CallId(*call), result);
             }

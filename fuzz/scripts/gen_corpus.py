@@ -257,7 +257,9 @@ for name, data in nn.items():
 # step: cmd byte, low nibble = kind, then args (see broker::check::decode_steps):
 # 0..3 submit [a: slot a%3, model a/3%5] [token: bit 7 = none, else t&3]
 #   [max_tokens u16, 0 = none]; 4 cancel [a: slot a%3, token a/3%4];
-# 5 owner gone [slot]; 6/7 provider ok [usage]; 8 provider error [usage];
+# 5 owner gone [slot]; 6/7 provider ok [usage]; 8 provider error [usage]
+# (with bit 4: an HTTP status [index into 429, 500, 502, 503, 504, 501, 400,
+# 401] [Retry-After: bit 7 = none, else quarter seconds] [usage]);
 # 9 late result [pick u16] [usage]; 10/11 advance [u16 micros] (bit 4: ×1000,
 # bit 5: jump without ticks); 12 clock to next deadline; 13 tick;
 # 14/15 advance [u16 seconds].
@@ -277,6 +279,14 @@ def b_ok(u=None):
 
 def b_err(u=None):
     return bytes([8]) + (b_usage(*u) if u else b"\x00")
+
+
+STATUSES = [429, 500, 502, 503, 504, 501, 400, 401]
+
+
+def b_status(code, quarter_seconds=None, u=None):
+    hint = 0x80 if quarter_seconds is None else quarter_seconds
+    return bytes([8 | 0x10, STATUSES.index(code), hint]) + (b_usage(*u) if u else b"\x00")
 
 
 def b_advance(micros, ticks=True, milli=False):
@@ -322,6 +332,19 @@ be = {
         + b_advance(60000, ticks=False) + b_gone(1) + B_TICK + b_submit(1),
     "stray_results": bytes([0b1000]) + b_late(5, (10, 0, 10)) + b_ok((10, 0, 10)) + b_submit(0) + b_late(0)
         + b_late(0, (10, 0, 10)),
+    "retry_429_then_ok": bytes([0b1001]) + b_submit(0) + b_submit(1) + b_status(429, u=(40, 0, 0))
+        + b_advance(200) + b_ok((40, 0, 4)) + b_ok(),
+    "retries_until_max": bytes([0b1100]) + b_submit(0) + b_submit(1) + b_status(503) + b_advance(500, milli=True)
+        + b_status(500, 0) + b_advance(1000, milli=True) + b_status(502, 8) + b_advance(2000, milli=True)
+        + b_status(504) + b_ok(),
+    "cancel_during_backoff": bytes([0b1001]) + b_submit(0, token=0) + b_submit(1) + b_status(429)
+        + b_cancel(0, 0) + b_ok() + b_ok(),
+    "owner_dies_during_backoff": bytes([0b1001]) + b_submit(0) + b_submit(1) + b_status(500, u=(8, 0, 0))
+        + b_gone(0) + b_ok((8, 0, 8)),
+    "deadline_during_backoff_after_a_jump": bytes([0b1000]) + b_submit(0) + b_advance(59000, milli=True)
+        + b_status(429, 0) + b_advance(2000, ticks=False, milli=True) + B_TICK + b_submit(1) + b_ok(),
+    "stray_during_backoff_then_not_retried": bytes([0b1000]) + b_submit(0) + b_status(429, 127)
+        + b_late(0, (10, 0, 10)) + B_DEADLINE + b_status(400, u=(10, 0, 0)) + b_submit(1) + b_ok(),
 }
 for name, data in be.items():
     write("broker_events", name, data)

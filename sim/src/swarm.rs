@@ -73,6 +73,10 @@ pub enum FaultKind {
     /// An attacker outside airlock creates or swaps a symlink inside the
     /// roots between two steps (adversary worlds only; drawn last).
     SymlinkSwap,
+    /// The provider answers an attempt `429` or `5xx`, with a
+    /// `Retry-After` that may be absent, zero, huge, a date, or garbage
+    /// (broker worlds only).
+    ProviderRetryable,
 }
 
 /// The adversary's floods (`world::floods`), drawn after `Attach` so the
@@ -81,7 +85,7 @@ pub const FLOODS: [FaultKind; 4] =
     [FaultKind::QueuedFlood, FaultKind::HugeNames, FaultKind::SelfLoop, FaultKind::AttachFlood];
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 18] = [
+    pub const ALL: [FaultKind; 19] = [
         FaultKind::SplitDelivery,
         FaultKind::CoalescedDelivery,
         FaultKind::CorruptFrame,
@@ -100,6 +104,7 @@ impl FaultKind {
         FaultKind::QueueFlood,
         FaultKind::ProviderLeak,
         FaultKind::ProviderHuge,
+        FaultKind::ProviderRetryable,
     ];
 
     /// Faults of the simulated LLM provider and its clients.
@@ -113,6 +118,7 @@ impl FaultKind {
                 | FaultKind::QueueFlood
                 | FaultKind::ProviderLeak
                 | FaultKind::ProviderHuge
+                | FaultKind::ProviderRetryable
         )
     }
 
@@ -144,6 +150,7 @@ impl FaultKind {
             FaultKind::UpstreamOversize => "upstream_oversize",
             FaultKind::PartialFlood => "partial_flood",
             FaultKind::SymlinkSwap => "symlink_swap",
+            FaultKind::ProviderRetryable => "provider_retryable",
         }
     }
 
@@ -171,6 +178,9 @@ impl FaultKind {
             FaultKind::UpstreamOversize => &[1_000, 5_000],
             FaultKind::PartialFlood => &[2_000, 10_000],
             FaultKind::SymlinkSwap => &[20_000, 100_000, 400_000],
+            // High enough for chains of failed attempts to reach
+            // max_retries.
+            FaultKind::ProviderRetryable => &[100_000, 300_000, 600_000],
         }
     }
 }

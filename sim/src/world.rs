@@ -540,7 +540,7 @@ impl World {
         let nested = matches!(scenario, Scenario::Nested | Scenario::Adversary | Scenario::Pager);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         // Drawn first in broker worlds only, so other worlds draw as before.
-        let broker_setup = (scenario == Scenario::Broker).then(|| broker::setup(&mut rng));
+        let broker_setup = (scenario == Scenario::Broker).then(|| broker::setup(&mut rng, seed));
         let pager_setup = (scenario == Scenario::Pager).then(|| pager::setup(&mut rng));
         let adversary = (scenario == Scenario::Adversary).then(|| adversary::setup(&mut rng));
         let policies = match &adversary {
@@ -1177,7 +1177,7 @@ impl World {
                 if self.broker.is_none() {
                     return Err(violation("policy", format!("telemetry without a broker: {record:?}")));
                 }
-                Ok(())
+                self.on_broker_telemetry(&record)
             }
             Output::SendUpstream { data } => {
                 if !self.nested || level != 1 {

@@ -254,10 +254,52 @@ fn planted_ignored_enforce_budget_is_found() {
 }
 
 #[test]
+fn planted_lock_release_during_backoff_is_found() {
+    broker_planted_bug_is_found(PlantedBug::BrokerReleasesLockDuringBackoff, "lock_held");
+}
+
+/// Broker worlds answer attempts 429/5xx with every kind of `Retry-After`,
+/// and the broker retries some of them (the same call started again after
+/// a record announcing its back-off) and gives up on others; the traces
+/// replay.
+#[test]
+fn broker_worlds_retry() {
+    let o = opts(Scenario::Broker, 0..1, 1);
+    let (mut announced, mut restarted, mut given_up) = (0, 0, 0);
+    for seed in 0..40 {
+        let (res, trace) = record_trace(seed, &o);
+        assert!(res.passed(), "{}", res.swarm_description());
+        replay(trace.as_slice()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let text = String::from_utf8(trace).unwrap();
+        announced += text.matches("\"retry_delay_ms\"").count();
+        // A last record after a 429/5xx: no more attempts allowed, or
+        // none that could start before the deadline.
+        given_up += text
+            .lines()
+            .filter(|l| l.contains(r#""output":"telemetry""#) && l.contains(r#""http_status""#))
+            .filter(|l| !l.contains("retry_delay_ms"))
+            .count();
+        let mut starts = std::collections::BTreeMap::new();
+        for line in text.lines().filter(|l| l.contains(r#""output":"start_provider""#)) {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            *starts.entry(v["output"]["call"].as_u64().unwrap()).or_insert(0) += 1;
+        }
+        restarted += starts.values().filter(|n| **n > 1).count();
+    }
+    assert!(announced >= 10 && restarted >= 10, "{announced} back-offs announced, {restarted} calls retried");
+    assert!(given_up >= 3, "retries never ran out: {given_up}");
+}
+
+#[test]
 fn broker_worlds_flood_and_lie() {
     let summary = run_many(&opts(Scenario::Broker, 0..60, 2), |_| {});
     assert!(summary.failed.is_empty());
-    for kind in [FaultKind::QueueFlood, FaultKind::ProviderLeak, FaultKind::ProviderHuge] {
+    for kind in [
+        FaultKind::QueueFlood,
+        FaultKind::ProviderLeak,
+        FaultKind::ProviderHuge,
+        FaultKind::ProviderRetryable,
+    ] {
         assert!(
             summary.faults.get(&kind).is_some_and(|n| *n > 0),
             "{kind} never injected: {:?}",

@@ -16,6 +16,14 @@
 //!    the sum of the charges, recomputed here from the usage fed in;
 //! 6. no waiter waits past its bound, no call runs past its timeout, and
 //!    a timeout never fires early.
+//!
+//! And for retries: an attempt answered `429` or `5xx` is retried exactly
+//! when another attempt is allowed (`max_retries`), would start before the
+//! call's deadline and its owner is still there, after the back-off this
+//! file computes on its own; the call keeps the lock while it backs off
+//! (nothing else starts), no attempt starts at or after its deadline, and
+//! a cancel, a departure or a deadline during the back-off ends the call
+//! at once, with no `CancelProvider` and no further attempt.
 
 use super::{
     Broker, BrokerConfig, BrokerErrorCode, BrokerInput, BrokerOutput, CallId, LlmRequest, Money,
@@ -56,6 +64,13 @@ pub enum Step {
     ProviderErr {
         usage: Option<Usage>,
     },
+    /// The running attempt fails with an HTTP status (retried when `429`
+    /// or `5xx`) and a `Retry-After` hint.
+    ProviderStatus {
+        usage: Option<Usage>,
+        status: u16,
+        retry_after_ms: Option<u64>,
+    },
     /// A result for the `pick`-th call ever submitted, whatever its state.
     LateDone {
         pick: u16,
@@ -89,6 +104,9 @@ impl Setup {
         if b & 1 != 0 {
             config.queue_max_wait = Duration::from_micros(1_000);
             config.request_timeout = Duration::from_micros(2_500);
+            // Back-offs short enough for a retry or two to fit.
+            config.retry_base = Duration::from_micros(200);
+            config.retry_after_max = Duration::from_micros(1_000);
         }
         config.inject_remaining_context = b & 2 != 0;
         const BUDGETS: [u64; 5] = [0, 1_000_000, 1_000_000_000, 10_000_000_000, 2_000_000_000_000];
@@ -117,6 +135,12 @@ struct Call {
     closed: bool,
     replied: bool,
     done_fed: bool,
+    /// Attempts started.
+    attempts: u32,
+    /// Its provider deadline, set when it first started.
+    deadline: Option<Instant>,
+    /// Backing off until then.
+    retry_at: Option<Instant>,
 }
 
 /// Drives one broker through a script and checks it after every step.
@@ -217,6 +241,9 @@ impl Checker {
                         closed: false,
                         replied: false,
                         done_fed: false,
+                        attempts: 0,
+                        deadline: None,
+                        retry_at: None,
                     },
                 );
                 self.order.push(call);
@@ -278,7 +305,7 @@ impl Checker {
                     Some(c) => c,
                     None => return,
                 };
-                let result = if matches!(step, Step::ProviderOk { .. }) {
+                let result = if let Step::ProviderOk { .. } = step {
                     ProviderResult::Ok {
                         messages: super::RawJson::from_value(
                             &serde_json::json!([{"role": "assistant", "content": "ok"}]),
@@ -287,7 +314,7 @@ impl Checker {
                         model: "m".into(),
                     }
                 } else {
-                    ProviderResult::Err { usage: *usage, message: "boom".into() }
+                    ProviderResult::error(*usage, "boom")
                 };
                 self.done(call, result);
             }
@@ -296,7 +323,17 @@ impl Checker {
                     return;
                 }
                 let call = self.order[usize::from(*pick) % self.order.len()];
-                self.done(call, ProviderResult::Err { usage: *usage, message: "late".into() });
+                self.done(call, ProviderResult::error(*usage, "late"));
+            }
+            Step::ProviderStatus { usage, status, retry_after_ms } => {
+                let Some(call) = self.running.or_else(|| self.order.first().copied()) else { return };
+                let result = ProviderResult::Err {
+                    usage: *usage,
+                    message: format!("HTTP {status}"),
+                    status: Some(*status),
+                    retry_after_ms: *retry_after_ms,
+                };
+                self.done(call, result);
             }
             Step::Advance { micros, ticks } => {
                 let target = Instant::from_micros(self.now.as_micros().saturating_add(*micros));
@@ -320,10 +357,23 @@ impl Checker {
     /// Feed a provider result for `call`, charging it in the model iff the
     /// call started and this is its first result.
     fn done(&mut self, call: CallId, result: ProviderResult) {
-        let usage = match &result {
-            ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => *usage,
+        // A retry due now starts before the result is read (due timers
+        // fire first), so the result is the new attempt's.
+        let retry_due = self.calls.get(&call).and_then(|c| c.retry_at).is_some_and(|at| at <= self.now);
+        if retry_due && self.running == Some(call) {
+            self.input(BrokerInput::Tick);
+        }
+        let usage = result.usage();
+        let retry_status = match &result {
+            ProviderResult::Err { status: Some(s), retry_after_ms, .. } if super::retryable_status(*s) => {
+                Some(*retry_after_ms)
+            }
+            _ => None,
         };
-        let was_running = self.running == Some(call);
+        // An attempt in flight, whose result this is.
+        let attempt =
+            self.running == Some(call) && self.calls.get(&call).is_some_and(|c| c.retry_at.is_none());
+        let mut retry_due = None;
         if let Some(c) = self.calls.get_mut(&call) {
             if c.started.is_some() && !c.done_fed {
                 c.done_fed = true;
@@ -331,9 +381,24 @@ impl Checker {
                     self.expected_charged += expected_charge(&u, &w);
                 }
             }
+            // What the broker must do with it, computed here: due timers
+            // fire first, so a result at the deadline finds the call gone.
+            if let (true, Some(hint), Some(deadline)) = (attempt, retry_status, c.deadline) {
+                let base = self.config.retry_base.as_micros() as u64;
+                let cap = self.config.retry_after_max.as_micros() as u64;
+                let exp = base.saturating_mul(1u64.checked_shl(c.attempts - 1).unwrap_or(u64::MAX));
+                let delay = exp.max(hint.map_or(0, |h| h.saturating_mul(1_000))).min(cap).max(1);
+                let at = Instant::from_micros(self.now.as_micros().saturating_add(delay));
+                let allowed = c.attempts <= self.config.max_retries;
+                if self.now < deadline && allowed && at < deadline && !self.gone.contains(&c.owner) {
+                    retry_due = Some(at);
+                }
+            }
         }
         self.input(BrokerInput::ProviderDone { call, result });
-        if was_running {
+        if let Some(at) = retry_due {
+            assert_eq!(self.broker.backing_off(), Some((call, at)), "{call} not retried as it should be");
+        } else if attempt {
             // A result at the deadline loses to the timeout; either way the
             // call is over.
             assert_ne!(self.running, Some(call), "{call} still running after its result");
@@ -346,12 +411,25 @@ impl Checker {
         while let Some(out) = self.broker.poll_output() {
             match out {
                 BrokerOutput::StartProvider { call, request, deadline } => {
-                    assert!(self.running.is_none(), "{call} started while {:?} runs", self.running);
                     let c = self
                         .calls
                         .get_mut(&call)
                         .unwrap_or_else(|| panic!("{call} started, never submitted"));
-                    assert!(c.started.is_none(), "{call} started twice");
+                    if c.started.is_some() {
+                        // A retry: of the call holding the lock, once its
+                        // back-off is over, before its deadline.
+                        assert_eq!(self.running, Some(call), "{call} retried without the lock");
+                        let at = c.retry_at.take().unwrap_or_else(|| panic!("{call} started twice"));
+                        assert!(self.now >= at, "{call} retried at {:?}, before {at:?}", self.now);
+                        assert_eq!(Some(deadline), c.deadline, "{call}: a retry moved the deadline");
+                        assert!(self.now < deadline, "{call}: an attempt started at or past its deadline");
+                        assert!(!c.closed && !self.gone.contains(&c.owner), "{call} retried after it ended");
+                        c.attempts += 1;
+                        assert!(c.attempts <= 1 + self.config.max_retries, "{call}: too many attempts");
+                        c.done_fed = false;
+                        continue;
+                    }
+                    assert!(self.running.is_none(), "{call} started while {:?} holds the lock", self.running);
                     assert!(!c.closed, "{call} started after it was answered or dropped");
                     assert!(!self.gone.contains(&c.owner), "{call} of a departed owner started");
                     let a = c.admission.unwrap_or_else(|| panic!("{call} started but was refused"));
@@ -370,10 +448,16 @@ impl Checker {
                         "{call}: trim cut below the floor"
                     );
                     c.started = Some(self.now);
+                    c.attempts = 1;
+                    c.deadline = Some(deadline);
                     self.running = Some(call);
                 }
                 BrokerOutput::CancelProvider { call } => {
                     assert_eq!(self.running, Some(call), "CancelProvider for {call}, which is not running");
+                    assert!(
+                        self.calls.get(&call).is_some_and(|c| c.retry_at.is_none()),
+                        "CancelProvider for {call} while it backs off, with nothing in flight"
+                    );
                     self.running = None;
                     if let Some(c) = self.calls.get_mut(&call) {
                         c.closed = true;
@@ -412,7 +496,13 @@ impl Checker {
                         Some(BrokerErrorCode::ProviderTimeout | BrokerErrorCode::CancelledAfterStart) => {
                             let started =
                                 c.started.unwrap_or_else(|| panic!("{call} abandoned before it started"));
-                            assert!(c.closed, "{call} abandoned without CancelProvider");
+                            if c.retry_at.take().is_some() {
+                                // Ended while backing off: nothing in flight.
+                                assert_eq!(self.running, Some(call), "{call} backed off without the lock");
+                                self.running = None;
+                            } else {
+                                assert!(c.closed, "{call} abandoned without CancelProvider");
+                            }
                             if code == Some(BrokerErrorCode::ProviderTimeout) {
                                 assert!(
                                     self.now >= started.saturating_add(timeout),
@@ -422,6 +512,11 @@ impl Checker {
                         }
                         None | Some(BrokerErrorCode::ProviderError) => {
                             assert!(c.started.is_some(), "{call} finished without starting");
+                            // Under enforce_budget a retry that no longer
+                            // fits ends the back-off with provider_error.
+                            if c.retry_at.take().is_some() {
+                                assert!(self.config.enforce_budget, "{call} failed while backing off");
+                            }
                             assert_eq!(self.running, Some(call), "{call} finished but was not running");
                             self.running = None;
                         }
@@ -436,6 +531,19 @@ impl Checker {
                     assert!(r.remaining <= self.initial, "telemetry: remaining above the initial amount");
                     // A departed owner's call ends without a reply; its
                     // record is the only sign.
+                    if let Some(delay) = r.retry_delay_ms {
+                        let c = self
+                            .calls
+                            .get_mut(&r.call)
+                            .unwrap_or_else(|| panic!("record of unknown {}", r.call));
+                        assert_eq!(self.running, Some(r.call), "{}: retry record without the lock", r.call);
+                        let at = self.broker.backing_off().filter(|(c, _)| *c == r.call).map(|(_, t)| t);
+                        let at = at.unwrap_or_else(|| panic!("{}: retry record, yet no back-off", r.call));
+                        assert_eq!(delay, at.saturating_duration_since(self.now).as_millis() as u64);
+                        assert_eq!(r.attempt, Some(c.attempts), "{}: attempt number", r.call);
+                        c.retry_at = Some(at);
+                        continue;
+                    }
                     if self.running == Some(r.call) && !r.late_usage && !r.dropped_usage_unknown {
                         let c = self
                             .calls
@@ -443,6 +551,7 @@ impl Checker {
                             .unwrap_or_else(|| panic!("record of unknown {}", r.call));
                         assert!(self.gone.contains(&c.owner), "{} ended unanswered", r.call);
                         c.closed = true;
+                        c.retry_at = None;
                         self.running = None;
                     }
                 }
@@ -452,6 +561,12 @@ impl Checker {
 
     fn check_state(&mut self) {
         assert_eq!(self.broker.running(), self.running, "broker and checker disagree on the running call");
+        let backing_off = self.running.filter(|c| self.calls.get(c).is_some_and(|c| c.retry_at.is_some()));
+        assert_eq!(
+            self.broker.backing_off().map(|(c, _)| c),
+            backing_off,
+            "broker and checker disagree on the call backing off"
+        );
         assert!(
             self.broker.running().is_some() || self.broker.queued() == 0,
             "lock free while {} calls wait",
@@ -478,7 +593,8 @@ impl Checker {
     /// call was answered unless its owner left.
     pub fn finish(&mut self) {
         let horizon = (self.config.queue_max_wait + self.config.request_timeout).as_micros() as u64 + 1;
-        for _ in 0..(self.pending.len() + 2) * 2 {
+        // Each call may back off once more before a success ends it.
+        for _ in 0..(self.pending.len() + 2) * 3 {
             if self.broker.is_idle() {
                 break;
             }
@@ -565,6 +681,14 @@ pub fn decode_steps(mut data: &[u8]) -> Vec<Step> {
             }
             5 => Step::OwnerGone { slot: byte(&mut data) % 3 },
             6 | 7 => Step::ProviderOk { usage: usage(&mut data) },
+            8 if cmd & 0x10 != 0 => {
+                const STATUSES: [u16; 8] = [429, 500, 502, 503, 504, 501, 400, 401];
+                let status = STATUSES[usize::from(byte(&mut data)) % STATUSES.len()];
+                let hint = byte(&mut data);
+                // Quarter seconds up to ~32 s, or none.
+                let retry_after_ms = (hint & 0x80 == 0).then_some(u64::from(hint & 0x7f) * 250);
+                Step::ProviderStatus { usage: usage(&mut data), status, retry_after_ms }
+            }
             8 => Step::ProviderErr { usage: usage(&mut data) },
             9 => {
                 let pick = word(&mut data);

@@ -89,6 +89,15 @@ pub const DEFAULT_MAX_PENDING_BYTES: u64 = 8 << 20;
 pub const WAITER_OVERHEAD_BYTES: u64 = 512;
 /// The quota covers the whole session; there is no rolling window.
 pub const QUOTA_WINDOW: &str = "session";
+/// `[broker.request] max_retries`: attempts after the first for a call
+/// the provider answers `429` or `5xx`.
+pub const DEFAULT_MAX_RETRIES: u32 = 3;
+/// `[broker.request] retry_base_ms`: the first back-off; it doubles with
+/// every retry.
+pub const DEFAULT_RETRY_BASE: Duration = Duration::from_millis(500);
+/// `[broker.request] retry_after_max_ms`: no back-off is longer, whatever
+/// the provider's `Retry-After` asks for.
+pub const DEFAULT_RETRY_AFTER_MAX: Duration = Duration::from_secs(20);
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BrokerConfig {
@@ -113,6 +122,29 @@ pub struct BrokerConfig {
     /// the seed makes no preflight denials.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub enforce_budget: bool,
+    /// Attempts after the first for a call whose attempt the provider
+    /// answered `429` or `5xx`; 0 turns retries off.
+    #[serde(default = "default_max_retries")]
+    pub max_retries: u32,
+    /// The back-off before retry `n` (from 1) is at least
+    /// `retry_base * 2^(n-1)`, and at least the provider's `Retry-After`.
+    #[serde(default = "default_retry_base")]
+    pub retry_base: Duration,
+    /// No back-off is longer than this.
+    #[serde(default = "default_retry_after_max")]
+    pub retry_after_max: Duration,
+}
+
+fn default_max_retries() -> u32 {
+    DEFAULT_MAX_RETRIES
+}
+
+fn default_retry_base() -> Duration {
+    DEFAULT_RETRY_BASE
+}
+
+fn default_retry_after_max() -> Duration {
+    DEFAULT_RETRY_AFTER_MAX
 }
 
 fn default_max_pending() -> usize {
@@ -136,6 +168,9 @@ impl Default for BrokerConfig {
             max_pending: DEFAULT_MAX_PENDING,
             max_pending_bytes: DEFAULT_MAX_PENDING_BYTES,
             enforce_budget: false,
+            max_retries: DEFAULT_MAX_RETRIES,
+            retry_base: DEFAULT_RETRY_BASE,
+            retry_after_max: DEFAULT_RETRY_AFTER_MAX,
         }
     }
 }
@@ -150,6 +185,9 @@ pub enum ConfigError {
     DefaultModelNotPriced(String),
     ZeroMaxPending,
     ZeroMaxPendingBytes,
+    /// A zero back-off would retry within the very step that failed.
+    ZeroRetryBase,
+    RetryCapBelowBase,
 }
 
 impl fmt::Display for ConfigError {
@@ -164,6 +202,10 @@ impl fmt::Display for ConfigError {
             }
             ConfigError::ZeroMaxPending => f.write_str("queue.max_pending must be positive"),
             ConfigError::ZeroMaxPendingBytes => f.write_str("queue.max_pending_bytes must be positive"),
+            ConfigError::ZeroRetryBase => f.write_str("request.retry_base_ms must be positive"),
+            ConfigError::RetryCapBelowBase => {
+                f.write_str("request.retry_after_max_ms must be at least request.retry_base_ms")
+            }
         }
     }
 }
@@ -296,7 +338,48 @@ pub enum ProviderResult {
     },
     /// A transport or API error, or the dropped request after
     /// `CancelProvider`. Usage the provider reported anyway is charged.
-    Err { usage: Option<Usage>, message: String },
+    Err {
+        usage: Option<Usage>,
+        message: String,
+        /// The HTTP status of the provider's answer; `None` when there was
+        /// none (a connection error, a dropped request). `429` and `5xx`
+        /// are retried (see [`BrokerConfig::max_retries`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<u16>,
+        /// The answer's `Retry-After`, in milliseconds, as the shell read
+        /// it ([`openai::retry_after_ms`]); `None` when absent or unreadable.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
+    },
+}
+
+impl ProviderResult {
+    /// A failure with no HTTP status: a transport error, a dropped
+    /// request, a reply that could not be read.
+    pub fn error(usage: Option<Usage>, message: impl Into<String>) -> Self {
+        ProviderResult::Err { usage, message: message.into(), status: None, retry_after_ms: None }
+    }
+
+    /// The usage reported, on success or failure.
+    pub fn usage(&self) -> Option<Usage> {
+        match self {
+            ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => *usage,
+        }
+    }
+
+    /// With `Retry-After` set to `hint` ms, if this is a failure.
+    pub fn with_retry_after(mut self, hint: Option<u64>) -> Self {
+        if let ProviderResult::Err { retry_after_ms, .. } = &mut self {
+            *retry_after_ms = hint;
+        }
+        self
+    }
+}
+
+/// Whether an attempt that failed with HTTP `status` is retried: rate
+/// limited (`429`) or a server error (`5xx`).
+pub const fn retryable_status(status: u16) -> bool {
+    status == 429 || matches!(status, 500..=599)
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -399,6 +482,21 @@ pub struct TelemetryRecord {
     /// cost is unknown, and nothing is charged for it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dropped_usage_unknown: bool,
+    /// On the records of a call that made more than one attempt, or whose
+    /// attempt is retried: which attempt (from 1) the record reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// The HTTP status of the provider's failed answer to the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u16>,
+    /// The `Retry-After` of that answer, in ms, as the shell read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// Set on the record of an attempt that is retried: the back-off
+    /// before the next attempt, during which the call keeps the lock.
+    /// Such a record is not the call's answer; its last record is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_delay_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -450,6 +548,9 @@ pub struct BrokerStats {
     pub stray_results: u64,
     /// Sum of all charges, before clamping at zero.
     pub charged: Money,
+    /// Attempts started again after a `429` or `5xx`.
+    #[serde(default)]
+    pub retries: u64,
 }
 
 #[derive(Debug)]
@@ -484,6 +585,12 @@ struct Running {
     trim: Trim,
     /// Its worst-case cost, reserved under `enforce_budget`.
     reserve: Money,
+    /// What was sent, sent again by a retry.
+    request: ProviderRequest,
+    /// The attempt running or last run, from 1.
+    attempt: u32,
+    /// Backing off until then: no attempt in flight, the lock still held.
+    retry_at: Option<Instant>,
 }
 
 /// A call given up on, whose `ProviderDone` may still bring usage.
@@ -503,6 +610,8 @@ pub enum BrokerBug {
     NoPendingByteBound,
     /// `enforce_budget` is ignored.
     IgnoreEnforceBudget,
+    /// The lock is handed on while the call holding it backs off.
+    ReleaseLockDuringBackoff,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -580,6 +689,13 @@ impl Broker {
         if config.max_pending_bytes == 0 {
             return Err(ConfigError::ZeroMaxPendingBytes);
         }
+        // Time is counted in microseconds: a shorter back-off is none.
+        if config.retry_base.as_micros() == 0 {
+            return Err(ConfigError::ZeroRetryBase);
+        }
+        if config.retry_after_max < config.retry_base {
+            return Err(ConfigError::RetryCapBelowBase);
+        }
         Ok(Broker {
             safety_ppm: quota::factor_ppm(f),
             config,
@@ -647,9 +763,14 @@ impl Broker {
         &self.stats
     }
 
-    /// The call holding the lock.
+    /// The call holding the lock (running, or backing off to retry).
     pub fn running(&self) -> Option<CallId> {
         self.running.as_ref().map(|r| r.call)
+    }
+
+    /// The call backing off between attempts, and when it retries.
+    pub fn backing_off(&self) -> Option<(CallId, Instant)> {
+        self.running.as_ref().and_then(|r| r.retry_at.map(|t| (r.call, t)))
     }
 
     pub fn queued(&self) -> usize {
@@ -698,10 +819,11 @@ impl Broker {
         self.outputs.pop_front()
     }
 
-    /// The earliest queue or provider deadline.
+    /// The earliest queue or provider deadline, or retry.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let queue = self.queue.first_key_value().map(|(_, w)| w.deadline);
-        let running = self.running.as_ref().map(|r| r.deadline);
+        // A retry is always due before its call's deadline.
+        let running = self.running.as_ref().map(|r| r.retry_at.unwrap_or(r.deadline).min(r.deadline));
         match (queue, running) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -730,12 +852,22 @@ impl Broker {
     }
 
     fn fire_timers(&mut self, now: Instant) {
-        if self.running.as_ref().is_some_and(|r| r.deadline <= now) {
-            self.abandon(
+        match self.running.as_ref().map(|r| (r.deadline <= now, r.retry_at)) {
+            // Time jumped past the deadline during a back-off: nothing is
+            // in flight to drop.
+            Some((true, Some(_))) => self.end_backoff(
+                now,
+                BrokerErrorCode::ProviderTimeout,
+                "provider call exceeded request.timeout_seconds while waiting to retry",
+                true,
+            ),
+            Some((true, None)) => self.abandon(
                 now,
                 BrokerErrorCode::ProviderTimeout,
                 "provider call exceeded request.timeout_seconds",
-            );
+            ),
+            Some((false, Some(at))) if at <= now => self.retry(now),
+            _ => {}
         }
         self.expire_waiters(now);
     }
@@ -753,15 +885,22 @@ impl Broker {
     /// Hand the lock to the head of the queue if it is free. The only place
     /// a call starts.
     fn dispatch(&mut self, now: Instant) {
-        if self.running.is_some() {
+        if !self.lock_free() {
             return;
         }
         self.expire_waiters(now);
-        while self.running.is_none() {
+        while self.lock_free() {
             let Some(seq) = self.queue.first_key_value().map(|(s, _)| *s) else { return };
             let Some(w) = self.remove_waiter(seq) else { return };
             // Refused calls answer at once and the next waiter is tried.
             self.start(now, w);
+        }
+    }
+
+    fn lock_free(&self) -> bool {
+        match &self.running {
+            None => true,
+            Some(r) => r.retry_at.is_some() && self.bug == Some(BrokerBug::ReleaseLockDuringBackoff),
         }
     }
 
@@ -924,7 +1063,11 @@ impl Broker {
         }
         self.stats.started += 1;
         let deadline = now.saturating_add(self.config.request_timeout);
-        self.outputs.push_back(BrokerOutput::StartProvider { call: w.call, request, deadline });
+        self.outputs.push_back(BrokerOutput::StartProvider {
+            call: w.call,
+            request: request.clone(),
+            deadline,
+        });
         self.calls.insert(w.call, Place::Running);
         if let Some(t) = &w.cancel_token {
             self.tokens.insert((w.scope, t.clone()), w.call);
@@ -943,7 +1086,109 @@ impl Broker {
             queue_len: w.queue_len,
             trim,
             reserve,
+            request,
+            attempt: 1,
+            retry_at: None,
         });
+    }
+
+    /// The next attempt of the call backing off, if it may still start:
+    /// before its deadline, and, under `enforce_budget`, with its worst
+    /// case still covered.
+    fn retry(&mut self, now: Instant) {
+        let Some(r) = self.running.as_ref() else { return };
+        if let Some(why) = self.budget_blocks_retry(r, Money::ZERO) {
+            return self.end_backoff(now, BrokerErrorCode::ProviderError, &why, true);
+        }
+        let Some(r) = self.running.as_mut() else { return };
+        r.retry_at = None;
+        r.attempt += 1;
+        let start =
+            BrokerOutput::StartProvider { call: r.call, request: r.request.clone(), deadline: r.deadline };
+        self.stats.retries += 1;
+        self.outputs.push_back(start);
+    }
+
+    /// Under `enforce_budget`, why the call's worst case no longer fits
+    /// (an earlier attempt may have been charged; `uncharged` is the charge
+    /// of the one just ended, not yet taken), if it does not.
+    fn budget_blocks_retry(&self, r: &Running, uncharged: Money) -> Option<String> {
+        if !self.config.enforce_budget || self.bug == Some(BrokerBug::IgnoreEnforceBudget) {
+            return None;
+        }
+        let available = self.remaining.saturating_sub(uncharged).saturating_sub(self.reserved);
+        let prompt = quota::prompt_token_bound(r.request.prompt_bytes());
+        let max = r.request.max_tokens;
+        match quota::fit_budget(available, prompt, max, self.config.min_output_tokens, &r.weights) {
+            Some((effective, _)) if effective >= max => None,
+            _ => Some(format!(
+                "not retried: the remaining budget ({available}) no longer covers another attempt \
+                 (broker.enforce_budget)"
+            )),
+        }
+    }
+
+    /// The back-off before attempt `attempt + 1`, or why there is none.
+    fn backoff(
+        &self,
+        now: Instant,
+        r: &Running,
+        hint_ms: Option<u64>,
+        usage: Option<&Usage>,
+    ) -> Result<Duration, String> {
+        let tries = 1 + u64::from(self.config.max_retries);
+        if u64::from(r.attempt) >= tries {
+            // With retries off, nothing to explain.
+            return Err(match self.config.max_retries {
+                0 => String::new(),
+                n => format!("not retried: {tries} attempts made (broker.request.max_retries = {n})"),
+            });
+        }
+        let base = u64::try_from(self.config.retry_base.as_micros()).unwrap_or(u64::MAX);
+        let cap = u64::try_from(self.config.retry_after_max.as_micros()).unwrap_or(u64::MAX);
+        let exp = base.saturating_mul(1u64.checked_shl(r.attempt - 1).unwrap_or(u64::MAX));
+        let hint = hint_ms.map_or(0, |ms| ms.saturating_mul(1_000));
+        let delay = Duration::from_micros(exp.max(hint).min(cap).max(1));
+        let at = now.saturating_add(delay);
+        if at >= r.deadline {
+            return Err(format!(
+                "not retried: the next attempt, {} ms from now, would start past the request timeout \
+                 ({} ms left; broker.request.timeout_seconds)",
+                millis(delay),
+                millis(r.deadline.saturating_duration_since(now))
+            ));
+        }
+        let uncharged = usage.map_or(Money::ZERO, |u| quota::charge(u, &r.weights));
+        match self.budget_blocks_retry(r, uncharged) {
+            Some(why) => Err(why),
+            None => Ok(delay),
+        }
+    }
+
+    /// Finish the call backing off: nothing is in flight, so nothing is
+    /// dropped and no late usage can come.
+    fn end_backoff(&mut self, now: Instant, code: BrokerErrorCode, message: &str, reply: bool) {
+        let Some(r) = self.take_running() else { return };
+        let wait = millis(r.started.saturating_duration_since(r.enqueued));
+        let latency = millis(now.saturating_duration_since(r.started));
+        let mut record = self.record(
+            r.call,
+            r.owner,
+            r.model,
+            r.queue_len,
+            wait,
+            Some(&r.trim),
+            Some(latency),
+            Some(code),
+            Money::ZERO,
+        );
+        record.attempt = Some(r.attempt);
+        if reply && !r.owner_gone {
+            self.reply(r.call, r.owner, Err(BrokerError::new(code, message)));
+        } else {
+            self.count_error(code);
+        }
+        self.outputs.push_back(BrokerOutput::Telemetry(record));
     }
 
     /// Release the lock's bookkeeping for the running call.
@@ -966,11 +1211,36 @@ impl Broker {
 
     fn provider_done(&mut self, now: Instant, call: CallId, result: ProviderResult) {
         // Whatever the shell did, nothing a child sees carries a secret.
-        let result = self.redactor.scrub_result(result);
-        if self.running.as_ref().is_some_and(|r| r.call == call) {
+        let mut result = self.redactor.scrub_result(result);
+        let attempt_running = self.running.as_ref().filter(|r| r.call == call).map(|r| r.retry_at.is_none());
+        if attempt_running == Some(true) {
+            if let ProviderResult::Err { status: Some(status), retry_after_ms, usage, message } = &mut result
+            {
+                if retryable_status(*status) {
+                    let plan = match self.running.as_ref() {
+                        Some(r) if r.owner_gone => Err(String::new()),
+                        Some(r) => self.backoff(now, r, *retry_after_ms, usage.as_ref()),
+                        None => Err(String::new()),
+                    };
+                    match plan {
+                        Ok(delay) => {
+                            let (usage, status, hint) = (*usage, *status, *retry_after_ms);
+                            return self.back_off(now, usage, status, hint, delay);
+                        }
+                        Err(why) if !why.is_empty() => {
+                            message.push_str("; ");
+                            message.push_str(&why);
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
             if let Some(r) = self.take_running() {
                 self.complete(now, r, result);
             }
+        } else if attempt_running == Some(false) {
+            // Backing off, no attempt in flight: nothing this could be.
+            self.stats.stray_results += 1;
         } else if let Some(a) = self.abandoned.remove(&call) {
             self.reserved = self.reserved.saturating_sub(a.reserve);
             let usage = match &result {
@@ -994,7 +1264,45 @@ impl Broker {
         }
     }
 
+    /// The running attempt failed and is retried after `delay`: charge
+    /// what it reported, record it, and keep the lock.
+    fn back_off(
+        &mut self,
+        now: Instant,
+        usage: Option<Usage>,
+        status: u16,
+        hint: Option<u64>,
+        delay: Duration,
+    ) {
+        let Some(weights) = self.running.as_ref().map(|r| r.weights) else { return };
+        let charged = self.charge(usage.as_ref(), &weights);
+        let Some(r) = self.running.as_ref() else { return };
+        let wait = millis(r.started.saturating_duration_since(r.enqueued));
+        let latency = millis(now.saturating_duration_since(r.started));
+        let mut record = self.record(
+            r.call,
+            r.owner,
+            r.model.clone(),
+            r.queue_len,
+            wait,
+            Some(&r.trim),
+            Some(latency),
+            Some(BrokerErrorCode::ProviderError),
+            charged,
+        );
+        record.usage = usage;
+        record.attempt = Some(r.attempt);
+        record.http_status = Some(status);
+        record.retry_after_ms = hint;
+        record.retry_delay_ms = Some(millis(delay));
+        self.outputs.push_back(BrokerOutput::Telemetry(record));
+        if let Some(r) = self.running.as_mut() {
+            r.retry_at = Some(now.saturating_add(delay));
+        }
+    }
+
     fn complete(&mut self, now: Instant, r: Running, result: ProviderResult) {
+        let (mut http_status, mut hint) = (None, None);
         let (usage, outcome) = match result {
             ProviderResult::Ok { messages, usage, model } => {
                 let mut metadata = Map::new();
@@ -1008,7 +1316,8 @@ impl Broker {
                 }
                 (usage, Ok(LlmResult { messages, usage, model, metadata }))
             }
-            ProviderResult::Err { usage, message } => {
+            ProviderResult::Err { usage, message, status, retry_after_ms } => {
+                (http_status, hint) = (status, retry_after_ms);
                 (usage, Err(BrokerError::new(BrokerErrorCode::ProviderError, message)))
             }
         };
@@ -1028,6 +1337,9 @@ impl Broker {
             charged,
         );
         record.usage = usage;
+        record.attempt = (r.attempt > 1).then_some(r.attempt);
+        record.http_status = http_status;
+        record.retry_after_ms = hint;
         if outcome.is_ok() {
             self.stats.succeeded += 1;
         }
@@ -1046,7 +1358,7 @@ impl Broker {
         self.outputs.push_back(BrokerOutput::CancelProvider { call: r.call });
         let wait = millis(r.started.saturating_duration_since(r.enqueued));
         let latency = millis(now.saturating_duration_since(r.started));
-        let record = self.record(
+        let mut record = self.record(
             r.call,
             r.owner,
             r.model.clone(),
@@ -1057,6 +1369,7 @@ impl Broker {
             Some(code),
             Money::ZERO,
         );
+        record.attempt = (r.attempt > 1).then_some(r.attempt);
         if r.owner_gone {
             self.count_error(code);
         } else {
@@ -1112,6 +1425,19 @@ impl Broker {
                 }
                 None => CancelOutcome::NotFound,
             },
+            Some((call, Place::Running))
+                if self.running.as_ref().is_some_and(|r| r.call == call && r.retry_at.is_some()) =>
+            {
+                // Between attempts the cancel wins at once: no further
+                // attempt, nothing in flight to drop.
+                self.end_backoff(
+                    now,
+                    BrokerErrorCode::CancelledAfterStart,
+                    "cancelled while waiting to retry the provider call",
+                    true,
+                );
+                CancelOutcome::AfterStart
+            }
             Some((call, Place::Running)) if self.running.as_ref().is_some_and(|r| r.call == call) => {
                 self.abandon(
                     now,
@@ -1137,6 +1463,16 @@ impl Broker {
         }
         if let Some(r) = self.running.as_mut().filter(|r| r.owner == owner) {
             r.owner_gone = true;
+            // Between attempts nothing is left to charge: the call is
+            // dropped at once and the lock handed on.
+            if r.retry_at.is_some() {
+                self.end_backoff(
+                    now,
+                    BrokerErrorCode::CancelledAfterStart,
+                    "client went away while waiting to retry",
+                    false,
+                );
+            }
         }
     }
 
@@ -1179,6 +1515,10 @@ impl Broker {
             remaining: self.remaining,
             late_usage: false,
             dropped_usage_unknown: false,
+            attempt: None,
+            http_status: None,
+            retry_after_ms: None,
+            retry_delay_ms: None,
         }
     }
 }

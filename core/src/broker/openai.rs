@@ -22,8 +22,25 @@ pub const MAX_CHOICES: usize = 128;
 /// handful of fields, and they are the only parts parsed into a tree.
 pub const MAX_SMALL_OBJECT_BYTES: usize = 64 << 10;
 
+/// A provider answer's `Retry-After` (RFC 9110 §10.2.3) as a delay in
+/// milliseconds from `now`, the wall-clock time the answer arrived (the
+/// caller reads the clock; this only compares): delay-seconds (digits
+/// only; too many for a `u64` saturate) or an HTTP-date (one already past
+/// is no delay). Anything else — negative, fractional, garbage — is `None`,
+/// as if the header were absent.
+pub fn retry_after_ms(value: &str, now: std::time::SystemTime) -> Option<u64> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        let secs = v.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(secs.saturating_mul(1_000));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    let ahead = at.duration_since(now).unwrap_or_default();
+    Some(u64::try_from(ahead.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn error(message: String) -> ProviderResult {
-    ProviderResult::Err { usage: None, message }
+    ProviderResult::error(None, message)
 }
 
 /// The chat-completions request, as JSON text: `{model, messages,
@@ -194,7 +211,12 @@ fn read(
             Err(_) => (snippet(body), None),
         };
         let detail = redactor.scrub(&detail).into_owned();
-        return ProviderResult::Err { usage, message: clip(format!("HTTP {status}: {detail}")) };
+        return ProviderResult::Err {
+            usage,
+            message: clip(format!("HTTP {status}: {detail}")),
+            status: Some(status),
+            retry_after_ms: None,
+        };
     }
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return match parsed {
@@ -219,7 +241,7 @@ fn read(
         },
     };
     let Some(choices) = reply.choices else {
-        return ProviderResult::Err { usage, message: "malformed response: no choices array".into() };
+        return ProviderResult::error(usage, "malformed response: no choices array");
     };
     let mut text = String::from("[");
     let mut room = limits;
@@ -235,25 +257,25 @@ fn read(
                         text.push_str(raw.as_str());
                     }
                     Err(e) => {
-                        return ProviderResult::Err {
+                        return ProviderResult::error(
                             usage,
-                            message: format!("malformed response: choices[{i}].message: {e}"),
-                        }
+                            format!("malformed response: choices[{i}].message: {e}"),
+                        )
                     }
                 }
             }
             _ => {
-                return ProviderResult::Err {
+                return ProviderResult::error(
                     usage,
-                    message: format!("malformed response: choices[{i}] has no message object"),
-                }
+                    format!("malformed response: choices[{i}] has no message object"),
+                )
             }
         }
     }
     text.push(']');
     let messages = match RawJson::from_text(text) {
         Ok(m) => m,
-        Err(e) => return ProviderResult::Err { usage, message: format!("malformed response: {e}") },
+        Err(e) => return ProviderResult::error(usage, format!("malformed response: {e}")),
     };
     let model = small(reply.model)
         .and_then(|m| m.as_str().map(str::to_string))
@@ -352,17 +374,34 @@ mod tests {
     }
 
     #[test]
+    fn retry_after_reads_seconds_and_dates_and_drops_the_rest() {
+        use std::time::{Duration, UNIX_EPOCH};
+        // Sun, 06 Nov 1994 08:49:37 GMT
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777);
+        assert_eq!(retry_after_ms("0", now), Some(0));
+        assert_eq!(retry_after_ms(" 2 ", now), Some(2_000));
+        assert_eq!(retry_after_ms("99999999999999999999999", now), Some(u64::MAX));
+        assert_eq!(retry_after_ms("Sun, 06 Nov 1994 08:49:40 GMT", now), Some(3_000));
+        assert_eq!(retry_after_ms("Sunday, 06-Nov-94 08:49:38 GMT", now), Some(1_000));
+        assert_eq!(retry_after_ms("Sun, 06 Nov 1994 08:00:00 GMT", now), Some(0), "a date past is no delay");
+        for bad in ["", "-1", "1.5", "+3", "soon", "0x10", "Sun, 06 Nov 1994 25:00:00 GMT"] {
+            assert_eq!(retry_after_ms(bad, now), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn errors_carry_status_message_and_usage() {
         let body = br#"{"error":{"message":"rate limited","type":"x"},"usage":{"prompt_tokens":5,"completion_tokens":0}}"#;
         match parse_response(429, body, "m", &Redactor::new()) {
-            ProviderResult::Err { usage, message } => {
+            ProviderResult::Err { usage, message, status, retry_after_ms } => {
                 assert_eq!(message, "HTTP 429: rate limited");
+                assert_eq!((status, retry_after_ms), (Some(429), None));
                 assert_eq!(usage.unwrap().prompt_tokens, 5);
             }
             other => panic!("{other:?}"),
         }
         match parse_response(502, b"<html>bad gateway</html>", "m", &Redactor::new()) {
-            ProviderResult::Err { usage: None, message } => {
+            ProviderResult::Err { usage: None, message, status: Some(502), .. } => {
                 assert_eq!(message, "HTTP 502: <html>bad gateway</html>")
             }
             other => panic!("{other:?}"),

@@ -282,10 +282,10 @@ impl Redactor {
         match result {
             ProviderResult::Ok { messages, usage, model } => match self.scrub_json(messages) {
                 Ok(messages) => ProviderResult::Ok { messages, usage, model: self.scrub_owned(model) },
-                Err(e) => ProviderResult::Err { usage, message: format!("reply withheld: {e}") },
+                Err(e) => ProviderResult::error(usage, format!("reply withheld: {e}")),
             },
-            ProviderResult::Err { usage, message } => {
-                ProviderResult::Err { usage, message: self.scrub_owned(message) }
+            ProviderResult::Err { usage, message, status, retry_after_ms } => {
+                ProviderResult::Err { usage, message: self.scrub_owned(message), status, retry_after_ms }
             }
         }
     }

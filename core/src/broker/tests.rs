@@ -246,6 +246,12 @@ fn config_is_validated() {
     }
     let c = BrokerConfig { default_model: "nope".into(), ..Default::default() };
     assert_eq!(new(c), Some(ConfigError::DefaultModelNotPriced("nope".into())));
+    let c = BrokerConfig { retry_base: Duration::from_nanos(999), ..Default::default() };
+    assert_eq!(new(c), Some(ConfigError::ZeroRetryBase));
+    let c = BrokerConfig { retry_after_max: Duration::from_millis(499), ..Default::default() };
+    assert_eq!(new(c), Some(ConfigError::RetryCapBelowBase));
+    let c = BrokerConfig { max_retries: 0, ..Default::default() };
+    assert_eq!(new(c), None, "retries may be off");
 }
 
 // ---- wire -------------------------------------------------------------------
@@ -431,6 +437,280 @@ fn a_dropped_call_ending_without_usage_is_usage_unknown_not_a_late_result() {
     assert_eq!(b.remaining(), usd("5"));
 }
 
+// ---- retries ----------------------------------------------------------------
+
+fn status(code: u16, hint_ms: Option<u64>, usage: Option<Usage>) -> ProviderResult {
+    ProviderResult::Err {
+        usage,
+        message: format!("HTTP {code}: busy"),
+        status: Some(code),
+        retry_after_ms: hint_ms,
+    }
+}
+
+fn records(out: &[BrokerOutput]) -> Vec<TelemetryRecord> {
+    out.iter()
+        .filter_map(|o| match o {
+            BrokerOutput::Telemetry(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn deadlines(out: &[BrokerOutput]) -> Vec<Instant> {
+    out.iter()
+        .filter_map(|o| match o {
+            BrokerOutput::StartProvider { deadline, .. } => Some(*deadline),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_429_or_5xx_is_retried_after_its_back_off_and_the_lock_stays_taken() {
+    let mut b = broker("5");
+    submit(&mut b, t(0), 0, A, req(), None);
+    submit(&mut b, t(0), 1, B, req(), None);
+    let first = drain(&mut b);
+    assert_eq!(deadlines(&first), [t(60_000)]);
+    // 429 asking for no wait: the base back-off, 500 ms. Its usage is charged.
+    b.handle(
+        t(100),
+        BrokerInput::ProviderDone {
+            call: CallId(0),
+            result: status(429, Some(0), Some(usage(1_000_000, 0, 0))),
+        },
+    );
+    let out = drain(&mut b);
+    assert!(replies(&out).is_empty() && started(&out).is_empty(), "{out:?}");
+    let r = &records(&out)[0];
+    assert_eq!(
+        (r.attempt, r.http_status, r.retry_after_ms, r.retry_delay_ms),
+        (Some(1), Some(429), Some(0), Some(500))
+    );
+    assert_eq!((r.error_code, r.charged), (Some(BrokerErrorCode::ProviderError), usd("0.15")));
+    assert_eq!(b.remaining(), usd("4.85"));
+    assert_eq!((b.running(), b.backing_off()), (Some(CallId(0)), Some((CallId(0), t(600)))));
+    assert_eq!(b.poll_timeout(), Some(t(600)));
+    // Nothing starts during the back-off, not even the waiter behind it.
+    b.handle(t(599), BrokerInput::Tick);
+    assert!(drain(&mut b).is_empty());
+    b.handle(t(600), BrokerInput::Tick);
+    let out = drain(&mut b);
+    assert_eq!(started(&out), [(CallId(0), 4096)]);
+    assert_eq!(deadlines(&out), [t(60_000)], "the deadline spans every attempt");
+    // 503 without Retry-After: the back-off doubles. A hint longer than
+    // that wins.
+    b.handle(t(700), BrokerInput::ProviderDone { call: CallId(0), result: status(503, None, None) });
+    assert_eq!(records(&drain(&mut b))[0].retry_delay_ms, Some(1_000));
+    b.handle(t(1_700), BrokerInput::Tick);
+    assert_eq!(started(&drain(&mut b)).len(), 1);
+    b.handle(t(1_800), BrokerInput::ProviderDone { call: CallId(0), result: status(500, Some(3_000), None) });
+    assert_eq!(records(&drain(&mut b))[0].retry_delay_ms, Some(3_000));
+    b.handle(t(4_800), BrokerInput::Tick);
+    assert_eq!(started(&drain(&mut b)).len(), 1);
+    // The fourth attempt succeeds: the call is answered, its last record
+    // names the attempt, and the next waiter gets the lock.
+    b.handle(t(5_000), BrokerInput::ProviderDone { call: CallId(0), result: ok(None) });
+    let out = drain(&mut b);
+    assert_eq!(codes(&out), [(CallId(0), None)]);
+    let r = &records(&out)[0];
+    assert_eq!((r.attempt, r.retry_delay_ms, r.provider_latency_ms), (Some(4), None, Some(5_000)));
+    assert_eq!(started(&out).first().map(|s| s.0), Some(CallId(1)));
+    assert_eq!(b.stats().retries, 3);
+}
+
+#[test]
+fn retries_stop_at_max_retries_and_at_the_deadline() {
+    let mut b = broker("5");
+    submit(&mut b, t(0), 0, A, req(), None);
+    drain(&mut b);
+    for (i, at) in [(1, 0), (2, 500), (3, 1_500)] {
+        b.handle(t(at + 1), BrokerInput::ProviderDone { call: CallId(0), result: status(502, None, None) });
+        let r = &records(&drain(&mut b))[0];
+        assert_eq!(r.attempt, Some(i));
+        b.handle(t(at + 1 + r.retry_delay_ms.unwrap_or(0)), BrokerInput::Tick);
+        assert_eq!(started(&drain(&mut b)).len(), 1);
+    }
+    // The fourth attempt is the last (1 + max_retries).
+    b.handle(t(4_000), BrokerInput::ProviderDone { call: CallId(0), result: status(502, None, None) });
+    let out = drain(&mut b);
+    let e = replies(&out)[0].1.clone().expect_err("fails");
+    assert_eq!(e.code, BrokerErrorCode::ProviderError);
+    assert!(e.message.starts_with("HTTP 502: busy; not retried: 4 attempts made"), "{}", e.message);
+    assert_eq!((records(&out)[0].attempt, records(&out)[0].http_status), (Some(4), Some(502)));
+    assert!(b.is_idle());
+
+    // A back-off that would end at or past the deadline: no retry, the
+    // provider's error with the reason.
+    let config = BrokerConfig { request_timeout: Duration::from_secs(2), ..BrokerConfig::default() };
+    let mut b = Broker::new(config, PricingCatalog::builtin(), usd("5"), "s").expect("config");
+    submit(&mut b, t(0), 0, A, req(), None);
+    drain(&mut b);
+    b.handle(t(1_500), BrokerInput::ProviderDone { call: CallId(0), result: status(429, Some(500), None) });
+    let out = drain(&mut b);
+    let e = replies(&out)[0].1.clone().expect_err("fails");
+    assert!(e.message.contains("would start past the request timeout"), "{}", e.message);
+    assert_eq!(records(&out)[0].attempt, None, "one attempt made");
+    assert!(b.is_idle() && started(&out).is_empty());
+}
+
+#[test]
+fn a_huge_retry_after_is_capped() {
+    let mut b = broker("5");
+    submit(&mut b, t(0), 0, A, req(), None);
+    drain(&mut b);
+    b.handle(t(0), BrokerInput::ProviderDone { call: CallId(0), result: status(429, Some(u64::MAX), None) });
+    assert_eq!(records(&drain(&mut b))[0].retry_delay_ms, Some(20_000));
+    assert_eq!(b.backing_off(), Some((CallId(0), t(20_000))));
+}
+
+#[test]
+fn other_failures_are_not_retried() {
+    for result in [
+        status(400, Some(0), None),
+        status(401, None, None),
+        status(404, Some(0), None),
+        // A connection error, before any response: surfaced (seed 002).
+        ProviderResult::error(None, "connection refused"),
+    ] {
+        let mut b = broker("5");
+        submit(&mut b, t(0), 0, A, req(), None);
+        drain(&mut b);
+        b.handle(t(1), BrokerInput::ProviderDone { call: CallId(0), result: result.clone() });
+        let out = drain(&mut b);
+        assert_eq!(codes(&out), [(CallId(0), Some(BrokerErrorCode::ProviderError))], "{result:?}");
+        assert!(b.is_idle());
+    }
+    // Retries off.
+    let config = BrokerConfig { max_retries: 0, ..BrokerConfig::default() };
+    let mut b = Broker::new(config, PricingCatalog::builtin(), usd("5"), "s").expect("config");
+    submit(&mut b, t(0), 0, A, req(), None);
+    drain(&mut b);
+    b.handle(t(1), BrokerInput::ProviderDone { call: CallId(0), result: status(503, None, None) });
+    let e = replies(&drain(&mut b))[0].1.clone().expect_err("fails");
+    assert_eq!(e.message, "HTTP 503: busy");
+}
+
+#[test]
+fn a_cancel_or_a_departure_during_the_back_off_wins_at_once() {
+    let mut b = broker("5");
+    submit(&mut b, t(0), 0, A, req(), Some("k"));
+    submit(&mut b, t(0), 1, B, req(), None);
+    drain(&mut b);
+    b.handle(t(10), BrokerInput::ProviderDone { call: CallId(0), result: status(429, None, None) });
+    drain(&mut b);
+    b.handle(t(20), BrokerInput::Cancel { request: CallId(100), owner: A, token: "k".into() });
+    let out = drain(&mut b);
+    assert!(
+        !out.iter().any(|o| matches!(o, BrokerOutput::CancelProvider { .. })),
+        "nothing in flight: {out:?}"
+    );
+    assert_eq!(codes(&out), [(CallId(0), Some(BrokerErrorCode::CancelledAfterStart))]);
+    assert!(out.contains(&BrokerOutput::CancelResult {
+        request: CallId(100),
+        owner: A,
+        outcome: CancelOutcome::AfterStart
+    }));
+    assert_eq!(records(&out)[0].attempt, Some(1));
+    assert_eq!(started(&out).iter().map(|s| s.0).collect::<Vec<_>>(), [CallId(1)], "the waiter, not a retry");
+    // A result for the cancelled call now is stray: nothing was in flight.
+    b.handle(t(30), BrokerInput::ProviderDone { call: CallId(0), result: ok(Some(usage(10, 0, 0))) });
+    assert!(drain(&mut b).is_empty());
+    assert_eq!(b.stats().stray_results, 1);
+
+    // The owner dies during the back-off: dropped unanswered, lock handed on.
+    submit(&mut b, t(40), 2, A, req(), None);
+    b.handle(t(50), BrokerInput::ProviderDone { call: CallId(1), result: status(500, None, None) });
+    drain(&mut b);
+    b.handle(t(60), BrokerInput::OwnerGone { owner: B });
+    let out = drain(&mut b);
+    assert!(replies(&out).is_empty(), "{out:?}");
+    assert_eq!(records(&out)[0].error_code, Some(BrokerErrorCode::CancelledAfterStart));
+    assert_eq!(started(&out).iter().map(|s| s.0).collect::<Vec<_>>(), [CallId(2)]);
+    // A departure during an attempt: the attempt runs out, is not retried.
+    b.handle(t(70), BrokerInput::OwnerGone { owner: A });
+    b.handle(t(80), BrokerInput::ProviderDone { call: CallId(2), result: status(503, None, None) });
+    let out = drain(&mut b);
+    assert!(replies(&out).is_empty() && started(&out).is_empty(), "{out:?}");
+    assert!(b.is_idle());
+}
+
+#[test]
+fn a_clock_jump_past_the_deadline_during_the_back_off_times_out() {
+    let mut b = broker("5");
+    submit(&mut b, t(0), 0, A, req(), None);
+    drain(&mut b);
+    b.handle(t(59_000), BrokerInput::ProviderDone { call: CallId(0), result: status(429, None, None) });
+    assert_eq!(b.backing_off(), Some((CallId(0), t(59_500))));
+    b.handle(t(61_000), BrokerInput::Tick);
+    let out = drain(&mut b);
+    assert_eq!(codes(&out), [(CallId(0), Some(BrokerErrorCode::ProviderTimeout))]);
+    assert!(
+        started(&out).is_empty() && !out.iter().any(|o| matches!(o, BrokerOutput::CancelProvider { .. }))
+    );
+}
+
+#[test]
+fn under_enforce_budget_a_retry_must_still_fit() {
+    let config = BrokerConfig { enforce_budget: true, ..BrokerConfig::default() };
+    let mut b = Broker::new(config, PricingCatalog::builtin(), usd("0.01"), "s").expect("config");
+    submit(&mut b, t(0), 0, A, req_max(1_000), None);
+    let first = drain(&mut b);
+    assert_eq!(started(&first), [(CallId(0), 1_000)], "{first:?}");
+    // The failed attempt reports usage that eats the budget.
+    b.handle(
+        t(1),
+        BrokerInput::ProviderDone { call: CallId(0), result: status(429, None, Some(usage(66_000, 0, 0))) },
+    );
+    let out = drain(&mut b);
+    let e = replies(&out)[0].1.clone().expect_err("fails");
+    assert!(e.message.contains("no longer covers another attempt"), "{}", e.message);
+    assert!(b.is_idle());
+}
+
+#[test]
+fn a_retry_transcript() {
+    let config = BrokerConfig { request_timeout: Duration::from_secs(5), ..BrokerConfig::default() };
+    let mut b = Broker::new(config, PricingCatalog::builtin(), usd("1"), "s").expect("config");
+    let mut log = Vec::new();
+    let mut feed = |b: &mut Broker, now: Instant, input: BrokerInput| {
+        log.push(json!({"now_us": now.as_micros(), "input": input}));
+        b.handle(now, input);
+        for o in drain(b) {
+            log.push(json!({"output": o}));
+        }
+    };
+    let submit_input = |call: u64, owner: ClientId, token: Option<&str>| BrokerInput::Submit {
+        call: CallId(call),
+        owner,
+        scope: owner,
+        request: req_max(100),
+        cancel_token: token.map(Into::into),
+    };
+    feed(&mut b, t(0), submit_input(0, A, None));
+    feed(&mut b, t(0), submit_input(1, B, Some("b")));
+    feed(
+        &mut b,
+        t(200),
+        BrokerInput::ProviderDone {
+            call: CallId(0),
+            result: status(429, Some(1_000), Some(usage(10, 0, 0))),
+        },
+    );
+    feed(&mut b, t(1_200), BrokerInput::Tick);
+    feed(&mut b, t(1_300), BrokerInput::ProviderDone { call: CallId(0), result: status(503, None, None) });
+    feed(&mut b, t(2_300), BrokerInput::Tick);
+    feed(&mut b, t(2_400), BrokerInput::ProviderDone { call: CallId(0), result: ok(Some(usage(10, 0, 5))) });
+    feed(
+        &mut b,
+        t(2_500),
+        BrokerInput::ProviderDone { call: CallId(1), result: status(500, Some(4_000), None) },
+    );
+    feed(&mut b, t(2_600), BrokerInput::Cancel { request: CallId(9), owner: B, token: "b".into() });
+    insta::assert_json_snapshot!(log);
+}
+
 #[test]
 fn cancel_before_and_after_start() {
     let mut b = broker("5");
@@ -518,10 +798,7 @@ fn partial_usage_on_error_is_charged() {
         t(1),
         BrokerInput::ProviderDone {
             call: CallId(0),
-            result: ProviderResult::Err {
-                usage: Some(usage(1_000_000, 0, 0)),
-                message: "rate limited".into(),
-            },
+            result: ProviderResult::error(Some(usage(1_000_000, 0, 0)), "rate limited"),
         },
     );
     let out = drain(&mut b);
@@ -753,6 +1030,18 @@ fn usage_strategy() -> impl Strategy<Value = Option<Usage>> {
     ]
 }
 
+/// A failed attempt with an HTTP status, mostly retryable, with a
+/// `Retry-After` from none to far past any deadline.
+fn retry_status_strategy() -> impl Strategy<Value = Step> {
+    let status = prop_oneof![4 => Just(429u16), 4 => 500u16..600, 1 => 400u16..500];
+    let hint = prop_oneof![2 => Just(None), 2 => (0u64..5).prop_map(Some), 2 => (0u64..120_000).prop_map(Some), 1 => any::<u64>().prop_map(Some)];
+    (status, hint, usage_strategy()).prop_map(|(status, retry_after_ms, usage)| Step::ProviderStatus {
+        usage,
+        status,
+        retry_after_ms,
+    })
+}
+
 fn step_strategy() -> impl Strategy<Value = Step> {
     prop_oneof![
         6 => (0u8..3, 0u8..5, proptest::option::of(1u32..5000), proptest::option::of(0u8..4))
@@ -761,6 +1050,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         1 => (0u8..3).prop_map(|slot| Step::OwnerGone { slot }),
         4 => usage_strategy().prop_map(|usage| Step::ProviderOk { usage }),
         2 => usage_strategy().prop_map(|usage| Step::ProviderErr { usage }),
+        2 => retry_status_strategy(),
         1 => (any::<u16>(), usage_strategy()).prop_map(|(pick, usage)| Step::LateDone { pick, usage }),
         3 => (0u64..4_000, any::<bool>()).prop_map(|(micros, ticks)| Step::Advance { micros, ticks }),
         1 => (0u64..100_000_000, any::<bool>()).prop_map(|(micros, ticks)| Step::Advance { micros, ticks }),
@@ -774,6 +1064,27 @@ proptest! {
 
     #[test]
     fn random_sessions_keep_the_invariants(setup in any::<u8>(), steps in proptest::collection::vec(step_strategy(), 0..120)) {
+        check::run(Setup::from_byte(setup), &steps);
+    }
+
+    /// Sessions of failing attempts: the checker asserts after every step
+    /// that retries start only after their back-off, before the deadline,
+    /// at most `max_retries` times, and with the lock held throughout.
+    #[test]
+    fn retries_never_pass_the_deadline_or_the_maximum(
+        setup in any::<u8>(),
+        steps in proptest::collection::vec(prop_oneof![
+            3 => retry_status_strategy(),
+            1 => (0u8..3, 0u8..5, proptest::option::of(0u8..4))
+                .prop_map(|(slot, model, token)| Step::Submit { slot, model, max_tokens: None, token }),
+            1 => (0u8..3, 0u8..4).prop_map(|(slot, token)| Step::Cancel { slot, token }),
+            1 => (0u8..3).prop_map(|slot| Step::OwnerGone { slot }),
+            1 => usage_strategy().prop_map(|usage| Step::ProviderOk { usage }),
+            3 => (0u64..3_000_000, Just(true)).prop_map(|(micros, ticks)| Step::Advance { micros, ticks }),
+            1 => (0u64..100_000_000, any::<bool>()).prop_map(|(micros, ticks)| Step::Advance { micros, ticks }),
+            1 => Just(Step::ToDeadline),
+        ], 0..120)
+    ) {
         check::run(Setup::from_byte(setup), &steps);
     }
 
@@ -906,7 +1217,7 @@ fn the_key_is_scrubbed_from_every_result_the_broker_answers() {
         RawJson::from_text(r#"[{"role":"assistant","content":"\u0073k-abcdef012345"}]"#.into()).unwrap();
     let result = ProviderResult::Ok { messages: leaky, usage: None, model: "sk-abcdef012345".into() };
     b.handle(t(1), BrokerInput::ProviderDone { call: CallId(0), result });
-    let err = ProviderResult::Err { usage: None, message: "bad key sk-abcdef012345".into() };
+    let err = ProviderResult::error(None, "bad key sk-abcdef012345");
     b.handle(t(2), BrokerInput::ProviderDone { call: CallId(1), result: err });
     let out = drain(&mut b);
     let text = format!("{:?}", replies(&out));
@@ -1067,4 +1378,32 @@ fn max_completion_tokens_is_trimmed_and_sent_in_the_models_field() {
         .expect_err("bad field")
         .to_string();
     assert!(e.contains("max_tokens_field \"max_len\""), "{e}");
+}
+
+/// The fuzz corpus inputs written for retries do reach them: a corpus
+/// that decoded into something else would pass its replay vacuously.
+#[test]
+fn the_retry_corpus_inputs_back_off() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/broker_events");
+    for (name, retries) in [
+        ("retry_429_then_ok", 1),
+        ("retries_until_max", 3),
+        ("cancel_during_backoff", 0),
+        ("owner_dies_during_backoff", 0),
+        ("deadline_during_backoff_after_a_jump", 0),
+        ("stray_during_backoff_then_not_retried", 1),
+    ] {
+        let data = std::fs::read(dir.join(name)).expect("corpus file");
+        let (setup, script) = data.split_first().expect("a setup byte");
+        let mut c = check::Checker::new(Setup::from_byte(*setup));
+        let mut backed_off = false;
+        for step in check::decode_steps(script) {
+            c.step(&step);
+            backed_off |= c.broker.backing_off().is_some();
+        }
+        c.finish();
+        let stats = c.broker.stats();
+        assert!(backed_off, "{name} never backs off");
+        assert_eq!(stats.retries, retries, "{name}: {stats:?}");
+    }
 }

@@ -152,6 +152,9 @@ pub enum PlantedBug {
     BrokerScrubBeforeDecodeOnly,
     /// `enforce_budget` is ignored.
     BrokerIgnoresEnforceBudget,
+    /// The broker hands the lock on while the call holding it backs off
+    /// before a retry.
+    BrokerReleasesLockDuringBackoff,
     /// Queued requests are bounded by count only, not by bytes.
     NoQueuedByteBound,
     /// Attaches are not capped by `max_clients`.
@@ -689,6 +692,9 @@ impl FsProxy {
                 }
                 Some(PlantedBug::BrokerIgnoresEnforceBudget) => {
                     b.plant_bug(broker::BrokerBug::IgnoreEnforceBudget)
+                }
+                Some(PlantedBug::BrokerReleasesLockDuringBackoff) => {
+                    b.plant_bug(broker::BrokerBug::ReleaseLockDuringBackoff)
                 }
                 _ => {}
             }

@@ -1355,14 +1355,11 @@ fn provider_timeout_answers_releases_the_lock_and_charges_late_usage() {
     let before = remaining_pico(&s);
     s.provider_done(
         CallId(0),
-        ProviderResult::Err {
-            usage: Some(Usage { prompt_tokens: 10, ..Usage::default() }),
-            message: "dropped".into(),
-        },
+        ProviderResult::error(Some(Usage { prompt_tokens: 10, ..Usage::default() }), "dropped"),
     );
     assert_eq!(answer_to(&s, A, "l1").len(), 1, "answered twice");
     assert_eq!(remaining_pico(&s), before - 10 * 150_000);
-    s.provider_done(CallId(1), ProviderResult::Err { usage: None, message: "boom".into() });
+    s.provider_done(CallId(1), ProviderResult::error(None, "boom"));
     assert_eq!(code(&only_answer(&s, B, "l2")), "provider_error");
 }
 

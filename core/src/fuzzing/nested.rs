@@ -404,10 +404,7 @@ impl World {
         if self.levels[0].alive {
             let top = &mut self.levels[0].shell;
             while let Some((call, _, _)) = top.provider_calls.first().cloned() {
-                top.provider_done(
-                    call,
-                    crate::broker::ProviderResult::Err { usage: None, message: "end".into() },
-                );
+                top.provider_done(call, crate::broker::ProviderResult::error(None, "end"));
             }
             while top.fire_timer() {}
         }

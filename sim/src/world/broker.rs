@@ -28,6 +28,14 @@
 //!    request_timeout` (plus a step of slack) of simulated time after its
 //!    frame reached the machine, not counting clock jumps (a shell that
 //!    stalls cannot fire its timers on time);
+//! 1. (retries) a call whose attempt the provider answered `429` or
+//!    `5xx` keeps the lock while it backs off: no other call starts until
+//!    it is answered or its client leaves; a retry starts only after the
+//!    back-off its record announced, before the call's deadline (never
+//!    moved), at most `max_retries` times, only after a `429` or `5xx`
+//!    (whatever the `Retry-After`: absent, zero, huge, a date, garbage),
+//!    and never for a call already answered (a cancel during the back-off
+//!    is answered with no new start);
 //! 11. the calls waiting for the lock never number more than
 //!     `max_pending`, and never hold more than `max_pending_bytes` — by
 //!     the machine's count, and by this file's own lower bound (the
@@ -43,17 +51,17 @@
 
 use super::{at, next_id, req, send, violation, Check, Client, Kind, World};
 use crate::swarm::FaultKind;
-use airlock_core::broker::openai::parse_response_with;
+use airlock_core::broker::openai::{parse_response_with, retry_after_ms};
 use airlock_core::broker::{
-    BrokerConfig, BrokerSetup, CallId, Money, PricingCatalog, ProviderRequest, ProviderResult, ReadLimits,
-    Redactor, Usage,
+    retryable_status, BrokerConfig, BrokerSetup, CallId, Money, PricingCatalog, ProviderRequest,
+    ProviderResult, ReadLimits, Redactor, TelemetryRecord, Usage,
 };
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::Input;
 use airlock_core::fsproxy::PlantedBug;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -79,6 +87,10 @@ pub(super) const MAX_STEP_US: u64 = 2_000;
 /// step at or after their deadline.
 const SLACK_US: u64 = 2 * MAX_STEP_US;
 
+/// The simulated wall clock at simulated time zero (2026-01-01 UTC), for
+/// `Retry-After` dates.
+const SIM_EPOCH_SECS: u64 = 1_767_225_600;
+
 /// The simulated provider's API key: the machine and the codec are handed
 /// a redactor for it at run time; it is in no config and no trace.
 pub const SIM_KEY: &str = "sk-sim-5ecret-K3y-0123456789";
@@ -99,7 +111,7 @@ pub(super) fn world_redactor(bug: Option<PlantedBug>) -> Redactor {
 /// The broker a broker world's machine runs: short timers, so timeouts
 /// happen within a run; a budget from none to plenty, so the trim and the
 /// clamp at zero are reached; queue bounds from tight to the defaults.
-pub(super) fn setup(rng: &mut ChaCha8Rng) -> BrokerSetup {
+pub(super) fn setup(rng: &mut ChaCha8Rng, seed: u64) -> BrokerSetup {
     let mut config = BrokerConfig {
         queue_max_wait: Duration::from_millis(rng.gen_range(20..200)),
         request_timeout: Duration::from_millis(rng.gen_range(50..500)),
@@ -113,6 +125,14 @@ pub(super) fn setup(rng: &mut ChaCha8Rng) -> BrokerSetup {
     config.max_pending_bytes =
         [4 << 10, 16 << 10, 64 << 10, airlock_core::broker::DEFAULT_MAX_PENDING_BYTES][rng.gen_range(0..4)];
     config.enforce_budget = rng.gen_bool(0.5);
+    // Back-offs of a few ms against timeouts of 50..500 ms: some retries
+    // fit, some do not; retries off in some worlds. From a stream of their
+    // own, so the world draws what it drew before retries were modelled
+    // (and the worlds of kept traces are still the same worlds).
+    let mut retry_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5245_5452_5900_0000);
+    config.max_retries = [0, 1, 3][retry_rng.gen_range(0..3)];
+    config.retry_base = Duration::from_millis(retry_rng.gen_range(1..20));
+    config.retry_after_max = config.retry_base * retry_rng.gen_range(1..=20);
     BrokerSetup {
         config,
         // The constant above is valid JSON; a test runs the scenario.
@@ -175,6 +195,17 @@ struct Prov {
     worst: u64,
 }
 
+/// A started call, as the retry checkers follow it.
+#[derive(Debug)]
+struct Attempts {
+    /// Attempts started.
+    n: u32,
+    /// Its provider deadline, in µs, fixed at its first start.
+    deadline: u64,
+    /// The request it answers.
+    key: (usize, String),
+}
+
 #[derive(Debug, Default)]
 pub(super) struct BrokerSim {
     qmw: u64,
@@ -197,6 +228,14 @@ pub(super) struct BrokerSim {
     redactor: Redactor,
     /// The checker's own, always whole.
     oracle: Redactor,
+    max_retries: u32,
+    /// In µs.
+    retry_base: u64,
+    retry_cap: u64,
+    /// Started calls not yet answered.
+    attempts: BTreeMap<CallId, Attempts>,
+    /// The call backing off, and the earliest its retry may start (µs).
+    backoff: Option<(CallId, u64)>,
 }
 
 impl BrokerSim {
@@ -211,6 +250,9 @@ impl BrokerSim {
             enforce: setup.config.enforce_budget,
             redactor: world_redactor(bug),
             oracle: Redactor::with_secret(SIM_KEY).unwrap_or_default(),
+            max_retries: setup.config.max_retries,
+            retry_base: micros(setup.config.retry_base),
+            retry_cap: micros(setup.config.retry_after_max),
             ..BrokerSim::default()
         }
     }
@@ -328,6 +370,11 @@ impl World {
         let Some(b) = self.broker.as_mut() else { return };
         b.reqs.retain(|(c, _), _| *c != i);
         b.waiting.retain(|_, (c, _)| *c != i);
+        b.attempts.retain(|_, a| a.key.0 != i);
+        // The machine drops a departed client's call that backs off.
+        if b.backoff.is_some_and(|(call, _)| !b.attempts.contains_key(&call)) {
+            b.backoff = None;
+        }
         self.clients[i].bpending.clear();
     }
 
@@ -397,6 +444,7 @@ impl World {
         let hang = self.fires(FaultKind::ProviderHang);
         let error = self.fires(FaultKind::ProviderError);
         let malformed = self.fires(FaultKind::ProviderMalformed);
+        let retryable = self.fires(FaultKind::ProviderRetryable);
         let Some(b) = self.broker.as_mut() else {
             return Err(violation("policy", format!("{call} started without a broker")));
         };
@@ -407,10 +455,76 @@ impl World {
         if b.prov.contains_key(&call) {
             return Err(violation("one_call_in_flight", format!("{call} started twice")));
         }
+        if let Some((other, _)) = b.backoff.filter(|(c, _)| *c != call) {
+            return Err(violation(
+                "lock_held",
+                format!("{call} started while {other} backs off holding the lock"),
+            ));
+        }
+        let id = marker(&request).unwrap_or_default();
+        if let Some(a) = b.attempts.get_mut(&call) {
+            // A retry.
+            let Some((_, earliest)) = b.backoff.take() else {
+                return Err(violation(
+                    "retry",
+                    format!("{call} started again, yet no back-off was announced"),
+                ));
+            };
+            if now < earliest {
+                return Err(violation(
+                    "retry",
+                    format!("{call} retried at {now} µs, its back-off ends at {earliest}"),
+                ));
+            }
+            if now >= a.deadline || deadline != a.deadline {
+                return Err(violation(
+                    "retry_deadline",
+                    format!(
+                        "{call} attempt at {now} µs with deadline {deadline}, the call's is {}",
+                        a.deadline
+                    ),
+                ));
+            }
+            a.n += 1;
+            if a.n > 1 + b.max_retries {
+                return Err(violation(
+                    "retry_count",
+                    format!("{call}: attempt {} with max_retries {}", a.n, b.max_retries),
+                ));
+            }
+            if a.key.1 != id || !b.reqs.contains_key(&a.key) {
+                return Err(violation(
+                    "never_starts",
+                    format!("{call} retried for {id:?}, answered or gone"),
+                ));
+            }
+        } else {
+            b.first_start(call, &id, now, deadline)?;
+        }
+        let worst = BrokerSim::worst_case(&request).unwrap_or(0);
+        if b.enforce {
+            let available = b.expected_remaining().saturating_sub(b.reserved());
+            if worst > available {
+                return Err(violation(
+                    "budget",
+                    format!(
+                        "{call} for {id} started with enforce_budget: worst case {worst} pico-USD, \
+                         {available} available"
+                    ),
+                ));
+            }
+        }
+        self.provider_answer(call, request, hang, (error, malformed, retryable), worst, &id)
+    }
+}
+
+impl BrokerSim {
+    /// The checks of a call's first start: asked, admitted, in FIFO order.
+    fn first_start(&mut self, call: CallId, id: &str, now: u64, deadline: u64) -> Check {
+        let b = self;
         if deadline != now + b.rt {
             return Err(violation("liveness", format!("{call} deadline {deadline}, want {}", now + b.rt)));
         }
-        let id = marker(&request).unwrap_or_default();
         let key = b.reqs.keys().find(|(_, rid)| *rid == id).cloned();
         let Some(key) = key else {
             return Err(violation(
@@ -435,19 +549,23 @@ impl World {
         if let Some(r) = b.reqs.get_mut(&key) {
             r.started = true;
         }
-        let worst = BrokerSim::worst_case(&request).unwrap_or(0);
-        if b.enforce {
-            let available = b.expected_remaining().saturating_sub(b.reserved());
-            if worst > available {
-                return Err(violation(
-                    "budget",
-                    format!(
-                        "{call} for {id} started with enforce_budget: worst case {worst} pico-USD, \
-                         {available} available"
-                    ),
-                ));
-            }
-        }
+        b.attempts.insert(call, Attempts { n: 1, deadline, key });
+        Ok(())
+    }
+}
+
+impl World {
+    /// What the simulated provider will answer attempt `call`, and when.
+    fn provider_answer(
+        &mut self,
+        call: CallId,
+        request: ProviderRequest,
+        hang: bool,
+        (error, malformed, retryable): (bool, bool, bool),
+        worst: u64,
+        id: &str,
+    ) -> Check {
+        let now = self.now;
         if hang {
             *self.faults.entry(FaultKind::ProviderHang).or_default() += 1;
         }
@@ -455,9 +573,33 @@ impl World {
         let usage = self.draw_usage(request.max_tokens, request.prompt_bytes());
         let leak = self.fires(FaultKind::ProviderLeak);
         let huge = self.fires(FaultKind::ProviderHuge);
+        let mut retry_after = None;
         let (status, body) = if malformed {
             *self.faults.entry(FaultKind::ProviderMalformed).or_default() += 1;
             (200, "{\"choices\": [malformed provider reply".to_string())
+        } else if retryable {
+            self.count(FaultKind::ProviderRetryable);
+            let status = [429, 503, 500, 502][self.rng.gen_range(0..4)];
+            let wall =
+                std::time::UNIX_EPOCH + Duration::from_secs(SIM_EPOCH_SECS) + Duration::from_micros(now);
+            let header = match self.rng.gen_range(0..10) {
+                0 | 1 => None,
+                2 => Some("0".to_owned()),
+                3 => Some("1".to_owned()),
+                4 => Some("99999999999999999999999".to_owned()),
+                5 => Some("-1".to_owned()),
+                6 => Some("soon".to_owned()),
+                7 => Some("0.5".to_owned()),
+                8 => Some(httpdate::fmt_http_date(wall + Duration::from_secs(1))),
+                _ => Some(httpdate::fmt_http_date(wall - Duration::from_secs(5))),
+            };
+            retry_after = header.and_then(|h| retry_after_ms(&h, wall));
+            let mut body =
+                json!({ "error": { "message": format!("HTTP {status} from provider"), "type": "busy" } });
+            if self.rng.gen_bool(0.3) {
+                body["usage"] = usage_json(&usage);
+            }
+            (status, body.to_string())
         } else if error {
             *self.faults.entry(FaultKind::ProviderError).or_default() += 1;
             let usage = if self.rng.gen_bool(0.5) { Some(usage) } else { None };
@@ -489,7 +631,8 @@ impl World {
         };
         let redactor = self.broker.as_ref().map(|b| b.redactor.clone()).unwrap_or_default();
         let result =
-            parse_response_with(status, body.as_bytes(), &request.model, &redactor, SIM_REPLY_LIMITS);
+            parse_response_with(status, body.as_bytes(), &request.model, &redactor, SIM_REPLY_LIMITS)
+                .with_retry_after(retry_after);
         let due = if hang { None } else { Some(now + latency) };
         self.bsim()
             .prov
@@ -512,6 +655,54 @@ impl World {
             completion_tokens: completion,
             total_tokens: prompt + completion,
         }
+    }
+
+    /// A telemetry record: one announcing a retry must follow a `429` or
+    /// `5xx` of the attempt in flight, with another attempt allowed, and a
+    /// back-off within the configured bounds that ends before the deadline.
+    pub(super) fn on_broker_telemetry(&mut self, record: &TelemetryRecord) -> Check {
+        let now = self.now;
+        let Some(b) = self.broker.as_mut() else { return Ok(()) };
+        let call = record.call;
+        let Some(delay_ms) = record.retry_delay_ms else {
+            // A call's last record: it is over.
+            if b.backoff.is_some_and(|(c, _)| c == call) {
+                b.backoff = None;
+            }
+            if !record.late_usage && !record.dropped_usage_unknown {
+                b.attempts.remove(&call);
+            }
+            return Ok(());
+        };
+        let bad = |what: String| Err(violation("retry", format!("{call}: {what}: {record:?}")));
+        let status = match b.prov.get(&call) {
+            Some(Prov { result: ProviderResult::Err { status: Some(s), .. }, cancelled: false, .. }) => *s,
+            _ => return bad("a retry announced for an attempt that did not fail with a status".into()),
+        };
+        if !retryable_status(status) || record.http_status != Some(status) {
+            return bad(format!("a retry after HTTP {status}"));
+        }
+        let Some(a) = b.attempts.get(&call) else { return bad("a retry of a call never started".into()) };
+        if a.n > b.max_retries || record.attempt != Some(a.n) {
+            return Err(violation(
+                "retry_count",
+                format!("{call}: retry after attempt {} with max_retries {}: {record:?}", a.n, b.max_retries),
+            ));
+        }
+        let delay = delay_ms.saturating_mul(1_000);
+        let floor = b.retry_base.saturating_mul(1 << (a.n - 1).min(20)).min(b.retry_cap);
+        // The record's ms are rounded down.
+        if delay > b.retry_cap || delay + 1_000 <= floor {
+            return bad(format!("a back-off of {delay_ms} ms, want {floor} µs to {} µs", b.retry_cap));
+        }
+        if now + delay >= a.deadline {
+            return Err(violation(
+                "retry_deadline",
+                format!("{call}: back-off to {} µs, deadline {}", now + delay, a.deadline),
+            ));
+        }
+        b.backoff = Some((call, now + delay));
+        Ok(())
     }
 
     pub(super) fn on_cancel_provider(&mut self, call: CallId) -> Check {
@@ -537,7 +728,7 @@ impl World {
         let usage = match &p.result {
             ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => usage.filter(|_| partial),
         };
-        p.result = ProviderResult::Err { usage, message: "request dropped".into() };
+        p.result = ProviderResult::error(usage, "request dropped");
         p.due = Some(p.due.map_or(now + delay, |d| d.min(now + delay)));
         Ok(())
     }
@@ -554,6 +745,12 @@ impl World {
         if let Some(seq) = r.seq {
             b.waiting.remove(&seq);
         }
+        // Answered: a call backing off is over, and never starts again.
+        let key = (i, id.to_owned());
+        if b.backoff.is_some_and(|(c, _)| b.attempts.get(&c).is_some_and(|a| a.key == key)) {
+            b.backoff = None;
+        }
+        b.attempts.retain(|_, a| a.key != key);
         if r.delivered.is_none() {
             return Err(violation(
                 "one_response_per_request",
