@@ -139,15 +139,71 @@ pub struct Session {
 /// them; more are closed on arrival.
 pub const MAX_PASSED_DESCRIPTORS: usize = 16;
 
+/// Queued responses a connection's writer hands the kernel in one vectored
+/// write at most: one system call per wakeup rather than one per response
+/// (a pipelining client has many answered per batch of requests read).
+pub const MAX_WRITE_BATCH: usize = 64;
+/// Bytes gathered into one vectored write at most, once past the first
+/// response: the kernel copies a batch while the responses are still in
+/// the cache they were encoded into.
+pub const MAX_WRITE_BATCH_BYTES: usize = 64 << 10;
+
+/// Write every byte of `batch`, in order, with as few vectored writes as
+/// the stream takes.
+async fn write_batch<W>(wr: &mut W, batch: &[Vec<u8>]) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    // The first buffer not yet wholly written, and how much of it was.
+    let (mut first, mut done) = (0, 0);
+    while first < batch.len() {
+        let mut slices = [std::io::IoSlice::new(&[]); MAX_WRITE_BATCH];
+        let mut count = 0;
+        for (slot, buf) in slices.iter_mut().zip(&batch[first..]) {
+            let from = if count == 0 { done } else { 0 };
+            *slot = std::io::IoSlice::new(&buf[from..]);
+            count += 1;
+        }
+        let mut n = wr.write_vectored(&slices[..count]).await?;
+        if n == 0 && slices[..count].iter().any(|s| !s.is_empty()) {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while first < batch.len() {
+            let left = batch[first].len() - done;
+            if n < left {
+                done += n;
+                break;
+            }
+            n -= left;
+            first += 1;
+            done = 0;
+        }
+    }
+    wr.flush().await
+}
+
 fn spawn_writer<W>(mut wr: W, backlog: Arc<Backlog>) -> (mpsc::UnboundedSender<Vec<u8>>, JoinHandle<()>)
 where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(async move {
+        let mut batch = Vec::with_capacity(MAX_WRITE_BATCH);
         while let Some(data) = rx.recv().await {
-            let ok = wr.write_all(&data).await.is_ok() && wr.flush().await.is_ok();
-            backlog.sent(data.len());
+            let mut bytes = data.len();
+            batch.push(data);
+            while batch.len() < MAX_WRITE_BATCH && bytes < MAX_WRITE_BATCH_BYTES {
+                match rx.try_recv() {
+                    Ok(data) => {
+                        bytes += data.len();
+                        batch.push(data);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let ok = write_batch(&mut wr, &batch).await.is_ok();
+            backlog.sent(bytes);
+            batch.clear();
             if !ok {
                 break;
             }
