@@ -626,10 +626,7 @@ pub fn encode_response_into(resp: &Response, out: &mut Vec<u8>) {
         }
         Ok(Success::Base64Data { data, eof }) => {
             let text = data.text();
-            return encode_data(id, text.len(), *eof, out, |b64| {
-                b64.copy_from_slice(text);
-                text.len()
-            });
+            return encode_data(id, text.len(), *eof, out, |b64| b64.extend_from_slice(text));
         }
         Ok(Success::Opened { handle }) => (Some(WireResult::Opened { handle: handle.get() }), None),
         Ok(Success::Written { written }) => (Some(WireResult::Written { written: *written }), None),
@@ -645,23 +642,20 @@ pub fn encode_response_into(resp: &Response, out: &mut Vec<u8>) {
 
 /// A read's answer, `{"id":…,"ok":true,"result":{"data":"…","eof":…}}`,
 /// the bytes serde_json would write: base64's alphabet needs no escaping,
-/// so `fill` writes the (at most `b64_len` bytes of) base64 text in place
-/// rather than building it as a string and escaping it.
+/// so `fill` appends the (`b64_len` bytes of) base64 text in place rather
+/// than building it as a string and escaping it.
 fn encode_data(
     id: Option<&str>,
     b64_len: usize,
     eof: bool,
     out: &mut Vec<u8>,
-    fill: impl FnOnce(&mut [u8]) -> usize,
+    fill: impl FnOnce(&mut Vec<u8>),
 ) {
     out.reserve(64 + id.map_or(4, str::len) + b64_len);
     out.extend_from_slice(b"{\"id\":");
     let _ = serde_json::to_writer(&mut *out, &id);
     out.extend_from_slice(b",\"ok\":true,\"result\":{\"data\":\"");
-    let start = out.len();
-    out.resize(start + b64_len, 0);
-    let written = fill(&mut out[start..]);
-    out.truncate(start + written);
+    fill(out);
     out.extend_from_slice(if eof { b"\",\"eof\":true}}" } else { b"\",\"eof\":false}}" });
 }
 
@@ -688,14 +682,29 @@ fn eight_symbols(x: u64) -> [u8; 8] {
     (pair(52) | pair(40) << 16 | pair(28) << 32 | pair(16) << 48).to_le_bytes()
 }
 
-/// `data` as standard base64 (padded) at the start of `out`, which holds
-/// at least `data.len().div_ceil(3) * 4` bytes (else nothing is written
-/// and 0 returned); the length written. The same text as `STANDARD.encode`
-/// (property-tested) in about 0.57× its instructions: the read answer's
-/// hot loop, 24 bytes (four 8-byte loads) to 32 symbols per step.
-pub fn encode_base64(data: &[u8], out: &mut [u8]) -> usize {
+/// Data bytes encoded per pass through a stack buffer: a multiple of 3 (so
+/// only the last pass pads) and of 24 (the wide step).
+const ENCODE_PASS: usize = 768;
+
+/// `data` as standard base64 (padded), appended to `out`. The same text as
+/// `STANDARD.encode` (property-tested) in about 0.6× its instructions: the
+/// read answer's hot loop. Symbols are written into a stack buffer whose
+/// bounds the compiler knows, then appended, so nothing is zeroed only to
+/// be overwritten in `out`.
+pub fn encode_base64(data: &[u8], out: &mut Vec<u8>) {
+    out.reserve(data.len().div_ceil(3) * 4);
+    let mut symbols = [0u8; ENCODE_PASS / 3 * 4];
+    for pass in data.chunks(ENCODE_PASS) {
+        let n = encode_pass(pass, &mut symbols);
+        out.extend_from_slice(&symbols[..n]);
+    }
+}
+
+/// At most [`ENCODE_PASS`] bytes of `data` as base64 at the start of `out`;
+/// the length written: 24 bytes (four 8-byte loads) to 32 symbols per step.
+#[inline(always)]
+fn encode_pass(data: &[u8], out: &mut [u8; ENCODE_PASS / 3 * 4]) -> usize {
     let len = data.len().div_ceil(3) * 4;
-    let Some(out) = out.get_mut(..len) else { return 0 };
     let blocks = data.chunks_exact(24);
     let rest = blocks.remainder();
     let Some((wide, out)) = out.split_at_mut_checked(data.len() / 24 * 32) else { return 0 };
@@ -714,8 +723,8 @@ pub fn encode_base64(data: &[u8], out: &mut [u8]) -> usize {
         let [c, d] = SYMBOL_PAIRS[n & 0xfff].to_le_bytes();
         dst.copy_from_slice(&[a, b, c, d]);
     }
-    if let Some(dst) = quads.next() {
-        let last = groups.remainder();
+    let last = groups.remainder();
+    if let Some(dst) = quads.next().filter(|_| !last.is_empty()) {
         let byte = |i: usize| usize::from(last.get(i).copied().unwrap_or(0));
         let n = (byte(0) << 16) | (byte(1) << 8);
         let [a, b] = SYMBOL_PAIRS[n >> 12].to_le_bytes();
@@ -1247,23 +1256,21 @@ mod tests {
         }
 
         #[test]
-        fn encode_base64_writes_what_the_encoder_writes(data in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let mut out = vec![b'?'; data.len().div_ceil(3) * 4 + 2];
-            let n = encode_base64(&data, &mut out);
+        fn encode_base64_writes_what_the_encoder_writes(data in proptest::collection::vec(any::<u8>(), 0..2000)) {
+            let mut out = b"??".to_vec();
+            encode_base64(&data, &mut out);
             let expected = STANDARD.encode(&data);
-            prop_assert_eq!(&out[..n], expected.as_bytes());
-            prop_assert_eq!(&out[n..], b"??", "nothing written past the text");
+            prop_assert_eq!(&out[..2], b"??", "what was there is kept");
+            prop_assert_eq!(&out[2..], expected.as_bytes());
         }
     }
 
     #[test]
-    fn encode_base64_refuses_a_short_buffer_and_covers_the_alphabet() {
-        let mut short = [0u8; 3];
-        assert_eq!(encode_base64(b"abc", &mut short), 0);
+    fn encode_base64_covers_the_alphabet() {
         let every: Vec<u8> = (0..=255).collect();
-        let mut out = vec![0; 344];
-        let n = encode_base64(&every, &mut out);
-        assert_eq!(&out[..n], STANDARD.encode(&every).as_bytes());
+        let mut out = Vec::new();
+        encode_base64(&every, &mut out);
+        assert_eq!(out, STANDARD.encode(&every).as_bytes());
     }
 
     /// An upstream's answer to a forwarded read, as a well-behaved or a
