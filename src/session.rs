@@ -687,3 +687,87 @@ impl Session {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::IoSlice;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A stream that takes at most `step` bytes per write, across the
+    /// buffers of a vectored one.
+    struct Trickle {
+        got: Vec<u8>,
+        step: usize,
+        calls: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            self.calls += 1;
+            let mut taken = 0;
+            for buf in bufs {
+                let n = buf.len().min(self.step - taken);
+                self.got.extend_from_slice(&buf[..n]);
+                taken += n;
+            }
+            Poll::Ready(Ok(taken))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn write(batch: &[Vec<u8>], step: usize) -> (std::io::Result<()>, Trickle) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let mut w = Trickle { got: Vec::new(), step, calls: 0 };
+        let res = rt.block_on(write_batch(&mut w, batch));
+        (res, w)
+    }
+
+    #[test]
+    fn a_batch_leaves_whole_and_in_order_through_short_writes() {
+        let batch =
+            vec![b"abc".to_vec(), Vec::new(), b"defghij".to_vec(), b"k".to_vec(), (0..=255).collect()];
+        for step in [1, 2, 5, 7, 4096] {
+            let (res, w) = write(&batch, step);
+            res.expect("written");
+            assert_eq!(w.got, batch.concat(), "step {step}");
+        }
+        assert_eq!(write(&batch, 4096).1.calls, 1, "one write when the stream takes it all");
+        // More buffers than one vectored write carries: two writes.
+        let many: Vec<Vec<u8>> = (0..MAX_WRITE_BATCH as u8 + 10).map(|i| vec![i; 3]).collect();
+        let (res, w) = write(&many, 1 << 20);
+        res.expect("written");
+        assert_eq!((w.got, w.calls), (many.concat(), 2));
+    }
+
+    #[test]
+    fn a_stream_that_takes_nothing_fails_the_batch() {
+        let (res, w) = write(&[b"abc".to_vec()], 0);
+        assert_eq!(res.map_err(|e| e.kind()), Err(std::io::ErrorKind::WriteZero));
+        assert!(w.got.is_empty());
+    }
+}
