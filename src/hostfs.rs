@@ -26,7 +26,7 @@ use rustix::io::Errno;
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
@@ -184,13 +184,12 @@ impl HostFs {
                 let Some(f) = self.files.get_mut(&file) else {
                     return failed(FsErrorKind::Other, "file is not open");
                 };
-                let mut buf = vec![0; max as usize];
-                match f.read(&mut buf) {
-                    Ok(n) => {
-                        buf.truncate(n);
-                        EffectResult::Data { eof: n == 0, data: buf }
-                    }
-                    Err(e) => io_failure(&e),
+                // Read into spare capacity: nothing zeroed only to be
+                // overwritten (a read answer's hot path).
+                let mut data = Vec::with_capacity(max as usize);
+                match rustix::io::read(&*f, rustix::buffer::spare_capacity(&mut data)) {
+                    Ok(n) => EffectResult::Data { eof: n == 0, data },
+                    Err(e) => io_failure(&io::Error::from(e)),
                 }
             }
             Effect::Write { file, data } => {

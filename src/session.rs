@@ -139,15 +139,71 @@ pub struct Session {
 /// them; more are closed on arrival.
 pub const MAX_PASSED_DESCRIPTORS: usize = 16;
 
+/// Queued responses a connection's writer hands the kernel in one vectored
+/// write at most: one system call per wakeup rather than one per response
+/// (a pipelining client has many answered per batch of requests read).
+pub const MAX_WRITE_BATCH: usize = 64;
+/// Bytes gathered into one vectored write at most, once past the first
+/// response: the kernel copies a batch while the responses are still in
+/// the cache they were encoded into.
+pub const MAX_WRITE_BATCH_BYTES: usize = 64 << 10;
+
+/// Write every byte of `batch`, in order, with as few vectored writes as
+/// the stream takes.
+async fn write_batch<W>(wr: &mut W, batch: &[Vec<u8>]) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    // The first buffer not yet wholly written, and how much of it was.
+    let (mut first, mut done) = (0, 0);
+    while first < batch.len() {
+        let mut slices = [std::io::IoSlice::new(&[]); MAX_WRITE_BATCH];
+        let mut count = 0;
+        for (slot, buf) in slices.iter_mut().zip(&batch[first..]) {
+            let from = if count == 0 { done } else { 0 };
+            *slot = std::io::IoSlice::new(&buf[from..]);
+            count += 1;
+        }
+        let mut n = wr.write_vectored(&slices[..count]).await?;
+        if n == 0 && slices[..count].iter().any(|s| !s.is_empty()) {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while first < batch.len() {
+            let left = batch[first].len() - done;
+            if n < left {
+                done += n;
+                break;
+            }
+            n -= left;
+            first += 1;
+            done = 0;
+        }
+    }
+    wr.flush().await
+}
+
 fn spawn_writer<W>(mut wr: W, backlog: Arc<Backlog>) -> (mpsc::UnboundedSender<Vec<u8>>, JoinHandle<()>)
 where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
     let writer = tokio::spawn(async move {
+        let mut batch = Vec::with_capacity(MAX_WRITE_BATCH);
         while let Some(data) = rx.recv().await {
-            let ok = wr.write_all(&data).await.is_ok() && wr.flush().await.is_ok();
-            backlog.sent(data.len());
+            let mut bytes = data.len();
+            batch.push(data);
+            while batch.len() < MAX_WRITE_BATCH && bytes < MAX_WRITE_BATCH_BYTES {
+                match rx.try_recv() {
+                    Ok(data) => {
+                        bytes += data.len();
+                        batch.push(data);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let ok = write_batch(&mut wr, &batch).await.is_ok();
+            backlog.sent(bytes);
+            batch.clear();
             if !ok {
                 break;
             }
@@ -628,5 +684,89 @@ impl Session {
                 file_effect => Some(Input::EffectDone { id, result: self.host.execute(file_effect) }),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::IoSlice;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A stream that takes at most `step` bytes per write, across the
+    /// buffers of a vectored one.
+    struct Trickle {
+        got: Vec<u8>,
+        step: usize,
+        calls: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+        }
+
+        fn poll_write_vectored(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<std::io::Result<usize>> {
+            self.calls += 1;
+            let mut taken = 0;
+            for buf in bufs {
+                let n = buf.len().min(self.step - taken);
+                self.got.extend_from_slice(&buf[..n]);
+                taken += n;
+            }
+            Poll::Ready(Ok(taken))
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn write(batch: &[Vec<u8>], step: usize) -> (std::io::Result<()>, Trickle) {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let mut w = Trickle { got: Vec::new(), step, calls: 0 };
+        let res = rt.block_on(write_batch(&mut w, batch));
+        (res, w)
+    }
+
+    #[test]
+    fn a_batch_leaves_whole_and_in_order_through_short_writes() {
+        let batch =
+            vec![b"abc".to_vec(), Vec::new(), b"defghij".to_vec(), b"k".to_vec(), (0..=255).collect()];
+        for step in [1, 2, 5, 7, 4096] {
+            let (res, w) = write(&batch, step);
+            res.expect("written");
+            assert_eq!(w.got, batch.concat(), "step {step}");
+        }
+        assert_eq!(write(&batch, 4096).1.calls, 1, "one write when the stream takes it all");
+        // More buffers than one vectored write carries: two writes.
+        let many: Vec<Vec<u8>> = (0..MAX_WRITE_BATCH as u8 + 10).map(|i| vec![i; 3]).collect();
+        let (res, w) = write(&many, 1 << 20);
+        res.expect("written");
+        assert_eq!((w.got, w.calls), (many.concat(), 2));
+    }
+
+    #[test]
+    fn a_stream_that_takes_nothing_fails_the_batch() {
+        let (res, w) = write(&[b"abc".to_vec()], 0);
+        assert_eq!(res.map_err(|e| e.kind()), Err(std::io::ErrorKind::WriteZero));
+        assert!(w.got.is_empty());
     }
 }
