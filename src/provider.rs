@@ -158,7 +158,7 @@ fn error(message: String) -> ProviderResult {
 }
 
 /// An error with its sources (hyper's top-level messages say little).
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(inner) = src {

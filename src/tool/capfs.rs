@@ -84,15 +84,6 @@ impl Lookup for CapFiles {
     }
 }
 
-fn kind_of(n: &Node) -> EntryKind {
-    match n {
-        Node::File { .. } => EntryKind::File,
-        Node::Dir => EntryKind::Dir,
-        Node::Symlink(_) => EntryKind::Symlink,
-        Node::Other | Node::Missing => EntryKind::Other,
-    }
-}
-
 impl CapFiles {
     /// A regular file's content, at most `max` bytes, opened without
     /// following a last-component symlink and without blocking on a FIFO.
@@ -333,7 +324,7 @@ impl ProjectFiles for CapFiles {
             _ => return Err(OpError::invalid(format!("{path} is not a directory"))),
         }
         let rd = self.root.read_dir(rel(&r.path)).map_err(|e| io_err(path, e))?;
-        let mut out = Vec::new();
+        let mut children = Vec::new();
         for entry in rd.flatten() {
             // Names the protocol cannot carry (not UTF-8) are left out.
             let Ok(name) = entry.file_name().into_string() else { continue };
@@ -347,16 +338,9 @@ impl ProjectFiles for CapFiles {
             } else {
                 Node::Other
             };
-            let is_dir = node == Node::Dir;
-            let shown = path.join(&name);
-            let real = r.path.join(&name);
-            if gate.check(&shown, false, is_dir).is_err() || gate.check(&real, false, is_dir).is_err() {
-                continue;
-            }
-            out.push(DirEntry { path: shown, kind: kind_of(&node) });
+            children.push((name, node));
         }
-        out.sort();
-        Ok(out)
+        Ok(files::listing(gate, path, &r.path, children))
     }
 
     fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {

@@ -4,6 +4,7 @@
 //! the core's (`--op-timeout`): the shell drops this future when the core
 //! cancels the effect, which closes the connection.
 
+use crate::provider::chain;
 use airlock_core::vfs::{Header, HttpMethod, HttpRequest, HttpResponse, OpError};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -70,16 +71,4 @@ impl HttpClient {
         }
         Ok(HttpResponse { status, headers, body })
     }
-}
-
-/// An error with its sources (hyper's top-level messages say little).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }

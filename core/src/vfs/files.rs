@@ -259,6 +259,43 @@ pub enum Node {
     Missing,
 }
 
+impl Node {
+    /// How `fs.list_dir` shows it.
+    pub fn kind(&self) -> EntryKind {
+        match self {
+            Node::File { .. } => EntryKind::File,
+            Node::Dir => EntryKind::Dir,
+            Node::Symlink(_) => EntryKind::Symlink,
+            Node::Other | Node::Missing => EntryKind::Other,
+        }
+    }
+}
+
+/// The `fs.list_dir` answer for the children of the resolved directory
+/// `real` (listed as `shown`), whatever backend read them: an entry is
+/// left out when the gate refuses it by the name shown or by its real
+/// path, and the rest come sorted. One function, so the backends cannot
+/// drift apart on what a listing reveals.
+pub fn listing(
+    gate: &Gate,
+    shown: &ProjectPath,
+    real: &ProjectPath,
+    children: impl IntoIterator<Item = (String, Node)>,
+) -> Vec<DirEntry> {
+    let mut out: Vec<DirEntry> = children
+        .into_iter()
+        .filter_map(|(name, node)| {
+            let is_dir = node == Node::Dir;
+            let path = shown.join(&name);
+            let allowed = gate.check(&path, false, is_dir).is_ok()
+                && gate.check(&real.join(&name), false, is_dir).is_ok();
+            allowed.then(|| DirEntry { path, kind: node.kind() })
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// "What is this path, not following its last component": the one query
 /// [`resolve`] needs. Every component but the last is a directory the
 /// walk already resolved.

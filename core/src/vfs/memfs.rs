@@ -4,7 +4,7 @@
 
 use super::effect::OpError;
 use super::files::{
-    grep_file, resolve, DirEntry, EntryKind, Gate, GrepQuery, GrepResult, Lookup, Metadata, Node,
+    self, grep_file, resolve, DirEntry, EntryKind, Gate, GrepQuery, GrepResult, Lookup, Metadata, Node,
     ProjectFiles, ProjectPath,
 };
 use std::collections::BTreeMap;
@@ -161,15 +161,6 @@ impl Lookup for MemFiles {
     }
 }
 
-fn kind_of(n: &Node) -> EntryKind {
-    match n {
-        Node::File { .. } => EntryKind::File,
-        Node::Dir => EntryKind::Dir,
-        Node::Symlink(_) => EntryKind::Symlink,
-        Node::Other | Node::Missing => EntryKind::Other,
-    }
-}
-
 impl ProjectFiles for MemFiles {
     fn read(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<u8>, OpError> {
         let r = resolve(self, gate, path, true, false)?;
@@ -227,7 +218,6 @@ impl ProjectFiles for MemFiles {
             Node::Missing => return Err(OpError::not_found(format!("{path} does not exist"))),
             _ => return Err(OpError::invalid(format!("{path} is not a directory"))),
         }
-        let mut out = Vec::new();
         let children: Vec<(String, Node)> = self
             .children(&r.path)
             .into_iter()
@@ -241,17 +231,7 @@ impl ProjectFiles for MemFiles {
                 (n, node)
             })
             .collect();
-        for (name, node) in children {
-            let is_dir = node == Node::Dir;
-            let shown = path.join(&name);
-            let real = r.path.join(&name);
-            if gate.check(&shown, false, is_dir).is_err() || gate.check(&real, false, is_dir).is_err() {
-                continue;
-            }
-            out.push(DirEntry { path: shown, kind: kind_of(&node) });
-        }
-        out.sort();
-        Ok(out)
+        Ok(files::listing(gate, path, &r.path, children))
     }
 
     fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {
