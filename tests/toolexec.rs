@@ -1040,9 +1040,14 @@ upd(1)\ntime.sleep(0.05)\nupd(-1)\nprint('ok')\n",
     let server_pid = s.pid();
     let port: u16 = s.addr().rsplit(':').next().unwrap().parse().unwrap();
     // Accepted TCP connections the server holds: its socket descriptors
-    // that /proc/net/tcp lists as established on the listening port.
-    let sockets = move || {
-        let inodes: std::collections::BTreeSet<String> = fs::read_dir(format!("/proc/{server_pid}/fd"))
+    // that /proc/net/tcp lists as established on the listening port. The
+    // descriptors are read before and after the table and only those in
+    // both count: a socket the server closed meanwhile can stay
+    // established for a moment while a tool being spawned still holds
+    // the copy fork gave it (close-on-exec drops it only at exec), and
+    // it is not a connection the server holds.
+    let socket_inodes = move || -> std::collections::BTreeSet<String> {
+        fs::read_dir(format!("/proc/{server_pid}/fd"))
             .map(|d| {
                 d.flatten()
                     .filter_map(|e| fs::read_link(e.path()).ok())
@@ -1052,8 +1057,13 @@ upd(1)\ntime.sleep(0.05)\nupd(-1)\nprint('ok')\n",
                     })
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    };
+    let sockets = move || {
+        let before = socket_inodes();
         let table = fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let inodes: std::collections::BTreeSet<String> =
+            before.intersection(&socket_inodes()).cloned().collect();
         table
             .lines()
             .skip(1)
