@@ -1064,17 +1064,20 @@ upd(1)\ntime.sleep(0.05)\nupd(-1)\nprint('ok')\n",
         let table = fs::read_to_string("/proc/net/tcp").unwrap_or_default();
         let inodes: std::collections::BTreeSet<String> =
             before.intersection(&socket_inodes()).cloned().collect();
-        table
+        // Distinct sockets, not lines: /proc/net/tcp is produced a page per
+        // read while connections come and go, so one socket can be listed
+        // twice in one read.
+        let held: std::collections::BTreeSet<&str> = table
             .lines()
             .skip(1)
-            .filter(|l| {
+            .filter_map(|l| {
                 let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() > 9
-                    && f[3] == "01"
-                    && f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port)
-                    && inodes.contains(f[9])
+                let on_port = f.len() > 9
+                    && f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port);
+                (on_port && f[3] == "01" && inodes.contains(f[9])).then_some(f[9])
             })
-            .count()
+            .collect();
+        held.len()
     };
     let idle = sockets();
     let snapshot = move || {
