@@ -185,6 +185,15 @@ impl Gate {
         self.max_file
     }
 
+    /// Refuses content over `--max-file` for `fs.write` of `path`: one
+    /// check, whichever backend then writes it.
+    pub fn check_write_size(&self, path: &ProjectPath, len: usize) -> Result<(), OpError> {
+        if len > self.max_file {
+            return Err(OpError::too_large(&format!("content for {path} ({len} bytes)"), self.max_file));
+        }
+        Ok(())
+    }
+
     pub fn max_grep_lines(&self) -> usize {
         self.max_grep_lines
     }

@@ -176,12 +176,7 @@ impl ProjectFiles for MemFiles {
     }
 
     fn write(&mut self, gate: &Gate, path: &ProjectPath, content: &[u8]) -> Result<(), OpError> {
-        if content.len() > gate.max_file() {
-            return Err(OpError::too_large(
-                &format!("content for {path} ({} bytes)", content.len()),
-                gate.max_file(),
-            ));
-        }
+        gate.check_write_size(path, content.len())?;
         let r = resolve(self, gate, path, true, true)?;
         match r.node {
             Node::Dir => return Err(OpError::exists(format!("{path} is a directory"))),
