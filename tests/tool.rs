@@ -1305,10 +1305,12 @@ fn the_readme_python_tool_works_when_pasted() {
 fn the_rust_example_tool_uses_the_sdk() {
     let f = Fixture::new();
     f.file("src/main.rs", "fn main() {}\n");
-    // Examples are built next to the binary under test.
+    // The example belongs to the SDK crate, which depends on neither airlock
+    // nor the simulator: building it here compiles one small crate, whatever
+    // features the outer `cargo test` unified.
     let exe = Path::new(airlock()).parent().unwrap().join("examples/vfs_tool");
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--example", "vfs_tool"])
+        .args(["build", "--quiet", "-p", "airlock-tool", "--example", "vfs_tool"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()
         .unwrap();

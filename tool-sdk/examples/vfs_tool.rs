@@ -2,7 +2,7 @@
 //! `src/main.rs` through the host. Run it under airlock:
 //!
 //! ```text
-//! cargo build --example vfs_tool
+//! cargo build -p airlock-tool --example vfs_tool
 //! airlock tool --allow-rw . -- target/debug/examples/vfs_tool
 //! ```
 
