@@ -28,6 +28,7 @@ fn head() -> RequestHead {
             ("te".into(), b"trailers".to_vec()),
             ("content-length".into(), BODY.len().to_string().into_bytes()),
         ],
+        http11: true,
     }
 }
 

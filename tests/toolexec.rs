@@ -693,6 +693,15 @@ fn header_names_are_title_cased_on_the_wire() {
     assert!(text.contains("\r\nTransfer-Encoding: chunked\r\n"), "{text}");
     assert!(text.contains("\r\nTrailer: X-Exit-Code\r\n"), "{text}");
     assert!(text.ends_with("\r\n0\r\nX-Exit-Code: 9\r\n\r\n"), "{text:?}");
+
+    // HTTP/1.0 has no chunked body and no trailers: v2 with TE is answered
+    // as v1 there, or the exit code would be lost.
+    let mut req = request("x", &auth, "2", true, &body);
+    req.splice(..b"POST /exec HTTP/1.1".len(), b"POST /exec HTTP/1.0".iter().copied());
+    let (got, _) = raw(&s.addr(), &req, Duration::from_secs(20));
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.0 200 OK\r\n"), "{text}");
+    assert!(text.contains("\r\nX-Exit-Code: 9\r\n") && text.ends_with("\r\n\r\nx"), "{text:?}");
 }
 
 #[test]

@@ -124,6 +124,7 @@ fn head_of(req: &hyper::Request<Incoming>) -> RequestHead {
         method: req.method().as_str().to_owned(),
         path: req.uri().path().to_owned(),
         headers: req.headers().iter().map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec())).collect(),
+        http11: req.version() == hyper::Version::HTTP_11,
     }
 }
 
@@ -150,9 +151,15 @@ async fn handle_request<R: Runner>(
     tokio::spawn(drive(req, shared, head_tx));
     match head_rx.await {
         Ok(resp) => resp,
-        // The driver ended without an answer: only when the client is gone.
+        // The driver ended without an answer: only when the client is gone
+        // (or half-closed, and may still read this). Every error answer
+        // carries the exit code the shim exits with.
         Err(_) => to_hyper(
-            Response { status: 500, headers: Vec::new(), body: Vec::new() },
+            Response {
+                status: 500,
+                headers: vec![("X-Exit-Code", airlock_core::toolexec::EXIT_CODE_ERROR.to_string())],
+                body: Vec::new(),
+            },
             ChanBody::full(Bytes::new()),
         ),
     }

@@ -62,6 +62,7 @@ fn head(sel: u8, arg: u8, body_len: usize) -> RequestHead {
         method: if sel & 0x40 != 0 { "POST".into() } else { "PUT".into() },
         path: if sel & 0x80 != 0 || arg & 4 == 0 { "/exec".into() } else { "/x".into() },
         headers,
+        http11: arg & 8 == 0,
     }
 }
 

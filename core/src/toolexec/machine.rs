@@ -16,6 +16,10 @@ pub struct RequestHead {
     pub path: String,
     /// Every header in arrival order; names lowercase.
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The request is HTTP/1.1: only then can the answer be chunked and
+    /// carry a trailer (HTTP/1.0 has neither, and its body would lose
+    /// the exit code).
+    pub http11: bool,
 }
 
 impl RequestHead {
@@ -395,7 +399,7 @@ impl Exchange {
                 name.trim_ascii().eq_ignore_ascii_case(b"trailers")
             })
         });
-        self.mode = if version == 2 && te_trailers { Mode::Streaming } else { Mode::Buffered };
+        self.mode = if version == 2 && te_trailers && head.http11 { Mode::Streaming } else { Mode::Buffered };
         let mut lengths = head.values("content-length");
         if let Some(len) = lengths.next() {
             let parsed = std::str::from_utf8(len).ok().and_then(|s| s.trim().parse::<u64>().ok());

@@ -23,6 +23,7 @@ fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> RequestHead {
         method: method.into(),
         path: path.into(),
         headers: headers.iter().map(|(n, v)| (n.to_ascii_lowercase(), v.as_bytes().to_vec())).collect(),
+        http11: true,
     }
 }
 
@@ -148,6 +149,16 @@ fn v1_buffers_until_exit_and_eof() {
 fn v2_without_te_is_v1() {
     assert_eq!(run_to_spawn("2", false).mode(), Mode::Buffered);
     assert_eq!(run_to_spawn("2", true).mode(), Mode::Streaming);
+}
+
+#[test]
+fn v2_over_http10_is_v1() {
+    // HTTP/1.0 has no chunked body and no trailer: a stream would lose the
+    // exit code.
+    let head = RequestHead { http11: false, ..good_head("2", true) };
+    let (mut x, _) = request(config(), head, b"tool=echo&arg=hi");
+    x.handle(at(0), Input::Spawned(Ok(())));
+    assert_eq!(x.mode(), Mode::Buffered);
 }
 
 #[test]

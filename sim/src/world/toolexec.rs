@@ -443,6 +443,7 @@ impl ToolexecWorld {
             method: if has(Defect::Method) { "GET".into() } else { "POST".into() },
             path: if has(Defect::Path) { "/execute".into() } else { "/exec".into() },
             headers,
+            http11: true,
         };
         let tool = match rng.gen_range(0..10) {
             0..=2 => ToolKind::Talk,

@@ -1,0 +1,10 @@
+#![no_main]
+
+// The check lives with the tests so `cargo test` replays the corpus through
+// the very same code (tests/toolexec_http_corpus.rs).
+#[path = "../../tests/support/toolexec_http_check.rs"]
+mod toolexec_http_check;
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| toolexec_http_check::check(data));
