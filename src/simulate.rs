@@ -130,7 +130,7 @@ pub fn replay(paths: &[PathBuf]) -> anyhow::Result<i32> {
                 continue;
             }
         };
-        match trace::replay(BufReader::new(file)) {
+        match trace::replay_any(BufReader::new(file)) {
             Ok(r) => println!("{}: ok ({} inputs, {} outputs)", path.display(), r.inputs, r.outputs),
             Err(e) => {
                 failed += 1;

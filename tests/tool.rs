@@ -1055,6 +1055,53 @@ fn the_record_holds_no_secret() {
     let has = |needle: &[u8]| texts.iter().any(|t| t.windows(needle.len()).any(|w| w == needle));
     assert!(!has(b"supersecret123"), "secret in the trace");
     assert!(has(b"fs.read") && has(b"token=[REDACTED]"), "{trace}");
+    // What the host was given is scrubbed the same way as what it gave, so
+    // the recording still replays.
+    let (code, stdout) = replay(&rec);
+    assert_eq!(code, Some(0), "{stdout}");
+}
+
+/// `airlock replay FILE`: its exit status and stdout.
+fn replay(trace: &Path) -> (Option<i32>, String) {
+    let out = Command::new(airlock()).arg("replay").arg(trace).output().expect("airlock runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn a_recording_replays_exactly_and_a_changed_output_is_named() {
+    let f = Fixture::new();
+    f.file("src/a.rs", "fn a() {}\n// TODO one\n");
+    f.file("notes.txt", "n\n");
+    let rec = f.scratch.path().join("run.jsonl");
+    let out = f.run(
+        &["--allow-rw", ".", "--allow-cmd", "sh", "--record", rec.to_str().unwrap()],
+        &f.py("ok('fs.read', {'path': 'notes.txt'})\n\
+             ok('fs.write', {'path': 'out/b.txt', 'content': 'b'})\n\
+             ok('fs.list_dir', {'path': '.'})\n\
+             ok('fs.grep', {'pattern': 'TODO'})\n\
+             code('fs.read', {'path': '../etc/passwd'})\n\
+             ok('process.run', {'program': 'sh', 'args': ['-c', 'echo hi']})\n\
+             result('done')"),
+    );
+    out.completed();
+    let (code, stdout) = replay(&rec);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("ok ("), "{stdout}");
+
+    // Another answer in place of the recorded one: replay names the line
+    // and shows both as JSON.
+    let text = std::fs::read_to_string(&rec).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let idx = lines.iter().rposition(|l| l.starts_with(r#"{"output":{"tool_stdin""#)).unwrap();
+    let forged = format!(r#"{{"jsonrpc":"2.0","id":99,"result":{{}}}}{}"#, "\n");
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(forged);
+    lines[idx] = format!(r#"{{"output":{{"tool_stdin":"{b64}"}}}}"#);
+    std::fs::write(&rec, lines.join("\n")).unwrap();
+    let (code, stdout) = replay(&rec);
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains(&format!("line {}:", idx + 1)), "{stdout}");
+    assert!(stdout.contains(r#""id\":99"#), "the difference shows the JSON: {stdout}");
 }
 
 // ---------------------------------------------------------------- process.run

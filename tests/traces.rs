@@ -34,9 +34,17 @@ fn every_checked_in_trace_replays_and_its_world_still_passes() {
         "expected recorded sessions and simulator traces under {}",
         root.display()
     );
+    let tools = paths.iter().filter(|p| machine_of(p) == "vfs").count();
+    assert!(tools >= 2, "expected tool-scenario traces (machine vfs), a planted one among them");
     let mut failures = Vec::new();
     for path in &paths {
         let file = std::fs::File::open(path).unwrap();
+        if machine_of(path) == "vfs" {
+            if let Err(e) = tool_trace(BufReader::new(file)) {
+                failures.push(format!("{}: {e}", path.display()));
+            }
+            continue;
+        }
         match trace::replay(BufReader::new(file)) {
             Err(e) => failures.push(format!("{}: {e}", path.display())),
             Ok(report) if report.header.config.planted_bug.is_some() => {
@@ -70,4 +78,26 @@ fn every_checked_in_trace_replays_and_its_world_still_passes() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The `machine` a trace's header names.
+fn machine_of(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let header: serde_json::Value = serde_json::from_str(text.lines().next().unwrap_or_default()).unwrap();
+    header["machine"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A tool-scenario trace replays exactly against the VFS host; its world,
+/// rerun, passes, or fails with the invariant its header names when a bug
+/// was planted.
+fn tool_trace(reader: impl std::io::BufRead) -> Result<(), String> {
+    let report = trace::vfs::replay(reader).map_err(|e| e.to_string())?;
+    let want = report.header.meta.as_ref().and_then(|m| m["failure"]["invariant"].as_str());
+    let r = airlock_sim::rerun_vfs(&report.header)?;
+    let got = r.failure.as_ref().map(|f| f.invariant.as_str());
+    match (report.header.config.planted_bug, got) {
+        (Some(_), Some(got)) if Some(got) == want => Ok(()),
+        (None, None) => Ok(()),
+        _ => Err(format!("world rerun: {got:?}, header says {want:?}: {}", r.swarm_description())),
+    }
 }

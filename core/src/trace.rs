@@ -17,10 +17,13 @@
 
 use crate::fsproxy::{self, FsProxy, Input, Output};
 use crate::time::Instant;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, BufRead, Write};
+
+pub mod vfs;
 
 /// The trace format this module writes and reads.
 pub const FORMAT: u32 = 1;
@@ -77,18 +80,58 @@ struct OutputLineRef<'a> {
     output: &'a Output,
 }
 
-/// Any line after the header. Exactly one of `input` and `output` is set.
+/// Any line after the header: exactly one of `input` and `output`, or a
+/// `note` alone (what the world around the machine did, such as a
+/// simulated attacker swapping a link: context for a reader, skipped by
+/// replay).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Line {
+#[serde(deny_unknown_fields, bound = "I: DeserializeOwned, O: DeserializeOwned")]
+struct Line<I, O> {
     #[serde(default)]
     now: Option<Instant>,
     #[serde(default)]
     level: usize,
+    #[serde(default = "none")]
+    input: Option<I>,
+    #[serde(default = "none")]
+    output: Option<O>,
     #[serde(default)]
-    input: Option<Input>,
-    #[serde(default)]
-    output: Option<Output>,
+    note: Option<serde_json::Value>,
+}
+
+fn none<T>() -> Option<T> {
+    None
+}
+
+/// A machine a trace can be replayed against: fed inputs at times, polled
+/// for outputs.
+pub trait Machine {
+    type Input: DeserializeOwned;
+    type Output: DeserializeOwned + PartialEq;
+    fn handle(&mut self, now: Instant, input: Self::Input);
+    fn poll_output(&mut self) -> Option<Self::Output>;
+}
+
+/// An output as a person reads it in a difference.
+pub trait Readable {
+    fn readable(&self) -> String;
+}
+
+impl Machine for FsProxy {
+    type Input = Input;
+    type Output = Output;
+    fn handle(&mut self, now: Instant, input: Input) {
+        FsProxy::handle(self, now, input)
+    }
+    fn poll_output(&mut self) -> Option<Output> {
+        FsProxy::poll_output(self)
+    }
+}
+
+impl Readable for Output {
+    fn readable(&self) -> String {
+        readable(self)
+    }
 }
 
 /// Writes a trace line by line to any `io::Write`.
@@ -146,7 +189,7 @@ pub struct ReplayReport {
 }
 
 #[derive(Debug)]
-pub enum ReplayError {
+pub enum ReplayError<O = Output> {
     Io {
         line: usize,
         error: io::Error,
@@ -166,27 +209,27 @@ pub enum ReplayError {
     Differs {
         line: usize,
         level: usize,
-        expected: Box<Output>,
-        actual: Box<Output>,
+        expected: Box<O>,
+        actual: Box<O>,
     },
     /// The trace records an output the machine did not yield.
     Missing {
         line: usize,
         level: usize,
-        expected: Box<Output>,
+        expected: Box<O>,
     },
     /// The machine yielded an output the trace does not record before
     /// `line` (the level's next input, or the end of the trace).
     Extra {
         line: usize,
         level: usize,
-        actual: Box<Output>,
+        actual: Box<O>,
     },
 }
 
-impl fmt::Display for ReplayError {
+impl<O: Readable> fmt::Display for ReplayError<O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let json = |o: &Output| readable(o);
+        let json = |o: &O| o.readable();
         match self {
             ReplayError::Io { line, error } => write!(f, "line {line}: {error}"),
             ReplayError::NoHeader => f.write_str("line 1: trace is empty (no header)"),
@@ -208,37 +251,74 @@ impl fmt::Display for ReplayError {
     }
 }
 
-impl std::error::Error for ReplayError {}
+impl<O: Readable + fmt::Debug> std::error::Error for ReplayError<O> {}
 
 /// Replay a trace: rebuild every level from the header (a level's broker
 /// too, from its config's `broker`), feed the inputs in
 /// order, and check each recorded output against what the machine yields.
 /// Fails at the first difference, naming its line (1-based).
 pub fn replay<R: BufRead>(reader: R) -> Result<ReplayReport, ReplayError> {
-    let mut lines = reader.lines().enumerate().map(|(i, l)| (i + 1, l));
-    let header = loop {
+    let mut lines = numbered(reader);
+    let (line, text) = first_line(&mut lines)?;
+    let header: Header = parse_header(line, &text, MACHINE_FSPROXY)?;
+    replay_fsproxy(header, lines)
+}
+
+fn replay_fsproxy(header: Header, lines: Numbered<'_>) -> Result<ReplayReport, ReplayError> {
+    let mut machines: Vec<FsProxy> = header.configs().cloned().map(FsProxy::new).collect();
+    let (inputs, outputs) = replay_records(&mut machines, lines)?;
+    Ok(ReplayReport { header, inputs, outputs, machines })
+}
+
+/// A trace's lines, numbered from 1.
+type Numbered<'a> = Box<dyn Iterator<Item = (usize, io::Result<String>)> + 'a>;
+
+fn numbered<'a, R: BufRead + 'a>(reader: R) -> Numbered<'a> {
+    Box::new(reader.lines().enumerate().map(|(i, l)| (i + 1, l)))
+}
+
+/// The first line that is not blank: the header.
+fn first_line<O>(lines: &mut Numbered<'_>) -> Result<(usize, String), ReplayError<O>> {
+    loop {
         match lines.next() {
             None => return Err(ReplayError::NoHeader),
             Some((line, Err(error))) => return Err(ReplayError::Io { line, error }),
             Some((_, Ok(text))) if text.trim().is_empty() => continue,
-            Some((line, Ok(text))) => {
-                let h: Header = serde_json::from_str(&text)
-                    .map_err(|e| ReplayError::Malformed { line, message: format!("bad header: {e}") })?;
-                if h.format != FORMAT {
-                    let message = format!("trace format {} (this build reads {FORMAT})", h.format);
-                    return Err(ReplayError::Malformed { line, message });
-                }
-                if h.machine != MACHINE_FSPROXY {
-                    let message = format!("machine {:?} cannot be replayed here", h.machine);
-                    return Err(ReplayError::Malformed { line, message });
-                }
-                break h;
-            }
+            Some((line, Ok(text))) => return Ok((line, text)),
         }
-    };
-    let mut machines: Vec<FsProxy> = header.configs().cloned().map(FsProxy::new).collect();
+    }
+}
+
+/// Just what every header has: the format and the machine it is for.
+#[derive(Deserialize)]
+struct Kind {
+    format: u32,
+    machine: String,
+}
+
+fn parse_header<H: DeserializeOwned, O>(line: usize, text: &str, machine: &str) -> Result<H, ReplayError<O>> {
+    let malformed = |message: String| ReplayError::Malformed { line, message };
+    let kind: Kind = serde_json::from_str(text).map_err(|e| malformed(format!("bad header: {e}")))?;
+    if kind.format != FORMAT {
+        return Err(malformed(format!("trace format {} (this build reads {FORMAT})", kind.format)));
+    }
+    if kind.machine != machine {
+        return Err(malformed(format!("machine {:?} cannot be replayed here", kind.machine)));
+    }
+    serde_json::from_str(text).map_err(|e| malformed(format!("bad header: {e}")))
+}
+
+/// Feed every input line to its level and match every output line against
+/// what that level yielded; returns the inputs and outputs gone through.
+fn replay_records<M: Machine>(
+    machines: &mut [M],
+    lines: Numbered<'_>,
+) -> Result<(u64, u64), ReplayError<M::Output>> {
     // Outputs each level yielded and the trace has not matched yet.
-    let mut unmatched: Vec<VecDeque<Output>> = machines.iter().map(|_| VecDeque::new()).collect();
+    // A machine may speak first (the VFS host's `init`): those outputs
+    // come before any input.
+    let mut unmatched: Vec<VecDeque<M::Output>> =
+        machines.iter_mut().map(|m| std::iter::from_fn(|| m.poll_output()).collect()).collect();
     let (mut inputs, mut outputs) = (0u64, 0u64);
     let mut last_line = 1;
     for (line, text) in lines {
@@ -247,14 +327,14 @@ pub fn replay<R: BufRead>(reader: R) -> Result<ReplayReport, ReplayError> {
         if text.trim().is_empty() {
             continue;
         }
-        let parsed: Line = serde_json::from_str(&text)
+        let parsed: Line<M::Input, M::Output> = serde_json::from_str(&text)
             .map_err(|e| ReplayError::Malformed { line, message: e.to_string() })?;
         let level = parsed.level;
         let (Some(machine), Some(queue)) = (machines.get_mut(level), unmatched.get_mut(level)) else {
             return Err(ReplayError::Malformed { line, message: format!("no config for level {level}") });
         };
-        match (parsed.input, parsed.output) {
-            (Some(input), None) => {
+        match (parsed.input, parsed.output, parsed.note) {
+            (Some(input), None, None) => {
                 if let Some(actual) = queue.pop_front() {
                     return Err(ReplayError::Extra { line, level, actual: Box::new(actual) });
                 }
@@ -265,7 +345,7 @@ pub fn replay<R: BufRead>(reader: R) -> Result<ReplayReport, ReplayError> {
                 queue.extend(std::iter::from_fn(|| machine.poll_output()));
                 inputs += 1;
             }
-            (None, Some(expected)) => {
+            (None, Some(expected), None) => {
                 match queue.pop_front() {
                     None => return Err(ReplayError::Missing { line, level, expected: Box::new(expected) }),
                     Some(actual) if actual != expected => {
@@ -280,8 +360,9 @@ pub fn replay<R: BufRead>(reader: R) -> Result<ReplayReport, ReplayError> {
                 }
                 outputs += 1;
             }
+            (None, None, Some(_)) => {}
             _ => {
-                let message = "a line needs exactly one of input and output".to_owned();
+                let message = "a line needs exactly one of input, output and note".to_owned();
                 return Err(ReplayError::Malformed { line, message });
             }
         }
@@ -294,7 +375,37 @@ pub fn replay<R: BufRead>(reader: R) -> Result<ReplayReport, ReplayError> {
     if inputs == 0 && outputs == 0 {
         return Err(ReplayError::NoRecords);
     }
-    Ok(ReplayReport { header, inputs, outputs, machines })
+    Ok((inputs, outputs))
+}
+
+/// What [`replay_any`] went through.
+#[derive(Debug)]
+pub struct Replayed {
+    pub machine: String,
+    pub inputs: u64,
+    pub outputs: u64,
+}
+
+/// Replay a trace of any machine this build knows (`fsproxy`, `vfs`),
+/// chosen by its header; the error is a readable message.
+pub fn replay_any<R: BufRead>(reader: R) -> Result<Replayed, String> {
+    let mut lines = numbered(reader);
+    let (line, text) = first_line::<Output>(&mut lines).map_err(|e| e.to_string())?;
+    let kind: Kind = serde_json::from_str(&text).map_err(|e| format!("line {line}: bad header: {e}"))?;
+    match kind.machine.as_str() {
+        vfs::MACHINE_VFS => {
+            let header = parse_header::<vfs::Header, crate::vfs::Output>(line, &text, vfs::MACHINE_VFS)
+                .map_err(|e| e.to_string())?;
+            let r = vfs::replay_from(header, lines).map_err(|e| e.to_string())?;
+            Ok(Replayed { machine: kind.machine, inputs: r.inputs, outputs: r.outputs })
+        }
+        _ => {
+            let header =
+                parse_header::<Header, Output>(line, &text, MACHINE_FSPROXY).map_err(|e| e.to_string())?;
+            let r = replay_fsproxy(header, lines).map_err(|e| e.to_string())?;
+            Ok(Replayed { machine: kind.machine, inputs: r.inputs, outputs: r.outputs })
+        }
+    }
 }
 
 /// An output as a person reads it in a difference: framed bytes sent to a
@@ -422,6 +533,30 @@ mod tests {
         let bad = header.replace("\"format\":1", "\"format\":99");
         assert!(matches!(replay(bad.as_bytes()), Err(ReplayError::Malformed { line: 1, .. })));
         assert!(matches!(replay(&b""[..]), Err(ReplayError::NoHeader)));
+    }
+
+    #[test]
+    fn notes_are_skipped_but_not_mixed_with_records() {
+        let (config, inputs) = session();
+        let text = String::from_utf8(record(&config, &inputs)).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        lines.insert(2, r#"{"note":{"swap":"out/link","to":"/etc"}}"#.to_owned());
+        let report = replay(lines.join("\n").as_bytes()).unwrap();
+        assert_eq!(report.inputs, 4);
+        lines[2] = r#"{"now":0,"input":{"input":"eof","client":1},"note":"x"}"#.to_owned();
+        let err = replay(lines.join("\n").as_bytes()).unwrap_err();
+        assert!(matches!(err, ReplayError::Malformed { line: 3, .. }), "{err}");
+    }
+
+    #[test]
+    fn replay_any_picks_the_machine_from_the_header() {
+        let (config, inputs) = session();
+        let trace = record(&config, &inputs);
+        let r = replay_any(trace.as_slice()).unwrap();
+        assert_eq!((r.machine.as_str(), r.inputs), ("fsproxy", 4));
+        let text = String::from_utf8(trace).unwrap().replacen("\"fsproxy\"", "\"kernel\"", 1);
+        let err = replay_any(text.as_bytes()).unwrap_err();
+        assert!(err.contains("machine \"kernel\" cannot be replayed"), "{err}");
     }
 
     #[test]

@@ -257,8 +257,21 @@ pub fn trace_file_name(seed: u64, scenario: Scenario) -> String {
 /// again. (An exact replay of such a trace would diverge once the fix
 /// changes an output, which is why regressions are checked this way.)
 pub fn rerun(header: &airlock_core::trace::Header) -> Result<SeedResult, String> {
-    let seed = header.seed.ok_or("trace has no seed: not written by the simulator")?;
-    let meta = header.meta.as_ref().ok_or("trace header has no meta")?;
+    rerun_from(header.seed, header.meta.as_ref(), header.config.planted_bug)
+}
+
+/// [`rerun`] for a trace of the tool scenario.
+pub fn rerun_vfs(header: &airlock_core::trace::vfs::Header) -> Result<SeedResult, String> {
+    rerun_from(header.seed, header.meta.as_ref(), header.config.planted_bug)
+}
+
+fn rerun_from(
+    seed: Option<u64>,
+    meta: Option<&serde_json::Value>,
+    bug: Option<PlantedBug>,
+) -> Result<SeedResult, String> {
+    let seed = seed.ok_or("trace has no seed: not written by the simulator")?;
+    let meta = meta.ok_or("trace header has no meta")?;
     let scenario: Scenario = meta
         .get("scenario")
         .and_then(serde_json::Value::as_str)
@@ -266,7 +279,6 @@ pub fn rerun(header: &airlock_core::trace::Header) -> Result<SeedResult, String>
         .parse()?;
     let swarm: Swarm = serde_json::from_value(meta.get("swarm").cloned().ok_or("trace header has no swarm")?)
         .map_err(|e| format!("trace header's swarm: {e}"))?;
-    let bug = header.config.planted_bug;
     let out = world::run(seed, scenario, swarm.clone(), bug, None);
     Ok(result(seed, scenario, swarm, out))
 }

@@ -461,7 +461,8 @@ enum Action {
     Down,
 }
 
-/// Run one world of `scenario`; the toolexec scenario has a world of its own.
+/// Run one world of `scenario`; the tool and toolexec scenarios have worlds
+/// of their own.
 pub(crate) fn run(
     seed: u64,
     scenario: Scenario,
@@ -472,6 +473,9 @@ pub(crate) fn run(
     if scenario == Scenario::Toolexec {
         let o = toolexec::run(seed, None, record.is_some());
         return Outcome { steps: o.steps, now: o.now, faults: o.faults, failure: o.failure, trace: o.trace };
+    }
+    if scenario == Scenario::Tool {
+        return tool::run(seed, swarm, bug, record);
     }
     World::new(seed, scenario, swarm, bug, record).run()
 }
@@ -523,9 +527,6 @@ pub struct World {
     adversary: Option<adversary::Adversary>,
     /// The pager scenario's model and checkers.
     pager: Option<PagerSim>,
-    /// The tool scenario runs its own world (`world/tool.rs`): its planted
-    /// bug and whether to record.
-    tool: Option<(Option<PlantedBug>, bool)>,
 }
 
 impl World {
@@ -571,7 +572,6 @@ impl World {
         } else {
             vec![config(0, StdioRole::Reject, false)]
         };
-        let recording = record.is_some();
         let trace = if let Some(failure) = record {
             let mut header = Header::fsproxy(configs[0].clone());
             header.levels = configs[1..].to_vec();
@@ -655,7 +655,6 @@ impl World {
             anchors,
             adversary,
             pager: pager_setup.as_ref().map(PagerSim::new),
-            tool: (scenario == Scenario::Tool).then_some((bug, recording)),
         };
         if w.broker.is_some() {
             w.levels[0].m.set_redactor(broker::world_redactor(bug));
@@ -680,9 +679,6 @@ impl World {
     }
 
     pub fn run(mut self) -> Outcome {
-        if let Some((bug, record)) = self.tool.take() {
-            return tool::run(self.seed, self.swarm.clone(), bug, record);
-        }
         while !self.finished && self.first_violation.is_none() {
             self.step += 1;
             if let Err(v) = self.step_once() {

@@ -4,7 +4,8 @@
 //! `tests/seeds.rs` with every scenario's.
 
 use airlock_core::fsproxy::PlantedBug;
-use airlock_sim::{record_trace, run_seed, run_seed_with_bug, Scenario, SimOptions};
+use airlock_core::trace::vfs::replay;
+use airlock_sim::{record_trace, rerun_vfs, run_seed, run_seed_with_bug, Scenario, SimOptions};
 
 fn opts(seeds: std::ops::Range<u64>, jobs: usize) -> SimOptions {
     SimOptions { seeds, steps: None, scenario: Scenario::Tool, jobs, trace_dir: None }
@@ -22,6 +23,52 @@ fn a_tool_seed_reproduces_its_run_byte_for_byte() {
     let (_, t1) = record_trace(1, &opts(1..2, 1));
     let (_, t2) = record_trace(2, &opts(2..3, 1));
     assert_ne!(t1, t2, "different seeds, different runs");
+}
+
+/// A tool world's trace replays against the host alone, output for output,
+/// and its header reruns the world.
+#[test]
+fn tool_traces_replay_against_the_host_and_rerun_their_world() {
+    for seed in 0..40 {
+        let (res, trace) = record_trace(seed, &opts(seed..seed + 1, 1));
+        assert!(res.passed(), "seed {seed}: {}", res.swarm_description());
+        let report = match replay(trace.as_slice()) {
+            Ok(r) => r,
+            Err(e) => panic!("seed {seed}: {e}"),
+        };
+        assert!(report.inputs > 0 && report.outputs > 0, "seed {seed}");
+        assert!(report.host.is_finished(), "seed {seed}: the replayed host did not finish");
+        let again = rerun_vfs(&report.header).unwrap();
+        assert!(again.passed() && again.steps == res.steps, "seed {seed}");
+    }
+}
+
+/// A failing seed's trace, as `--trace-dir` writes it, replays exactly
+/// with the bug on, and its rerun fails the same way.
+#[test]
+fn a_planted_bug_leaves_a_trace_that_replays_and_fails_again() {
+    let dir = std::env::temp_dir().join(format!("airlock-tool-trace-{}", std::process::id()));
+    let mut o = opts(0..1, 1);
+    o.trace_dir = Some(dir.clone());
+    let bug = PlantedBug::ToolLexicalOnly;
+    let res = (0..500)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 500 seeds"));
+    let path = res.trace.clone().expect("the failing seed's trace is written");
+    let file = std::fs::File::open(&path).unwrap();
+    let report = replay(std::io::BufReader::new(file)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(report.header.config.planted_bug, Some(bug));
+    let again = rerun_vfs(&report.header).unwrap();
+    let invariant = |r: &airlock_sim::SeedResult| r.failure.as_ref().map(|f| f.invariant.clone());
+    assert_eq!(invariant(&again), invariant(&res));
+    assert_eq!(invariant(&res).as_deref(), Some("policy"));
+    // `AIRLOCK_PLANTED_TRACE_DIR=$PWD/traces/planted` refreshes the kept copy.
+    if let Some(keep) = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR") {
+        let name = format!("{bug:?}-seed-{}-tool.jsonl", res.seed);
+        std::fs::copy(&path, std::path::PathBuf::from(keep).join(name)).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Each planted bug is found within 500 seeds, by the checker of its

@@ -7,6 +7,7 @@ use super::process::{self, GroupGuard};
 use super::record::Recorder;
 use super::Prepared;
 use airlock_core::time::Instant as CoreInstant;
+use airlock_core::trace::vfs::Header as VfsHeader;
 use airlock_core::vfs::{
     Effect, EffectId, EffectResult, Host, Input, OpError, Output, Signal, ToolExit, UserSignal,
     MAX_READ_CHUNK,
@@ -51,7 +52,7 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
     let files = CapFiles::open(&p.project).with_context(|| format!("opening {}", p.project.display()))?;
     let http = Arc::new(HttpClient::new()?);
     let mut recorder = match &p.record {
-        Some(path) => Some(Recorder::create(path, &p.config, &p.policy)?),
+        Some(path) => Some(Recorder::create(path, &p.policy)?),
         None => None,
     };
     let program = argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
@@ -60,10 +61,11 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
 
     let base = tokio::time::Instant::now();
     let now = move || CoreInstant::from_micros(u64::try_from(base.elapsed().as_micros()).unwrap_or(u64::MAX));
-    let mut host = Host::new(now(), p.config, p.policy);
+    let started = now();
     if let Some(r) = recorder.as_mut() {
-        r.start(now());
+        r.start(VfsHeader::new(p.config.clone(), &p.policy_config, started).forget_env_values());
     }
+    let mut host = Host::new(started, p.config, p.policy);
 
     let mut stdout = child.stdout.take();
     let mut stderr = child.stderr.take();

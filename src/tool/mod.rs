@@ -86,6 +86,8 @@ pub(crate) struct Prepared {
     pub project: PathBuf,
     pub config: Config,
     pub policy: ToolPolicy,
+    /// What `policy` was built from, for a trace's header.
+    pub policy_config: PolicyConfig,
     pub record: Option<PathBuf>,
 }
 
@@ -114,7 +116,7 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
     for c in &a.allow_cmd {
         allow_cmd.push((c.clone(), resolve_program(c, &path_env)?));
     }
-    let policy = ToolPolicy::new(&PolicyConfig {
+    let policy_config = PolicyConfig {
         project: project.clone(),
         allow: a.allow.clone(),
         allow_rw: a.allow_rw.clone(),
@@ -123,8 +125,9 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         allow_url: a.allow_url.clone(),
         env_allow: a.env_allow.iter().map(|v| (v.clone(), std::env::var(v).ok())).collect(),
         path_env,
-    })?;
-    Ok(Prepared { project, config, policy, record: a.record.clone() })
+    };
+    let policy = ToolPolicy::new(&policy_config)?;
+    Ok(Prepared { project, config, policy, policy_config, record: a.record.clone() })
 }
 
 /// An `--allow-cmd` as the absolute program it names, found now.

@@ -1,6 +1,7 @@
 //! `--record FILE`: the run as a trace in the project's JSONL shape (a
 //! header, then `{"now", "input"}` and `{"output"}` lines in the order the
-//! core saw and produced them), with machine `"vfs"`.
+//! core saw and produced them), with machine `"vfs"`: `airlock replay`
+//! rebuilds the host from the header and checks every output.
 //!
 //! A trace holds no secret: every string of every line is scrubbed of the
 //! `--env-allow` values, and so is every string that is base64 (the form
@@ -9,8 +10,9 @@
 //! covered that way; the variables' values never appear.
 
 use airlock_core::time::Instant;
+use airlock_core::trace::vfs::Header;
 use airlock_core::vfs::scrub::Scrubber;
-use airlock_core::vfs::{Config, Input, Output, ToolPolicy};
+use airlock_core::vfs::{Input, Output, ToolPolicy};
 use anyhow::Context;
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -18,49 +20,24 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-/// The machine name of a VFS tool host trace.
-pub const MACHINE_VFS: &str = "vfs";
-
 pub struct Recorder {
     out: BufWriter<File>,
     scrubber: Scrubber,
-    header: Value,
     failed: bool,
 }
 
-fn config_json(c: &Config) -> Value {
-    json!({
-        "name": c.name,
-        "arguments": c.arguments,
-        "applies": c.applies,
-        "max_line": c.max_line,
-        "max_file": c.max_file,
-        "timeout_us": c.timeout.as_micros() as u64,
-        "op_timeout_us": c.op_timeout.as_micros() as u64,
-        "cancel_grace_us": c.cancel_grace.as_micros() as u64,
-        "kill_grace_us": c.kill_grace.as_micros() as u64,
-        "max_pending": c.max_pending,
-        "max_grep_lines": c.max_grep_lines,
-        "stderr_tail": c.stderr_tail,
-    })
-}
-
 impl Recorder {
-    pub fn create(path: &Path, config: &Config, policy: &ToolPolicy) -> anyhow::Result<Self> {
+    pub fn create(path: &Path, policy: &ToolPolicy) -> anyhow::Result<Self> {
         let file = File::create(path).with_context(|| format!("--record {}", path.display()))?;
-        let header = json!({
-            "format": airlock_core::trace::FORMAT,
-            "machine": MACHINE_VFS,
-            "config": config_json(config),
-        });
-        Ok(Recorder { out: BufWriter::new(file), scrubber: policy.scrubber().clone(), header, failed: false })
+        Ok(Recorder { out: BufWriter::new(file), scrubber: policy.scrubber().clone(), failed: false })
     }
 
-    /// Write the header (once the clock starts).
-    pub fn start(&mut self, now: Instant) {
-        let mut h = std::mem::take(&mut self.header);
-        h["meta"] = json!({ "started_us": now.as_micros() });
-        self.line(h);
+    /// Write the header, before the host it describes yields anything.
+    pub fn start(&mut self, header: Header) {
+        match serde_json::to_value(&header) {
+            Ok(v) => self.line(v),
+            Err(_) => self.failed = true,
+        }
     }
 
     pub fn input(&mut self, now: Instant, input: &Input) {

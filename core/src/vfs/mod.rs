@@ -63,6 +63,7 @@ pub use outcome::{Outcome, OutcomeKind, ToolExit};
 pub use policy::{PolicyConfig, PolicyError, ToolPolicy};
 
 use crate::codec::jsonrpc::DEFAULT_MAX_LINE;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -95,8 +96,9 @@ pub const PROTOCOL_VERSION: &str = "0.1.0";
 /// Bytes of stdout accepted in one `handle` at most (the shell's read size).
 pub const MAX_READ_CHUNK: usize = 64 * 1024;
 
-/// Everything about one tool run except the policy.
-#[derive(Clone, Debug, PartialEq)]
+/// Everything about one tool run except the policy. A trace's header
+/// carries it (`trace::vfs`), so the host can be rebuilt to replay one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Config {
     /// `--name`: `tool.name` in `init`.
     pub name: String,
@@ -117,6 +119,7 @@ pub struct Config {
     /// A deliberate bug, switched on only by the simulator's tests to
     /// prove its checkers can fail (see `fsproxy::PlantedBug`).
     #[doc(hidden)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub planted_bug: Option<crate::fsproxy::PlantedBug>,
 }
 

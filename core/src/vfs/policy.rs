@@ -16,8 +16,9 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// What the command line says.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What the command line says. A trace's header carries it, with the
+/// `--env-allow` values left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyConfig {
     /// The project root: absolute, symlinks resolved (the working directory).
     pub project: PathBuf,

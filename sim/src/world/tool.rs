@@ -33,9 +33,11 @@
 use super::{violation, Outcome, Violation};
 use crate::swarm::{FaultKind, Swarm, PPM};
 use crate::Failure;
+use crate::Scenario;
 use airlock_core::codec::jsonrpc::{self, Incoming};
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::time::Instant;
+use airlock_core::trace::vfs::Header as VfsHeader;
 use airlock_core::vfs::memfs::{MemFiles, MemNode};
 use airlock_core::vfs::{
     Config, Effect, EffectId, EffectResult, FsOp, Header, Host, HttpResponse, Input, OpError, Output,
@@ -178,7 +180,6 @@ struct Tool {
 }
 
 struct ToolWorld {
-    seed: u64,
     swarm: Swarm,
     rng: ChaCha8Rng,
     now: Instant,
@@ -209,7 +210,13 @@ struct ToolWorld {
     wind_down_from: Option<u64>,
 }
 
-pub(super) fn run(seed: u64, swarm: Swarm, bug: Option<PlantedBug>, record: bool) -> Outcome {
+/// `record`: keep a trace, whose header notes `failure` when given.
+pub(super) fn run(
+    seed: u64,
+    swarm: Swarm,
+    bug: Option<PlantedBug>,
+    record: Option<Option<Value>>,
+) -> Outcome {
     let mut w = ToolWorld::new(seed, swarm, bug, record);
     let mut failure: Option<Violation> = None;
     while w.finished.is_none() {
@@ -241,7 +248,7 @@ pub(super) fn run(seed: u64, swarm: Swarm, bug: Option<PlantedBug>, record: bool
 }
 
 impl ToolWorld {
-    fn new(seed: u64, swarm: Swarm, bug: Option<PlantedBug>, record: bool) -> Self {
+    fn new(seed: u64, swarm: Swarm, bug: Option<PlantedBug>, record: Option<Option<Value>>) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x746f_6f6c_0000_0000);
         let mut cfg = Config::new("sim-tool");
         cfg.arguments = json!({ "note": format!("args carry {SECRET}") });
@@ -284,7 +291,6 @@ impl ToolWorld {
             next_id: 1,
         };
         let mut w = ToolWorld {
-            seed,
             rng,
             now: Instant::ZERO,
             step: 0,
@@ -307,11 +313,26 @@ impl ToolWorld {
             finished: None,
             last_activity: Instant::ZERO,
             user_signalled: false,
-            trace: record.then(Vec::new),
+            trace: record.is_some().then(Vec::new),
             wind_down_from: None,
             swarm,
         };
-        w.log(&json!({ "format": 1, "machine": "vfs", "seed": w.seed, "persona": format!("{persona:?}") }));
+        if let Some(failure) = record {
+            // The header rebuilds the host for `airlock replay`; `meta` the
+            // world, for a rerun of its seed.
+            let mut header = VfsHeader::new(w.cfg.clone(), &policy_config(), Instant::ZERO);
+            header.seed = Some(seed);
+            header.meta = Some(json!({
+                "scenario": Scenario::Tool.to_string(),
+                "swarm": &w.swarm,
+                "persona": format!("{persona:?}"),
+                "failure": failure,
+            }));
+            match serde_json::to_value(&header) {
+                Ok(h) => w.log(&h),
+                Err(e) => panic!("a trace header serializes: {e}"),
+            }
+        }
         // `init` comes out at once.
         if let Err(v) = w.drain() {
             panic!("init: {}", v.message);
@@ -368,7 +389,7 @@ impl ToolWorld {
             let name = if self.rng.gen_bool(0.5) { "out/link" } else { "out/dir" };
             let target = LINK_TARGETS[self.rng.gen_range(0..LINK_TARGETS.len())];
             self.files.put(name, MemNode::Symlink(target.into()));
-            self.log(&json!({ "swap": name, "to": target }));
+            self.log(&json!({ "note": { "swap": name, "to": target } }));
         }
         // Time.
         let dt = if self.winding_down() {
@@ -762,9 +783,23 @@ impl ToolWorld {
     // ---- the host's outputs ----
 
     fn drain(&mut self) -> Check {
+        // What the host yields on learning its tool closed stdin is drained
+        // at once, so a trace has every output after the input that caused
+        // it and before the next.
+        while self.drain_once()? {}
+        Ok(())
+    }
+
+    /// Take the host's outputs; true if that told it the tool closed stdin.
+    fn drain_once(&mut self) -> Result<bool, Violation> {
         let mut to_tool = 0usize;
-        while let Some(o) = self.host.poll_output() {
+        // All of them are logged before any is judged, so a trace that
+        // ends at a violation still has every output its last input caused.
+        let outputs: Vec<Output> = std::iter::from_fn(|| self.host.poll_output()).collect();
+        for o in &outputs {
             self.log(&json!({ "output": o }));
+        }
+        for o in outputs {
             match o {
                 Output::ToolStdin(bytes) => {
                     to_tool += bytes.len();
@@ -816,8 +851,9 @@ impl ToolWorld {
                 format!("{to_tool} bytes to the tool in one step (bound {bound})"),
             ));
         }
-        if self.tool.stdin_closed_by_tool && to_tool > 0 {
-            self.log(&json!({ "input": "tool_stdin_closed" }));
+        let stdin_closed = self.tool.stdin_closed_by_tool && to_tool > 0;
+        if stdin_closed {
+            self.log(&json!({ "now": self.now.as_micros(), "input": "tool_stdin_closed" }));
             self.tool.unread = 0;
             self.host.handle(self.now, Input::ToolStdinClosed);
         }
@@ -828,7 +864,7 @@ impl ToolWorld {
                 format!("{} bytes wait unread for the tool (bound {backlog})", self.tool.unread),
             ));
         }
-        Ok(())
+        Ok(stdin_closed)
     }
 
     fn on_tool_stdin(&mut self, bytes: &[u8]) -> Check {
