@@ -425,13 +425,7 @@ pub fn readable(output: &Output) -> String {
         obj.remove("data");
         obj.insert("frames".into(), serde_json::Value::Array(frames));
         if !rest.is_empty() {
-            obj.insert(
-                "rest".into(),
-                serde_json::Value::String(base64::Engine::encode(
-                    &base64::engine::general_purpose::STANDARD,
-                    rest,
-                )),
-            );
+            obj.insert("rest".into(), serde_json::Value::String(crate::b64::encode(rest)));
         }
     }
     value.to_string()

@@ -1,12 +1,11 @@
 //! FS proxy messages (seed 000, JSON primary): parsing requests, encoding
 //! responses, and the reverse for a proxy that forwards upstream.
 
+use crate::b64;
 use crate::broker::{BrokerErrorCode, RawJson};
 use crate::handles::Handle;
 use crate::pager::wire::FdOp;
 use crate::scope::Scope;
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
@@ -341,7 +340,7 @@ mod fast {
                 }
                 Op::Read { h: Handle::new(h), max: max as u32 }
             }
-            "write" => Op::Write { h: Handle::new(p.h?), data: STANDARD.decode(p.data?).ok()? },
+            "write" => Op::Write { h: Handle::new(p.h?), data: b64::decode(p.data?).ok()? },
             "close" => Op::Close { h: Handle::new(p.h?) },
             "open" if p.scope.is_none() => {
                 Op::Open { path: p.path?, mode: Mode::parse(p.mode?)?, scope: None }
@@ -462,8 +461,7 @@ fn parse_request_tree(payload: &[u8], limits: Limits) -> Result<Request, Rejecti
         "write" => {
             let h = handle_param(&id, &params)?;
             let data = match params.get("data") {
-                Some(Value::String(d)) => STANDARD
-                    .decode(d)
+                Some(Value::String(d)) => b64::decode(d)
                     .map_err(|e| reject(Some(&id), ErrorCode::Arg, format!("data is not base64: {e}")))?,
                 Some(_) => return Err(reject(Some(&id), ErrorCode::Arg, "data is not a string")),
                 None => return Err(reject(Some(&id), ErrorCode::Arg, "missing data")),
@@ -516,7 +514,7 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         }
         Op::Write { h, data } => {
             params.insert("h".into(), h.get().into());
-            params.insert("data".into(), STANDARD.encode(data).into());
+            params.insert("data".into(), b64::encode(data).into());
         }
         Op::Close { h } => {
             params.insert("h".into(), h.get().into());
@@ -622,11 +620,11 @@ pub fn encode_response_into(resp: &Response, out: &mut Vec<u8>) {
     let (result, error) = match &resp.outcome {
         Ok(Success::Data { data, eof }) => {
             let len = data.len().div_ceil(3) * 4;
-            return encode_data(id, len, *eof, out, |b64| encode_base64(data, b64));
+            return encode_data(id, len, *eof, out, |out| b64::encode_into(data, out));
         }
         Ok(Success::Base64Data { data, eof }) => {
             let text = data.text();
-            return encode_data(id, text.len(), *eof, out, |b64| b64.extend_from_slice(text));
+            return encode_data(id, text.len(), *eof, out, |out| out.extend_from_slice(text));
         }
         Ok(Success::Opened { handle }) => (Some(WireResult::Opened { handle: handle.get() }), None),
         Ok(Success::Written { written }) => (Some(WireResult::Written { written: *written }), None),
@@ -657,81 +655,6 @@ fn encode_data(
     out.extend_from_slice(b",\"ok\":true,\"result\":{\"data\":\"");
     fill(out);
     out.extend_from_slice(if eof { b"\",\"eof\":true}}" } else { b"\",\"eof\":false}}" });
-}
-
-/// The standard base64 alphabet.
-const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// Every 12-bit value as its two symbols, the first in the low byte: a
-/// 3-byte group is two lookups rather than four, in a table (8 KiB) that
-/// stays in the L1 cache.
-static SYMBOL_PAIRS: [u16; 4096] = {
-    let mut table = [0; 4096];
-    let mut i = 0;
-    while i < 4096 {
-        table[i] = ALPHABET[i >> 6] as u16 | (ALPHABET[i & 63] as u16) << 8;
-        i += 1;
-    }
-    table
-};
-
-/// The eight symbols of the six bytes in the top 48 bits of `x`.
-#[inline(always)]
-fn eight_symbols(x: u64) -> [u8; 8] {
-    let pair = |shift: u32| u64::from(SYMBOL_PAIRS[((x >> shift) & 0xfff) as usize]);
-    (pair(52) | pair(40) << 16 | pair(28) << 32 | pair(16) << 48).to_le_bytes()
-}
-
-/// Data bytes encoded per pass through a stack buffer: a multiple of 3 (so
-/// only the last pass pads) and of 24 (the wide step).
-const ENCODE_PASS: usize = 768;
-
-/// `data` as standard base64 (padded), appended to `out`. The same text as
-/// `STANDARD.encode` (property-tested) in about 0.6× its instructions: the
-/// read answer's hot loop. Symbols are written into a stack buffer whose
-/// bounds the compiler knows, then appended, so nothing is zeroed only to
-/// be overwritten in `out`.
-pub fn encode_base64(data: &[u8], out: &mut Vec<u8>) {
-    out.reserve(data.len().div_ceil(3) * 4);
-    let mut symbols = [0u8; ENCODE_PASS / 3 * 4];
-    for pass in data.chunks(ENCODE_PASS) {
-        let n = encode_pass(pass, &mut symbols);
-        out.extend_from_slice(&symbols[..n]);
-    }
-}
-
-/// At most [`ENCODE_PASS`] bytes of `data` as base64 at the start of `out`;
-/// the length written: 24 bytes (four 8-byte loads) to 32 symbols per step.
-#[inline(always)]
-fn encode_pass(data: &[u8], out: &mut [u8; ENCODE_PASS / 3 * 4]) -> usize {
-    let len = data.len().div_ceil(3) * 4;
-    let blocks = data.chunks_exact(24);
-    let rest = blocks.remainder();
-    let Some((wide, out)) = out.split_at_mut_checked(data.len() / 24 * 32) else { return 0 };
-    for (src, dst) in blocks.zip(wide.chunks_exact_mut(32)) {
-        let word = |at: usize| u64::from_be_bytes(src[at..at + 8].try_into().unwrap_or_default());
-        dst[..8].copy_from_slice(&eight_symbols(word(0)));
-        dst[8..16].copy_from_slice(&eight_symbols(word(6)));
-        dst[16..24].copy_from_slice(&eight_symbols(word(12)));
-        dst[24..].copy_from_slice(&eight_symbols(word(16) << 16));
-    }
-    let mut groups = rest.chunks_exact(3);
-    let mut quads = out.chunks_exact_mut(4);
-    for (src, dst) in (&mut groups).zip(&mut quads) {
-        let n = (usize::from(src[0]) << 16) | (usize::from(src[1]) << 8) | usize::from(src[2]);
-        let [a, b] = SYMBOL_PAIRS[n >> 12].to_le_bytes();
-        let [c, d] = SYMBOL_PAIRS[n & 0xfff].to_le_bytes();
-        dst.copy_from_slice(&[a, b, c, d]);
-    }
-    let last = groups.remainder();
-    if let Some(dst) = quads.next().filter(|_| !last.is_empty()) {
-        let byte = |i: usize| usize::from(last.get(i).copied().unwrap_or(0));
-        let n = (byte(0) << 16) | (byte(1) << 8);
-        let [a, b] = SYMBOL_PAIRS[n >> 12].to_le_bytes();
-        let [c, _] = SYMBOL_PAIRS[n & 0xfff].to_le_bytes();
-        dst.copy_from_slice(&[a, b, if last.len() == 2 { c } else { b'=' }, b'=']);
-    }
-    len
 }
 
 /// A read's data held as the standard base64 text an upstream sent, known
@@ -769,7 +692,7 @@ impl Base64Data {
     /// The decoded bytes, for whoever needs them rather than the text.
     pub fn decode(&self) -> Vec<u8> {
         // Checked canonical when it was built.
-        STANDARD.decode(self.text()).unwrap_or_default()
+        b64::decode(self.text()).unwrap_or_default()
     }
 }
 
@@ -880,7 +803,7 @@ pub fn parse_response(payload: &[u8], op: OpKind) -> Result<Response, String> {
         },
         OpKind::Read => {
             let data = result.get("data").and_then(Value::as_str).ok_or("read result lacks data")?;
-            let data = STANDARD.decode(data).map_err(|e| format!("read data is not base64: {e}"))?;
+            let data = b64::decode(data).map_err(|e| format!("read data is not base64: {e}"))?;
             let eof = result.get("eof").and_then(Value::as_bool).ok_or("read result lacks eof")?;
             Success::Data { data, eof }
         }
@@ -1036,6 +959,8 @@ impl From<&Op> for OpKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine as _;
     use proptest::prelude::*;
 
     /// What the responses were before they were written by hand: each
@@ -1255,22 +1180,6 @@ mod tests {
             prop_assert_eq!(canonical_base64_len(text.as_bytes()), decoded, "text {:?}", text);
         }
 
-        #[test]
-        fn encode_base64_writes_what_the_encoder_writes(data in proptest::collection::vec(any::<u8>(), 0..2000)) {
-            let mut out = b"??".to_vec();
-            encode_base64(&data, &mut out);
-            let expected = STANDARD.encode(&data);
-            prop_assert_eq!(&out[..2], b"??", "what was there is kept");
-            prop_assert_eq!(&out[2..], expected.as_bytes());
-        }
-    }
-
-    #[test]
-    fn encode_base64_covers_the_alphabet() {
-        let every: Vec<u8> = (0..=255).collect();
-        let mut out = Vec::new();
-        encode_base64(&every, &mut out);
-        assert_eq!(out, STANDARD.encode(&every).as_bytes());
     }
 
     /// An upstream's answer to a forwarded read, as a well-behaved or a

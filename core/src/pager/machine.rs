@@ -8,10 +8,9 @@ use super::store::{count_lines, Builder, Document};
 use super::wire::{parse_fd, FdRequest, Selection, View, WriteMode};
 use super::xml::{self, attr, text, BadCursor, Part};
 use super::PagerConfig;
+use crate::b64;
 use crate::fsproxy::FsErrorKind;
 use crate::handles::ClientId;
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
@@ -374,7 +373,7 @@ impl Pager {
         if builder.chars() <= threshold {
             self.stats.direct += 1;
             let doc = builder.finish();
-            return Ok(ok([("direct", true.into()), ("data", STANDARD.encode(doc.raw()).into())]));
+            return Ok(ok([("direct", true.into()), ("data", b64::encode(doc.raw()).into())]));
         }
         let doc = builder.finish();
         let n = self.next_fd;

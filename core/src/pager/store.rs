@@ -10,8 +10,7 @@
 //! and a document holds `1 + 4/avg_line_bytes + 4/page_bytes` bytes per
 //! byte wrapped (a base64 fd: exactly 1).
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
+use crate::b64;
 use std::ops::Range;
 
 /// Largest document: offsets are `u32`, which halves the index.
@@ -405,7 +404,7 @@ impl Document {
         let g0 = start / 4;
         let g1 = end.div_ceil(4);
         let raw_end = (g1 * 3).min(self.data.len() as u64);
-        let enc = STANDARD.encode(&self.data[(g0 * 3) as usize..raw_end as usize]);
+        let enc = b64::encode(&self.data[(g0 * 3) as usize..raw_end as usize]);
         let from = (start - g0 * 4) as usize;
         let to = (end - g0 * 4) as usize;
         enc.get(from..to).unwrap_or_default().to_owned()

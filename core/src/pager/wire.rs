@@ -3,8 +3,7 @@
 
 use super::error::FdError;
 use super::search::MAX_QUERY_BYTES;
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
+use crate::b64;
 use serde_json::{Map, Value};
 
 /// Longest path a request may name, in bytes.
@@ -170,9 +169,9 @@ pub fn parse(op: FdOp, p: &Map<String, Value>) -> Result<FdRequest, FdError> {
             let path = string(p, "path", MAX_PATH_BYTES)?;
             let data = match p.get("data") {
                 None | Some(Value::Null) => None,
-                Some(Value::String(d)) => Some(
-                    STANDARD.decode(d).map_err(|e| FdError::arg(None, format!("data is not base64: {e}")))?,
-                ),
+                Some(Value::String(d)) => {
+                    Some(b64::decode(d).map_err(|e| FdError::arg(None, format!("data is not base64: {e}")))?)
+                }
                 Some(_) => return Err(FdError::arg(None, "data is not a string")),
             };
             let more = flag(p, "more")?;

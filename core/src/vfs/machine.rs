@@ -5,11 +5,10 @@ use super::files::{FsOp, FsReply, GrepQuery, ProjectPath};
 use super::outcome::{text_block, Outcome, OutcomeKind, ToolExit};
 use super::policy::ToolPolicy;
 use super::{Config, Gate, MAX_READ_CHUNK, PROTOCOL_VERSION};
+use crate::b64;
 use crate::codec::jsonrpc::{self, ErrorCode, Id, Incoming, LineDecoder, Outgoing, RpcError};
 use crate::fsproxy::PlantedBug;
 use crate::time::Instant;
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, VecDeque};
@@ -646,7 +645,7 @@ impl Host {
                     false
                 }
                 Err(_) => {
-                    m.insert(key.into(), Value::from(STANDARD.encode(&clean)));
+                    m.insert(key.into(), Value::from(b64::encode(&clean)));
                     true
                 }
             }
@@ -737,7 +736,7 @@ impl Host {
                     if text {
                         Value::from(String::from_utf8_lossy(b).into_owned())
                     } else {
-                        Value::from(STANDARD.encode(b))
+                        Value::from(b64::encode(b))
                     }
                 };
                 let mut m = Map::new();
@@ -1192,7 +1191,7 @@ impl<'a> Params<'a> {
         match self.opt(enc_key) {
             None => Ok(text.as_bytes().to_vec()),
             Some(Value::String(e)) if e == "base64" => {
-                STANDARD.decode(text).map_err(|e| self.bad(&format!("{key} is not valid base64 ({e})")))
+                b64::decode(text).map_err(|e| self.bad(&format!("{key} is not valid base64 ({e})")))
             }
             Some(Value::String(e)) if e == "utf-8" || e == "utf8" => Ok(text.as_bytes().to_vec()),
             Some(other) => Err(self.bad(&format!("{enc_key} {other} is not \"base64\""))),
