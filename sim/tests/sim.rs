@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 fn opts(scenario: Scenario, seeds: std::ops::Range<u64>, jobs: usize) -> SimOptions {
-    SimOptions { seeds, steps: None, scenario, jobs, trace_dir: None }
+    SimOptions { seeds, steps: None, clients: None, scenario, jobs, trace_dir: None }
 }
 
 fn all_results(opts: &SimOptions) -> Vec<SeedResult> {
