@@ -28,6 +28,12 @@ pub struct SimArgs {
     /// Steps before each world winds down (default: the seed's choice).
     #[arg(long, value_name = "K")]
     pub steps: Option<usize>,
+    /// Clients per world (default: the seed's choice, 2 to 5 in `default`;
+    /// the intermediate's clients when nested). Every other knob of the
+    /// seed is kept, so this measures how a world's cost grows with its
+    /// clients. Not used by `tool` and `toolexec`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=airlock_sim::MAX_CLIENTS as i64))]
+    pub clients: Option<u16>,
     /// Where failing seeds' traces go.
     #[arg(long, value_name = "DIR", default_value = "traces/failures")]
     pub trace_dir: PathBuf,
@@ -51,6 +57,7 @@ pub fn sim(args: &SimArgs) -> anyhow::Result<i32> {
     let opts = SimOptions {
         seeds: start..start.saturating_add(count),
         steps: args.steps,
+        clients: args.clients.map(usize::from),
         scenario: args.scenario,
         jobs,
         trace_dir: Some(args.trace_dir.clone()),
@@ -111,7 +118,15 @@ fn verdict(r: &SeedResult) -> String {
 fn report_failure(r: &SeedResult, opts: &SimOptions) {
     let Some(f) = &r.failure else { return };
     println!("seed {} broke {}", r.seed, f);
-    println!("  rerun:  airlock sim --seed {} --scenario {}", r.seed, opts.scenario);
+    // The knobs that change the world are part of the rerun.
+    let mut knobs = String::new();
+    if let Some(k) = opts.steps {
+        knobs.push_str(&format!(" --steps {k}"));
+    }
+    if let Some(n) = opts.clients {
+        knobs.push_str(&format!(" --clients {n}"));
+    }
+    println!("  rerun:  airlock sim --seed {} --scenario {}{knobs}", r.seed, opts.scenario);
     if let Some(t) = &r.trace {
         println!("  replay: airlock replay {}", t.display());
     }

@@ -8,7 +8,7 @@ fn main() {
     let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(200);
     let scenario: Scenario = args.next().and_then(|a| a.parse().ok()).unwrap_or_default();
     let jobs: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
-    let opts = SimOptions { seeds: 0..n, steps: None, scenario, jobs, trace_dir: None };
+    let opts = SimOptions { seeds: 0..n, steps: None, clients: None, scenario, jobs, trace_dir: None };
     let summary = run_many(&opts, |r| {
         if !r.passed() {
             println!("{}", r.swarm_description());

@@ -12,6 +12,7 @@
 //! let opts = airlock_sim::SimOptions {
 //!     seeds: 0..100,
 //!     steps: None,
+//!     clients: None,
 //!     scenario: airlock_sim::Scenario::Default,
 //!     jobs: 2,
 //!     trace_dir: None,
@@ -116,11 +117,20 @@ impl FromStr for Scenario {
     }
 }
 
+/// The most clients [`SimOptions::clients`] may ask for: client ids must
+/// stay below the intermediate's own connection id at the top level.
+pub const MAX_CLIENTS: usize = 256;
+
 #[derive(Clone, Debug)]
 pub struct SimOptions {
     pub seeds: Range<u64>,
     /// Steps before each world winds down; `None` keeps the swarm's choice.
     pub steps: Option<usize>,
+    /// Clients per world (of the level clients talk to, as
+    /// [`Swarm::clients`]); `None` keeps the swarm's choice. For measuring
+    /// how a world's cost grows with its clients: every other draw of the
+    /// seed stays as it was. At most [`MAX_CLIENTS`].
+    pub clients: Option<usize>,
     pub scenario: Scenario,
     /// Worker threads; results do not depend on it.
     pub jobs: usize,
@@ -130,7 +140,14 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { seeds: 0..100, steps: None, scenario: Scenario::Default, jobs: 1, trace_dir: None }
+        SimOptions {
+            seeds: 0..100,
+            steps: None,
+            clients: None,
+            scenario: Scenario::Default,
+            jobs: 1,
+            trace_dir: None,
+        }
     }
 }
 
@@ -288,6 +305,11 @@ pub fn swarm_for(seed: u64, opts: &SimOptions) -> Swarm {
     let mut swarm = Swarm::from_seed(seed, opts.scenario);
     if let Some(steps) = opts.steps {
         swarm.max_steps = steps;
+    }
+    // Set after the swarm is drawn, so the seed's other knobs are the same
+    // whatever the count.
+    if let Some(clients) = opts.clients {
+        swarm.clients = clients.clamp(1, MAX_CLIENTS);
     }
     swarm
 }

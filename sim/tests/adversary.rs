@@ -16,6 +16,7 @@ fn found(bug: PlantedBug, name: &str) {
     let o = SimOptions {
         seeds: 0..1,
         steps: None,
+        clients: None,
         scenario: Scenario::Adversary,
         jobs: 1,
         trace_dir: Some(dir.clone()),

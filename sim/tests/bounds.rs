@@ -18,7 +18,7 @@ fn found(bug: PlantedBug, flood: FaultKind, scenario: Scenario, name: &str) -> S
         PathBuf::from,
     );
     let dir = dir.join(name);
-    let o = SimOptions { seeds: 0..1, steps: None, scenario, jobs: 1, trace_dir: Some(dir) };
+    let o = SimOptions { seeds: 0..1, steps: None, clients: None, scenario, jobs: 1, trace_dir: Some(dir) };
     (0..1000)
         .filter(|&seed| swarm_for(seed, &o).rate(flood) > 0)
         .map(|seed| run_seed_with_bug(seed, &o, bug))

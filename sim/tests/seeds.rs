@@ -68,6 +68,7 @@ fn run_block(
     let opts = SimOptions {
         seeds: seeds.clone(),
         steps: None,
+        clients: None,
         scenario,
         jobs: 1,
         trace_dir: std::env::var_os("AIRLOCK_SIM_TRACE_DIR").map(PathBuf::from),

@@ -5,12 +5,14 @@
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::handles::ClientId;
 use airlock_core::trace::{replay, ReplayError};
-use airlock_sim::{record_trace, run_many, run_seed_with_bug, FaultKind, Scenario, SeedResult, SimOptions};
+use airlock_sim::{
+    record_trace, run_many, run_seed_with_bug, swarm_for, FaultKind, Scenario, SeedResult, SimOptions, Swarm,
+};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 fn opts(scenario: Scenario, seeds: std::ops::Range<u64>, jobs: usize) -> SimOptions {
-    SimOptions { seeds, steps: None, scenario, jobs, trace_dir: None }
+    SimOptions { seeds, steps: None, clients: None, scenario, jobs, trace_dir: None }
 }
 
 fn all_results(opts: &SimOptions) -> Vec<SeedResult> {
@@ -19,6 +21,27 @@ fn all_results(opts: &SimOptions) -> Vec<SeedResult> {
     let mut v = seen.into_inner().unwrap();
     v.sort_by_key(|r| r.seed);
     v
+}
+
+/// `--clients` turns one knob: the rest of each seed's swarm is what the
+/// seed draws without it, and the bigger worlds still hold every invariant.
+#[test]
+fn the_clients_knob_changes_only_the_client_count() {
+    for scenario in [Scenario::Default, Scenario::Nested] {
+        let base = opts(scenario, 0..6, 2);
+        let more = SimOptions { clients: Some(12), ..base.clone() };
+        for seed in base.seeds.clone() {
+            let (own, wide) = (swarm_for(seed, &base), swarm_for(seed, &more));
+            assert_eq!(wide.clients, 12);
+            assert_eq!(Swarm { clients: own.clients, ..wide }, own, "seed {seed} [{scenario}]");
+        }
+        let summary = run_many(&more, |_| {});
+        assert!(
+            summary.failed.is_empty(),
+            "{:?}",
+            summary.failed.iter().map(SeedResult::swarm_description).collect::<Vec<_>>()
+        );
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ use airlock_core::trace::vfs::replay;
 use airlock_sim::{record_trace, rerun_vfs, run_seed, run_seed_with_bug, Scenario, SimOptions};
 
 fn opts(seeds: std::ops::Range<u64>, jobs: usize) -> SimOptions {
-    SimOptions { seeds, steps: None, scenario: Scenario::Tool, jobs, trace_dir: None }
+    SimOptions { seeds, steps: None, clients: None, scenario: Scenario::Tool, jobs, trace_dir: None }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use airlock_sim::{record_trace, run_toolexec_with_bug, Scenario, SimOptions, ToolexecBug};
 
 fn opts(seeds: std::ops::Range<u64>) -> SimOptions {
-    SimOptions { seeds, steps: None, scenario: Scenario::Toolexec, jobs: 2, trace_dir: None }
+    SimOptions { seeds, steps: None, clients: None, scenario: Scenario::Toolexec, jobs: 2, trace_dir: None }
 }
 
 #[test]
