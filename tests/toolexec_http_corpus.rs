@@ -58,3 +58,21 @@ fn seed_requests_reach_the_fake_runner() {
     assert!(outcome.spawns.is_empty());
     assert!(String::from_utf8_lossy(&outcome.wire).starts_with("HTTP/1.1 401"));
 }
+
+/// Only hyper's own bodiless answer to what is not HTTP may lack
+/// `X-Exit-Code`: the same status with the service's one-line body, or
+/// after a spawn, still fails the check.
+#[test]
+fn only_http_layer_answers_may_lack_the_exit_code() {
+    use toolexec_http_check::{judge, Outcome};
+    let input = b"POST /exec HTTP/1.1\r\nX-Junk: a\0b\r\n\r\n";
+    let answer = |wire: &str| Outcome { wire: wire.as_bytes().to_vec(), spawns: Vec::new() };
+    let hyper = answer("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+    assert_eq!(judge(input, &hyper), Ok(()));
+    let body = "toolexec: bad form\n";
+    let service =
+        answer(&format!("HTTP/1.1 400 Bad Request\r\nContent-Length: {}\r\n\r\n{body}", body.len()));
+    assert!(judge(input, &service).unwrap_err().contains("without X-Exit-Code"));
+    let teapot = answer("HTTP/1.1 418 I'm a teapot\r\nContent-Length: 0\r\n\r\n");
+    assert!(judge(input, &teapot).is_err());
+}

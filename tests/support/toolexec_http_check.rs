@@ -313,7 +313,7 @@ pub fn check(input: &[u8]) {
     }
 }
 
-fn judge(input: &[u8], outcome: &Outcome) -> Result<(), String> {
+pub fn judge(input: &[u8], outcome: &Outcome) -> Result<(), String> {
     if outcome.spawns.len() > 1 {
         return Err(format!("{} spawns on one connection", outcome.spawns.len()));
     }
