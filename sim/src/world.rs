@@ -9,6 +9,8 @@ mod bounds;
 mod broker;
 mod floods;
 mod pager;
+mod request;
+mod response;
 mod tool;
 pub(crate) mod toolexec;
 
@@ -30,6 +32,8 @@ use broker::{BOp, BrokerSim};
 use pager::{POp, PagerSim};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use request::req;
+use response::{Id, Response};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Component, PathBuf};
@@ -1506,7 +1510,7 @@ impl World {
             if let Some(&h) = usable.first() {
                 c.handles.get_mut(&h).expect("usable").closing = true;
                 let id = next_id(c);
-                let payload = req(&id, "close", json!({ "h": h }));
+                let payload = request::close(&id, h);
                 send(c, id, payload, Kind::Close { h }, None);
             }
             return;
@@ -1530,7 +1534,7 @@ impl World {
             *self.faults.entry(FaultKind::CorruptFrame).or_default() += 1;
             let id = next_id(c);
             let data: Vec<u8> = (0..c.rng.gen_range(0..40)).map(|_| c.rng.gen()).collect();
-            let good = req(&id, "write", json!({ "h": 3, "data": STANDARD.encode(data) }));
+            let good = request::write(&id, 3, &data, None);
             let mut bad = good.clone();
             for _ in 0..c.rng.gen_range(1..=4) {
                 let at = c.rng.gen_range(0..bad.len());
@@ -1624,13 +1628,10 @@ impl World {
     }
 
     fn on_response(&mut self, i: usize, payload: &[u8]) -> Check {
-        let v: Value = serde_json::from_slice(payload)
-            .map_err(|e| violation("response_shape", format!("response is not JSON: {e}")))?;
-        let ok = v
-            .get("ok")
-            .and_then(Value::as_bool)
-            .ok_or_else(|| violation("response_shape", format!("{v}")))?;
-        let code = v.get("error").and_then(|e| e.get("code")).and_then(Value::as_str).unwrap_or("");
+        let v = Response::parse(payload).map_err(|m| violation("response_shape", m))?;
+        let ok = v.ok().ok_or_else(|| violation("response_shape", format!("{v}")))?;
+        let code = v.code();
+        let code: &str = &code;
         const CODES: [&str; 14] = [
             "E_ARG",
             "E_NOENT",
@@ -1654,10 +1655,10 @@ impl World {
         self.check_link_kept(i, &v)?;
         let level = self.clients[i].level;
         let c = &mut self.clients[i];
-        let id = match v.get("id") {
-            Some(Value::String(s)) => s.clone(),
-            None | Some(Value::Null) if self.buffered_closure(i, &v)? => return Ok(()),
-            None | Some(Value::Null) => {
+        let id = match v.id() {
+            Id::Str(s) => s.into_owned(),
+            Id::None if self.buffered_closure(i, &v)? => return Ok(()),
+            Id::None => {
                 let c = &mut self.clients[i];
                 if c.null_expected == 0 {
                     return Err(violation("one_response_per_request", format!("unexpected response {v}")));
@@ -1668,7 +1669,7 @@ impl World {
                 }
                 return Ok(());
             }
-            Some(_) => return Err(violation("response_shape", format!("id is not a string: {v}"))),
+            Id::Other => return Err(violation("response_shape", format!("id is not a string: {v}"))),
         };
         if let Some(first) = c.attach_wait.take() {
             if first != id {
@@ -1691,12 +1692,12 @@ impl World {
         }
         if let Kind::Broker(op) = sent.kind {
             c.llm_tokens.remove(&id);
-            return self.on_broker_response(i, &id, op, &v);
+            return self.on_broker_response(i, &id, op, &v.value());
         }
         if let Kind::Pager(op) = sent.kind {
-            return self.on_pager_response(&id, op, &v);
+            return self.on_pager_response(&id, op, &v.value());
         }
-        let result = v.get("result");
+        let result = v.result();
         let refused = |what: &str| violation("valid_request_refused", format!("{what} {id} failed: {v}"));
         // A queue overflow rejects a request unserved; E_IO means an
         // upstream lost mid-request. Anything else on a valid request on a
@@ -1708,8 +1709,7 @@ impl World {
                 let file = key.as_ref().and_then(|k| self.files.get_mut(k));
                 if ok {
                     let h = result
-                        .and_then(|r| r.get("handle"))
-                        .and_then(Value::as_u64)
+                        .and_then(|r| r.handle.as_u64())
                         .ok_or_else(|| violation("response_shape", format!("open without handle: {v}")))?;
                     if h < 3 || !self.levels[level].issued.insert(h) {
                         return Err(violation(
@@ -1759,11 +1759,11 @@ impl World {
                 }
                 let r = result.ok_or_else(|| violation("response_shape", format!("{v}")))?;
                 let data = r
-                    .get("data")
-                    .and_then(Value::as_str)
-                    .and_then(|d| STANDARD.decode(d).ok())
+                    .data
+                    .as_str()
+                    .and_then(|d| STANDARD.decode(d.as_bytes()).ok())
                     .ok_or_else(|| violation("response_shape", format!("read without data: {v}")))?;
-                let eof = r.get("eof").and_then(Value::as_bool);
+                let eof = r.eof.as_bool();
                 if data.len() > max as usize || eof != Some(data.is_empty()) {
                     return Err(violation(
                         "read_consistency",
@@ -1810,7 +1810,7 @@ impl World {
                     }
                     return if benign || !hm.mode.writable() { Ok(()) } else { Err(refused("write")) };
                 }
-                let written = result.and_then(|r| r.get("written")).and_then(Value::as_u64);
+                let written = result.and_then(|r| r.written.as_u64());
                 if written != Some(data.len() as u64) {
                     return Err(violation(
                         "no_data_loss",
@@ -1850,7 +1850,7 @@ impl World {
                 }
             },
             Kind::Stdio { write_len } => {
-                let written = result.and_then(|r| r.get("written")).and_then(Value::as_u64);
+                let written = result.and_then(|r| r.written.as_u64());
                 if let (true, Some(len)) = (ok, write_len) {
                     if written != Some(len as u64) {
                         return Err(violation(
@@ -1895,20 +1895,6 @@ fn next_id(c: &mut Client) -> String {
     format!("c{}-{}", c.idx, c.next_req)
 }
 
-/// `{"id":…,"op":…,"params":…}`, the bytes `json!` would give (its keys
-/// sorted), written without building the outer object.
-fn req(id: &str, op: &str, params: Value) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(b"{\"id\":");
-    let _ = serde_json::to_writer(&mut out, id);
-    out.extend_from_slice(b",\"op\":");
-    let _ = serde_json::to_writer(&mut out, op);
-    out.extend_from_slice(b",\"params\":");
-    let _ = serde_json::to_writer(&mut out, &params);
-    out.push(b'}');
-    out
-}
-
 fn send(c: &mut Client, id: String, payload: Vec<u8>, kind: Kind, must_fail: Option<&'static str>) {
     c.out.push(frame(&payload));
     if matches!(kind, Kind::Open { .. }) {
@@ -1950,36 +1936,29 @@ fn valid(c: &mut Client, usable: &[u64]) {
         let (key, path, mode, host) = match c.rng.gen_range(0..100) {
             0..30 => {
                 let key = format!("/data/rw/c{idx}.dat");
-                let path = pick(
-                    &mut c.rng,
-                    &[
-                        key.clone(),
-                        format!("/data/rw/./c{idx}.dat"),
-                        format!("/data/ro/../rw/c{idx}.dat"),
-                        format!("/data/rw/sub/../c{idx}.dat"),
-                    ],
-                )
-                .clone();
+                // As `pick` over the four spellings, building only the one.
+                let path = match c.rng.gen_range(0..4usize) {
+                    0 => key.clone(),
+                    1 => format!("/data/rw/./c{idx}.dat"),
+                    2 => format!("/data/ro/../rw/c{idx}.dat"),
+                    _ => format!("/data/rw/sub/../c{idx}.dat"),
+                };
                 (key, path, *pick(&mut c.rng, &MODES), true)
             }
             30..45 => {
-                let path = pick(
-                    &mut c.rng,
-                    &[
-                        format!("scratch/c{idx}.log"),
-                        format!("./scratch/c{idx}.log"),
-                        format!("/work/proj/scratch/c{idx}.log"),
-                    ],
-                )
-                .clone();
+                let path = match c.rng.gen_range(0..3usize) {
+                    0 => format!("scratch/c{idx}.log"),
+                    1 => format!("./scratch/c{idx}.log"),
+                    _ => format!("/work/proj/scratch/c{idx}.log"),
+                };
                 (format!("/work/proj/scratch/c{idx}.log"), path, *pick(&mut c.rng, &MODES), true)
             }
             45..60 => {
-                let path = pick(
-                    &mut c.rng,
-                    &[format!("v/c{idx}.txt"), format!("./v/c{idx}.txt"), format!("v/../v/c{idx}.txt")],
-                )
-                .clone();
+                let path = match c.rng.gen_range(0..3usize) {
+                    0 => format!("v/c{idx}.txt"),
+                    1 => format!("./v/c{idx}.txt"),
+                    _ => format!("v/../v/c{idx}.txt"),
+                };
                 (format!("v/c{idx}.txt"), path, *pick(&mut c.rng, &MODES), false)
             }
             60..75 => {
@@ -1997,7 +1976,7 @@ fn valid(c: &mut Client, usable: &[u64]) {
             }
         };
         let id = next_id(c);
-        let payload = req(&id, "open", json!({ "path": path, "mode": mode.as_str() }));
+        let payload = request::open(&id, &path, mode.as_str());
         send(c, id, payload, Kind::Open { key: Some(key), mode, host }, None);
         return;
     }
@@ -2009,7 +1988,7 @@ fn valid(c: &mut Client, usable: &[u64]) {
         if let Some(hm) = c.handles.get_mut(&h) {
             hm.closing = true;
         }
-        let payload = req(&id, "close", json!({ "h": h }));
+        let payload = request::close(&id, h);
         send(c, id, payload, Kind::Close { h }, None);
     } else if hm.mode.writable() && (!hm.mode.readable() || c.rng.gen_bool(0.5)) {
         let data: Vec<u8> = if hm.key.as_deref() == Some("/data/rw/shared.log") {
@@ -2024,11 +2003,7 @@ fn valid(c: &mut Client, usable: &[u64]) {
             };
             (0..n).map(|_| c.rng.gen()).collect()
         };
-        let payload = req(
-            &id,
-            "write",
-            json!({ "h": h, "data": STANDARD.encode(&data), "final": c.rng.gen_bool(0.1) }),
-        );
+        let payload = request::write(&id, h, &data, Some(c.rng.gen_bool(0.1)));
         send(c, id, payload, Kind::Write { h, data }, None);
     } else {
         let max = match c.rng.gen_range(0..100) {
@@ -2036,7 +2011,7 @@ fn valid(c: &mut Client, usable: &[u64]) {
             70..90 => c.rng.gen_range(64..1024),
             _ => c.rng.gen_range(1024..=4096),
         };
-        let payload = req(&id, "read", json!({ "h": h, "max": max }));
+        let payload = request::read(&id, h, max);
         send(c, id, payload, Kind::Read { h, max }, None);
     }
 }
@@ -2065,13 +2040,13 @@ fn invalid(c: &mut Client, stdio_local: bool) {
                 ],
             );
             let mode = *pick(&mut c.rng, &MODES);
-            let payload = req(&id, "open", json!({ "path": path, "mode": mode.as_str() }));
+            let payload = request::open(&id, &path, mode.as_str());
             send(c, id, payload, Kind::Open { key: None, mode, host: true }, Some("policy"));
         }
         1 => {
             let path = *pick(&mut c.rng, &["/data/ro/a.txt", "/data/rw/sub/x", "/data/ro/new"]);
             let mode = *pick(&mut c.rng, &[Mode::Write, Mode::Append, Mode::ReadWrite]);
-            let payload = req(&id, "open", json!({ "path": path, "mode": mode.as_str() }));
+            let payload = request::open(&id, &path, mode.as_str());
             send(c, id, payload, Kind::Open { key: None, mode, host: true }, Some("policy"));
         }
         2 => {
@@ -2080,7 +2055,7 @@ fn invalid(c: &mut Client, stdio_local: bool) {
             } else {
                 format!("v/missing-{idx}")
             };
-            let payload = req(&id, "open", json!({ "path": path, "mode": "r" }));
+            let payload = request::open(&id, &path, "r");
             send(
                 c,
                 id,
@@ -2103,31 +2078,25 @@ fn invalid(c: &mut Client, stdio_local: bool) {
                 _ => 1_000_000 + c.rng.gen_range(0..1000),
             };
             let (payload, kind) = match c.rng.gen_range(0..3) {
-                0 => (req(&id, "read", json!({ "h": h, "max": 16 })), Kind::Read { h, max: 16 }),
+                0 => (request::read(&id, h, 16), Kind::Read { h, max: 16 }),
                 1 => (
                     req(&id, "write", json!({ "h": h, "data": "aGk=" })),
                     Kind::Write { h, data: b"hi".to_vec() },
                 ),
-                _ => (req(&id, "close", json!({ "h": h })), Kind::Close { h }),
+                _ => (request::close(&id, h), Kind::Close { h }),
             };
             send(c, id, payload, kind, Some("must_fail"));
         }
         4 => {
             let h = c.rng.gen_range(0..3u64);
             let (payload, kind, ok) = match c.rng.gen_range(0..3) {
-                0 => {
-                    (req(&id, "read", json!({ "h": h, "max": 100 })), Kind::Stdio { write_len: None }, h == 0)
-                }
+                0 => (request::read(&id, h, 100), Kind::Stdio { write_len: None }, h == 0),
                 1 => {
                     let data: Vec<u8> = (0..c.rng.gen_range(0..100)).map(|_| c.rng.gen()).collect();
                     let len = data.len();
-                    (
-                        req(&id, "write", json!({ "h": h, "data": STANDARD.encode(data) })),
-                        Kind::Stdio { write_len: Some(len) },
-                        h != 0,
-                    )
+                    (request::write(&id, h, &data, None), Kind::Stdio { write_len: Some(len) }, h != 0)
                 }
-                _ => (req(&id, "close", json!({ "h": h })), Kind::Stdio { write_len: None }, true),
+                _ => (request::close(&id, h), Kind::Stdio { write_len: None }, true),
             };
             let must_fail = if stdio_local && ok { None } else { Some("must_fail") };
             send(c, id, payload, kind, must_fail);
@@ -2146,14 +2115,14 @@ fn invalid(c: &mut Client, stdio_local: bool) {
             let h = own[c.rng.gen_range(0..own.len())];
             let mode = c.handles[&h].mode;
             let (payload, kind) = if !mode.readable() {
-                (req(&id, "read", json!({ "h": h, "max": 8 })), Kind::Read { h, max: 8 })
+                (request::read(&id, h, 8), Kind::Read { h, max: 8 })
             } else if !mode.writable() {
                 (
                     req(&id, "write", json!({ "h": h, "data": "aGk=" })),
                     Kind::Write { h, data: b"hi".to_vec() },
                 )
             } else {
-                (req(&id, "read", json!({ "h": h, "max": 0 })), Kind::Invalid)
+                (request::read(&id, h, 0), Kind::Invalid)
             };
             send(c, id, payload, kind, Some("must_fail"));
         }
@@ -2202,24 +2171,6 @@ fn invalid(c: &mut Client, stdio_local: bool) {
             ];
             let text = *pick(&mut c.rng, &garbage);
             send_raw(c, text.to_vec());
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_are_the_bytes_json_gives() {
-        for (id, op, params) in [
-            ("c1-1", "read", json!({ "h": 3, "max": 4096 })),
-            ("a\"b\\", "open", json!({ "path": "x/é\n", "mode": "r" })),
-            ("", "QUOTA", json!({})),
-            ("c2-9", "write", json!(null)),
-        ] {
-            let want = serde_json::to_vec(&json!({ "id": id, "op": op, "params": params.clone() })).unwrap();
-            assert_eq!(req(id, op, params), want);
         }
     }
 }

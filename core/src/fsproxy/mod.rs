@@ -1038,7 +1038,11 @@ impl FsProxy {
             self.buffered_total = self.buffered_total - before + c.decoder.buffered() as u64;
             match next {
                 Ok(Some(payload)) => {
-                    if bounds::is_response(&payload)
+                    let req = wire::parse_request(&payload, self.config.limits);
+                    // A request that parses has an `op`, so it is no
+                    // response: only a refused frame needs the second look.
+                    if req.is_err()
+                        && bounds::is_response(&payload)
                         && self.config.planted_bug != Some(PlantedBug::AnswerResponses)
                     {
                         // Answering would loop: count it, drop it.
@@ -1046,7 +1050,7 @@ impl FsProxy {
                         continue;
                     }
                     self.stats.requests += 1;
-                    self.enqueue(client, payload);
+                    self.enqueue(client, payload, req);
                     // Serve as each frame arrives, so what a client may have
                     // queued, and what it hears before a framing error, does
                     // not depend on how its bytes were chunked.
@@ -1063,8 +1067,7 @@ impl FsProxy {
         }
     }
 
-    fn enqueue(&mut self, client: ClientId, payload: Vec<u8>) {
-        let req = wire::parse_request(&payload, self.config.limits);
+    fn enqueue(&mut self, client: ClientId, payload: Vec<u8>, req: Result<Request, Rejection>) {
         let limit = self.config.max_queued_requests;
         // Closing a handle the client owns only ever releases resources, and
         // an intermediate proxy may send many at once (cleaning up after a

@@ -1111,6 +1111,41 @@ mod tests {
         }
     }
 
+    /// Frames shaped like responses, requests, or both at once.
+    fn response_or_request() -> impl Strategy<Value = String> {
+        let key =
+            prop_oneof![Just("id"), Just("op"), Just("ok"), Just("result"), Just("error"), Just("params")];
+        let value = prop_oneof![
+            Just("null"),
+            Just("true"),
+            Just(r#""open""#),
+            Just(r#""read""#),
+            Just(r#"{"h":3,"max":1}"#),
+            Just(r#"{"path":"a","mode":"r"}"#),
+            Just(r#"{"code":"E_ARG","message":"m"}"#),
+            Just("3"),
+        ];
+        prop_oneof![
+            proptest::collection::vec((key, value), 0..6).prop_map(|kv| {
+                let body: Vec<String> = kv.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+                format!("{{{}}}", body.join(","))
+            }),
+            request(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        /// The machine asks whether a frame is a response only when it does
+        /// not parse as a request: sound because no frame is both.
+        #[test]
+        fn no_frame_is_both_a_response_and_a_request(frame in response_or_request()) {
+            let limits = Limits::default();
+            let response = crate::fsproxy::bounds::is_response(frame.as_bytes());
+            prop_assert!(!(response && parse_request(frame.as_bytes(), limits).is_ok()), "frame {}", frame);
+        }
+    }
+
     #[test]
     fn the_fast_path_takes_the_hot_requests() {
         let limits = Limits::default();

@@ -10,16 +10,13 @@
 //! machine computed); and a level's virtual namespace never reaches a host
 //! file.
 
-use super::{invalid, next_id, pick, req, send, violation, Check, Kind, World, CWD, MODES};
+use super::{invalid, next_id, pick, request, send, violation, Check, Kind, World, CWD, MODES};
 use crate::fs::HostFs;
 use crate::swarm::FaultKind;
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::policy::{Access, Policy, Resolved, Root};
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use serde_json::json;
 use std::path::Path;
 
 /// What the nested level allows, beside the top.
@@ -161,7 +158,7 @@ impl World {
             // A host file (at the top, through this level) if this level
             // sends it on at all; otherwise one of its virtual files.
             let host = matches!(policy.resolve(path, mode.writable()), Ok(Resolved::Host { .. }));
-            let payload = req(&id, "open", json!({ "path": path, "mode": mode.as_str() }));
+            let payload = request::open(&id, &path, mode.as_str());
             return send(c, id, payload, Kind::Open { key: None, mode, host }, None);
         }
         let h = *pick(&mut c.rng, &usable);
@@ -170,14 +167,14 @@ impl World {
             if let Some(hm) = c.handles.get_mut(&h) {
                 hm.closing = true;
             }
-            send(c, id.clone(), req(&id, "close", json!({ "h": h })), Kind::Close { h }, None);
+            send(c, id.clone(), request::close(&id, h), Kind::Close { h }, None);
         } else if hm.mode.writable() && (!hm.mode.readable() || c.rng.gen_bool(0.5)) {
             let data: Vec<u8> = (0..c.rng.gen_range(0..64)).map(|_| c.rng.gen()).collect();
-            let payload = req(&id, "write", json!({ "h": h, "data": STANDARD.encode(&data) }));
+            let payload = request::write(&id, h, &data, None);
             send(c, id, payload, Kind::Write { h, data }, None);
         } else {
             let max = c.rng.gen_range(1..=256);
-            send(c, id.clone(), req(&id, "read", json!({ "h": h, "max": max })), Kind::Read { h, max }, None);
+            send(c, id.clone(), request::read(&id, h, max), Kind::Read { h, max }, None);
         }
     }
 

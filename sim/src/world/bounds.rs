@@ -5,11 +5,11 @@
 //! virtual files it created, connections it holds — never read from the
 //! machine's own accounting.
 
+use super::response::{Id, Response};
 use super::{at, violation, Check, Loc, World, MIDDLE_CONN};
 use airlock_core::codec::frame::HEADER_LEN;
 use airlock_core::fsproxy::ATTACHED_CLIENT_BASE;
 use airlock_core::handles::ClientId;
-use serde_json::Value;
 
 impl World {
     /// A descriptor the machine refused: it is closed, never attached.
@@ -23,10 +23,10 @@ impl World {
 
     /// Invariant 12: a response the client sent (`floods::self_loop`) is
     /// never answered.
-    pub(super) fn check_not_answering_echo(&self, i: usize, v: &Value) -> Check {
+    pub(super) fn check_not_answering_echo(&self, i: usize, v: &Response) -> Check {
         let c = &self.clients[i];
-        match v.get("id").and_then(Value::as_str) {
-            Some(id) if c.floods.echoes.contains(id) => Err(violation(
+        match v.id() {
+            Id::Str(id) if c.floods.echoes.contains(id.as_ref()) => Err(violation(
                 "no_answer_to_response",
                 format!("the response {id} the client sent was answered: {v}"),
             )),
@@ -191,8 +191,8 @@ impl World {
     /// The machine may end a connection holding a partial frame (one
     /// error, id null) only when the partial frames of all connections
     /// cross `max_buffered_bytes`, by the world's own count.
-    pub(super) fn buffered_closure(&self, i: usize, v: &Value) -> Result<bool, super::Violation> {
-        let message = v.get("error").and_then(|e| e.get("message")).and_then(Value::as_str).unwrap_or("");
+    pub(super) fn buffered_closure(&self, i: usize, v: &Response) -> Result<bool, super::Violation> {
+        let message = v.message();
         if !message.contains("--max-buffered-bytes") {
             return Ok(false);
         }
@@ -215,12 +215,12 @@ impl World {
     /// Item 11: while the top still serves the intermediate, the
     /// intermediate never loses its upstream (an oversized answer fails at
     /// most the one request it answers).
-    pub(super) fn check_link_kept(&self, i: usize, v: &Value) -> Check {
+    pub(super) fn check_link_kept(&self, i: usize, v: &Response) -> Check {
         let c = &self.clients[i];
         if c.level != 1 || self.gone.contains(&(0, MIDDLE_CONN)) {
             return Ok(());
         }
-        let message = v.get("error").and_then(|e| e.get("message")).and_then(Value::as_str).unwrap_or("");
+        let message = v.message();
         if message.contains("upstream closed") || message.contains("upstream sent a bad frame") {
             return Err(violation(
                 "upstream_link_kept",

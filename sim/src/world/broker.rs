@@ -49,7 +49,7 @@
 //! fits the remaining budget less the worst case of calls given up on
 //! whose usage may still come, and so the quota never clamps at zero.
 
-use super::{at, next_id, req, send, violation, Check, Client, Kind, World};
+use super::{at, next_id, req, request, send, violation, Check, Client, Kind, World};
 use crate::swarm::FaultKind;
 use airlock_core::broker::openai::{parse_response_with, retry_after_ms};
 use airlock_core::broker::{
@@ -59,8 +59,6 @@ use airlock_core::broker::{
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::Input;
 use airlock_core::fsproxy::PlantedBug;
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
@@ -1011,7 +1009,7 @@ fn issue_file_op(c: &mut Client) {
     let id = next_id(c);
     if usable.is_empty() || usable.len() < 3 && c.rng.gen_bool(0.2) {
         let mode = [Mode::Write, Mode::Append, Mode::ReadWrite, Mode::Read][c.rng.gen_range(0..4)];
-        let payload = req(&id, "open", json!({ "path": key, "mode": mode.as_str() }));
+        let payload = request::open(&id, &key, mode.as_str());
         send(c, id, payload, Kind::Open { key: Some(key), mode, host: false }, None);
         return;
     }
@@ -1021,14 +1019,14 @@ fn issue_file_op(c: &mut Client) {
         if let Some(hm) = c.handles.get_mut(&h) {
             hm.closing = true;
         }
-        send(c, id.clone(), req(&id, "close", json!({ "h": h })), Kind::Close { h }, None);
+        send(c, id.clone(), request::close(&id, h), Kind::Close { h }, None);
     } else if mode.writable() && (!mode.readable() || c.rng.gen_bool(0.5)) {
         let data: Vec<u8> = (0..c.rng.gen_range(0..64)).map(|_| c.rng.gen()).collect();
-        let payload = req(&id, "write", json!({ "h": h, "data": STANDARD.encode(&data) }));
+        let payload = request::write(&id, h, &data, None);
         send(c, id, payload, Kind::Write { h, data }, None);
     } else {
         let max = c.rng.gen_range(1..256);
-        send(c, id.clone(), req(&id, "read", json!({ "h": h, "max": max })), Kind::Read { h, max }, None);
+        send(c, id.clone(), request::read(&id, h, max), Kind::Read { h, max }, None);
     }
 }
 

@@ -4,11 +4,9 @@
 //! burst of connections. Each is a swarm fault (`swarm::FLOODS`), on in
 //! every scenario but the broker's; `bounds` checks what they cost.
 
-use super::{frame, next_id, req, send, Class, FileModel, Kind, Loc, World};
+use super::{frame, next_id, request, send, Class, FileModel, Kind, Loc, World};
 use crate::swarm::{FaultKind, PPM};
 use airlock_core::fsproxy::wire::Mode;
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
 use rand::Rng;
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -86,15 +84,15 @@ impl World {
         let c = &mut self.clients[i];
         let id = next_id(c);
         let key = "/data/ro/a.txt".to_owned();
-        let payload = req(&id, "open", json!({ "path": key, "mode": "r" }));
+        let payload = request::open(&id, &key, "r");
         send(c, id, payload, Kind::Open { key: Some(key), mode: Mode::Read, host: true }, None);
         let n = c.rng.gen_range(4..=16);
         for _ in 0..n {
             let id = next_id(c);
             let len = c.rng.gen_range(size / 2..=size) * 3 / 4;
-            let data = STANDARD.encode(vec![b'q'; len]);
-            let h = 900_000 + c.rng.gen_range(0..1000);
-            let payload = req(&id, "write", json!({ "h": h, "data": data }));
+            // Drawn as the i32 it always was, so that worlds stay as they were.
+            let h = 900_000 + c.rng.gen_range(0..1000i32);
+            let payload = request::write(&id, h.unsigned_abs().into(), &vec![b'q'; len], None);
             send(c, id, payload, Kind::Invalid, Some("must_fail"));
         }
         true
@@ -116,7 +114,7 @@ impl World {
                 .or_insert_with(|| FileModel::new(Class::Private, Loc::Virtual(name.clone(), level)));
             let c = &mut self.clients[i];
             let id = next_id(c);
-            let payload = req(&id, "open", json!({ "path": name, "mode": "w" }));
+            let payload = request::open(&id, &name, "w");
             send(c, id, payload, Kind::Open { key: Some(name), mode: Mode::Write, host: false }, None);
         }
         true
