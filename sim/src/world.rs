@@ -7,7 +7,9 @@
 mod adversary;
 mod bounds;
 mod broker;
+mod files;
 mod floods;
+mod order;
 mod pager;
 mod request;
 mod response;
@@ -29,6 +31,8 @@ use airlock_core::trace::{Header, TraceWriter};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use broker::{BOp, BrokerSim};
+use files::Files;
+use order::Order;
 use pager::{POp, PagerSim};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -322,7 +326,7 @@ struct Client {
     frames: Frames,
     outstanding: BTreeMap<String, Sent>,
     /// The unanswered requests, in the order they were sent.
-    order: VecDeque<Queued>,
+    order: Order,
     null_expected: usize,
     handles: BTreeMap<u64, HModel>,
     closed: Vec<u64>,
@@ -365,7 +369,7 @@ impl Client {
             out: Pipe::default(),
             frames: Frames::default(),
             outstanding: BTreeMap::new(),
-            order: VecDeque::new(),
+            order: Order::default(),
             null_expected: 0,
             handles: BTreeMap::new(),
             closed: Vec::new(),
@@ -389,9 +393,7 @@ impl Client {
     /// Answers mostly come in order, so the id is found near the front.
     fn answer(&mut self, id: &str) -> Option<Sent> {
         let sent = self.outstanding.remove(id)?;
-        if let Some(p) = self.order.iter().position(|q| q.id == id) {
-            self.order.remove(p);
-        }
+        self.order.remove(id);
         Some(sent)
     }
 }
@@ -414,7 +416,7 @@ struct Queued {
 }
 
 /// Client `idx`'s own files, whose content is modelled exactly.
-fn add_private_files(files: &mut BTreeMap<String, FileModel>, idx: usize, level: usize) {
+fn add_private_files(files: &mut Files, idx: usize, level: usize) {
     for (key, loc) in [
         (format!("/data/rw/c{idx}.dat"), None),
         (format!("/work/proj/scratch/c{idx}.log"), None),
@@ -507,7 +509,7 @@ pub struct World {
     clients: Vec<Client>,
     link: Option<Link>,
     fs: HostFs,
-    files: BTreeMap<String, FileModel>,
+    files: Files,
     effects: BTreeMap<(usize, Queue), VecDeque<PendingEffect>>,
     effect_seq: u64,
     /// (level, client) pairs the machine may no longer talk to.
@@ -607,7 +609,7 @@ impl World {
             adversary::populate(&mut fs, &mut rng);
         }
         let anchors = crate::fs::anchors(&fs, policies[0].roots());
-        let mut files = BTreeMap::new();
+        let mut files = Files::default();
         for (key, content) in [("/data/ro/a.txt", fixture.clone()), ("/data/ro/empty", Vec::new())] {
             let mut m = FileModel::new(Class::Fixture, Loc::Host(key.into()));
             m.exists = true;
@@ -693,6 +695,12 @@ impl World {
                     self.first_violation = Some(v);
                 }
             }
+            if cfg!(debug_assertions) && self.first_violation.is_none() {
+                self.first_violation = self.check_kept_counts().err();
+            }
+        }
+        if self.first_violation.is_none() {
+            self.first_violation = self.check_kept_counts().err();
         }
         let failure = self.first_violation.take().map(|v| Failure {
             invariant: v.invariant.to_owned(),
@@ -1007,7 +1015,7 @@ impl World {
         match first {
             Some(Kind::Write { h, data }) => {
                 if let Some(hm) = handles.get(&h) {
-                    if let Some(f) = hm.key.as_ref().and_then(|k| self.files.get_mut(k)) {
+                    if let Some(mut f) = hm.key.as_ref().and_then(|k| self.files.get_mut(k)) {
                         match f.class {
                             Class::Private => {
                                 let mut content = f.content.clone();
@@ -1025,7 +1033,7 @@ impl World {
                 }
             }
             Some(Kind::Open { key: Some(key), mode, .. }) if mode != Mode::Read => {
-                if let Some(f) = self.files.get_mut(&key) {
+                if let Some(mut f) = self.files.get_mut(&key) {
                     if f.class == Class::Private {
                         let content = if mode == Mode::Write { Vec::new() } else { f.content.clone() };
                         f.alt = Some((true, content));
@@ -1424,15 +1432,19 @@ impl World {
     fn check_files(&mut self) -> Check {
         let dirty: Vec<PathBuf> = std::mem::take(&mut self.fs.dirty).into_iter().collect();
         for p in dirty {
-            if let Some(f) = p.to_str().and_then(|k| self.files.get_mut(k)) {
+            if let Some(mut f) = p.to_str().and_then(|k| self.files.get_mut(k)) {
                 f.dirty = true;
             }
         }
         let levels = &self.levels;
-        for (key, f) in self.files.iter_mut().filter(|(_, f)| f.dirty) {
+        let fs = &self.fs;
+        self.files.for_each_mut(|key, f| {
+            if !f.dirty {
+                return Ok(());
+            }
             f.dirty = false;
             let actual = match &f.loc {
-                Loc::Host(p) => self.fs.get(p),
+                Loc::Host(p) => fs.get(p),
                 Loc::Virtual(name, level) => levels[*level].m.virtual_file(name),
             };
             match f.class {
@@ -1492,8 +1504,8 @@ impl World {
                 }
                 _ => {}
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
@@ -1589,7 +1601,7 @@ impl World {
             c.order.back().and_then(|q| c.outstanding.get(&q.id))
         {
             let key = c.handles.get(h).and_then(|hm| hm.key.as_ref());
-            if let Some(f) = key.and_then(|k| self.files.get_mut(k)).filter(|f| f.class == Class::Log) {
+            if let Some(mut f) = key.and_then(|k| self.files.get_mut(k)).filter(|f| f.class == Class::Log) {
                 f.sent.insert(data.clone());
             }
         }
@@ -1718,7 +1730,7 @@ impl World {
                         ));
                     }
                     c.handles.insert(h, HModel { key: key.clone(), mode, pos: 0, host, closing: false });
-                    if let Some(f) = file {
+                    if let Some(mut f) = file {
                         f.dirty = true;
                         if f.class == Class::Private && !f.unknown {
                             if mode == Mode::Read && !f.exists {
@@ -1733,7 +1745,7 @@ impl World {
                             f.exists = true;
                         }
                     }
-                } else if let Some(f) = file {
+                } else if let Some(mut f) = file {
                     if f.class == Class::Private && !f.unknown {
                         if code == "E_NOENT" && (mode != Mode::Read || f.exists) {
                             return Err(violation("fs_semantics", format!("open {key:?} {mode:?}: {v}")));
@@ -1801,7 +1813,7 @@ impl World {
                 };
                 let file = hm.key.as_ref().and_then(|k| self.files.get_mut(k));
                 if !ok {
-                    if let Some(f) = file {
+                    if let Some(mut f) = file {
                         if f.class == Class::Log && code != "E_IO" {
                             f.refused.insert(data);
                         } else if f.class == Class::Private && code == "E_IO" {
@@ -1818,13 +1830,13 @@ impl World {
                     ));
                 }
                 match file {
-                    Some(f) if f.class == Class::Private => {
+                    Some(mut f) if f.class == Class::Private => {
                         if !f.unknown {
                             apply_write(&mut f.content, &mut hm.pos, hm.mode == Mode::Append, &data);
                         }
                         f.dirty = true;
                     }
-                    Some(f) if f.class == Class::Log => {
+                    Some(mut f) if f.class == Class::Log => {
                         f.acked.insert(data);
                         f.dirty = true;
                     }

@@ -5,8 +5,9 @@
 //! virtual files it created, connections it holds — never read from the
 //! machine's own accounting.
 
+use super::files::VirtualUse;
 use super::response::{Id, Response};
-use super::{at, violation, Check, Loc, World, MIDDLE_CONN};
+use super::{at, violation, Check, World, MIDDLE_CONN};
 use airlock_core::codec::frame::HEADER_LEN;
 use airlock_core::fsproxy::ATTACHED_CLIENT_BASE;
 use airlock_core::handles::ClientId;
@@ -48,22 +49,8 @@ impl World {
             let mut descriptors = 0u64;
             let max_frame = self.swarm.max_frame as u64;
             for c in self.clients.iter_mut().filter(|c| c.level == level && !c.gone) {
-                // Frames wholly delivered and not yet answered, less the
-                // oldest (the one being served, whose bytes have moved on
-                // into an effect or upstream). Only requests served in
-                // order count: broker ops and attaches answer elsewhere.
                 let taken = c.out.taken;
-                // Closes are admitted past the bounds (they only release),
-                // so they are not counted either.
-                let queued: u64 = c
-                    .order
-                    .iter()
-                    .filter(|q| q.in_line)
-                    .filter_map(|q| q.frame.filter(|(end, _)| *end <= taken).map(|(_, len)| (q.close, len)))
-                    .skip(1)
-                    .filter(|(close, _)| !close)
-                    .map(|(_, len)| len)
-                    .sum();
+                let queued = c.order.queued_bytes(taken);
                 if queued > b.max_queued_bytes {
                     return Err(at(
                         violation(
@@ -146,6 +133,20 @@ impl World {
         self.check_virtual_bounds()
     }
 
+    /// What the bounds checks keep between steps against a full recount:
+    /// after every step in debug builds (every test), and at the end of
+    /// every seed. A difference is a bug of the checker, which would
+    /// otherwise pass or fail worlds it should not.
+    pub(super) fn check_kept_counts(&self) -> Check {
+        self.files
+            .check_counts(self.levels.len())
+            .map_err(|m| violation("checker_counts", format!("virtual files: {m}")))?;
+        for c in &self.clients {
+            c.order.check_kept().map_err(|m| at(violation("checker_counts", m), c.level, c.id))?;
+        }
+        Ok(())
+    }
+
     /// The virtual files the world knows exist: their names' bytes (and
     /// the contents it models) and their number stay under the bounds.
     fn check_virtual_bounds(&self) -> Check {
@@ -158,18 +159,7 @@ impl World {
 
     fn check_virtual_bounds_of(&self, level: usize) -> Check {
         let b = self.swarm.bounds;
-        let (mut bytes, mut files) = (0u64, 0usize);
-        for f in self.files.values() {
-            let Loc::Virtual(name, l) = &f.loc else { continue };
-            if *l != level || !f.exists || f.unknown {
-                continue;
-            }
-            files += 1;
-            bytes += name.len() as u64;
-            if f.alt.is_none() {
-                bytes += f.content.len() as u64;
-            }
-        }
+        let VirtualUse { bytes, files } = self.files.virtual_use(level);
         if bytes > b.max_virtual_bytes {
             return Err(violation(
                 "bounded_virtual_bytes",

@@ -110,8 +110,7 @@ impl World {
             let len = c.rng.gen_range(1024.min(size)..=size.saturating_sub(64).max(1024.min(size)));
             let name = format!("h{}-{}-{}", c.idx, c.floods.next, "n".repeat(len));
             self.files
-                .entry(name.clone())
-                .or_insert_with(|| FileModel::new(Class::Private, Loc::Virtual(name.clone(), level)));
+                .insert_new(name.clone(), FileModel::new(Class::Private, Loc::Virtual(name.clone(), level)));
             let c = &mut self.clients[i];
             let id = next_id(c);
             let payload = request::open(&id, &name, "w");

@@ -1,0 +1,137 @@
+//! A client's unanswered requests in the order it sent them, and the bytes
+//! of them a machine holds waiting, which the bounds checker asks of every
+//! client after every step. The answer is kept with the state it was
+//! computed from (the requests' generation and the bytes delivered) and
+//! recomputed only when one of them moved, so a step costs the clients it
+//! touched, not all of them. [`Order::queued_bytes_recounted`] is the
+//! full walk, which the checkers compare it with.
+
+use super::Queued;
+use std::collections::VecDeque;
+
+#[derive(Debug, Default)]
+pub(super) struct Order {
+    items: VecDeque<Queued>,
+    /// Bumped by every change to `items`.
+    generation: u64,
+    /// (generation, bytes delivered) → queued bytes.
+    kept: Option<(u64, u64, u64)>,
+}
+
+impl Order {
+    pub fn push_back(&mut self, q: Queued) {
+        self.generation += 1;
+        self.items.push_back(q);
+    }
+
+    /// Takes the request `id` out, wherever it stands.
+    pub fn remove(&mut self, id: &str) {
+        if let Some(p) = self.items.iter().position(|q| q.id == id) {
+            self.generation += 1;
+            self.items.remove(p);
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Queued> {
+        self.items.iter()
+    }
+
+    pub fn back(&self) -> Option<&Queued> {
+        self.items.back()
+    }
+
+    /// The bytes of requests the machine holds waiting once `taken` bytes
+    /// were delivered, as [`Self::queued_bytes_recounted`] counts them.
+    pub fn queued_bytes(&mut self, taken: u64) -> u64 {
+        match self.kept {
+            Some((g, t, bytes)) if g == self.generation && t == taken => bytes,
+            _ => {
+                let bytes = self.queued_bytes_recounted(taken);
+                self.kept = Some((self.generation, taken, bytes));
+                bytes
+            }
+        }
+    }
+
+    /// Frames wholly delivered and not yet answered, less the oldest (the
+    /// one being served, whose bytes have moved on into an effect or
+    /// upstream). Only requests served in order count: broker ops and
+    /// attaches answer elsewhere. Closes are admitted past the bounds
+    /// (they only release), so they are not counted either.
+    pub fn queued_bytes_recounted(&self, taken: u64) -> u64 {
+        self.items
+            .iter()
+            .filter(|q| q.in_line)
+            .filter_map(|q| q.frame.filter(|(end, _)| *end <= taken).map(|(_, len)| (q.close, len)))
+            .skip(1)
+            .filter(|(close, _)| !close)
+            .map(|(_, len)| len)
+            .sum()
+    }
+
+    /// The kept answer, if any, against the full walk.
+    pub fn check_kept(&self) -> Result<(), String> {
+        match self.kept {
+            Some((g, taken, bytes)) if g == self.generation => {
+                let recounted = self.queued_bytes_recounted(taken);
+                if bytes != recounted {
+                    return Err(format!("kept {bytes} queued bytes at {taken}, recounted {recounted}"));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Change {
+        Send { len: u64, in_line: bool, close: bool, framed: bool },
+        Answer(usize),
+        Deliver(u64),
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        prop_oneof![
+            (1u64..100, any::<bool>(), any::<bool>(), any::<bool>())
+                .prop_map(|(len, in_line, close, framed)| Change::Send { len, in_line, close, framed }),
+            (0usize..10).prop_map(Change::Answer),
+            (0u64..300).prop_map(Change::Deliver),
+        ]
+    }
+
+    proptest! {
+        /// Whatever is sent, answered and delivered in whatever order, the
+        /// kept answer is the full walk's.
+        #[test]
+        fn kept_queued_bytes_are_the_walk(changes in proptest::collection::vec(change(), 0..80)) {
+            let (mut order, mut pushed, mut taken, mut next) = (Order::default(), 0u64, 0u64, 0u64);
+            for c in changes {
+                match c {
+                    Change::Send { len, in_line, close, framed } => {
+                        next += 1;
+                        let frame = framed.then(|| {
+                            pushed += len + 4;
+                            (pushed, len)
+                        });
+                        order.push_back(Queued { id: format!("r{next}"), frame, in_line, close });
+                    }
+                    Change::Answer(k) => {
+                        let id = order.iter().nth(k).map(|q| q.id.clone());
+                        if let Some(id) = id {
+                            order.remove(&id);
+                        }
+                    }
+                    Change::Deliver(n) => taken = (taken + n).min(pushed),
+                }
+                prop_assert_eq!(order.queued_bytes(taken), order.queued_bytes_recounted(taken));
+                prop_assert_eq!(order.check_kept(), Ok(()));
+            }
+        }
+    }
+}
