@@ -177,10 +177,16 @@ pub fn encode_into(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
+/// What [`encode_with`] reserves before writing: room for the usual
+/// answer (an error's message, a handle, a count), so that writing it does
+/// not grow the vector step by step.
+const ANSWER_CAPACITY: usize = 256;
+
 /// One frame whose payload `write` appends to the buffer it is handed,
 /// written in place behind the header (no copy of the payload).
 pub fn encode_with(write: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
-    let mut out = vec![0; HEADER_LEN];
+    let mut out = Vec::with_capacity(ANSWER_CAPACITY);
+    out.extend_from_slice(&[0; HEADER_LEN]);
     write(&mut out);
     let len = u32::try_from(out.len() - HEADER_LEN).expect("frame payload exceeds u32::MAX");
     out[..HEADER_LEN].copy_from_slice(&len.to_be_bytes());

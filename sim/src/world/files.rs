@@ -184,6 +184,22 @@ mod tests {
         ]
     }
 
+    #[test]
+    fn counts_that_drifted_are_caught() {
+        let mut files = Files::default();
+        let mut f = FileModel::new(Class::Private, Loc::Virtual("v/a".into(), 1));
+        f.exists = true;
+        f.content = vec![0; 5];
+        files.insert("v/a".into(), f);
+        assert_eq!(files.virtual_use(1), VirtualUse { bytes: 8, files: 1 });
+        assert_eq!(files.check_counts(2), Ok(()));
+        // A change behind the guard's back, as a bug would make.
+        if let Some(f) = files.map.get_mut("v/a") {
+            f.content.clear();
+        }
+        assert!(files.check_counts(2).is_err());
+    }
+
     proptest! {
         /// Whatever changes files in whatever order, the kept counts are
         /// the recount.

@@ -105,6 +105,23 @@ mod tests {
         ]
     }
 
+    #[test]
+    fn a_kept_answer_that_drifted_is_caught() {
+        let mut order = Order::default();
+        for (k, end) in [(1, 10), (2, 20), (3, 30)] {
+            order.push_back(Queued {
+                id: format!("r{k}"),
+                frame: Some((end, 6)),
+                in_line: true,
+                close: false,
+            });
+        }
+        assert_eq!(order.queued_bytes(30), 12);
+        assert_eq!(order.check_kept(), Ok(()));
+        order.kept = order.kept.map(|(g, t, b)| (g, t, b + 1));
+        assert!(order.check_kept().is_err());
+    }
+
     proptest! {
         /// Whatever is sent, answered and delivered in whatever order, the
         /// kept answer is the full walk's.
