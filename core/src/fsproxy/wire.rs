@@ -299,32 +299,143 @@ mod fast {
     use super::*;
     use serde_json::value::RawValue;
 
-    // Unknown fields send a frame to the tree: serde_json skips them
-    // without its nesting limit, which the tree enforces.
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
+    use serde::de::{self, MapAccess, Visitor};
+    use std::marker::PhantomData;
+
+    // Read by hand rather than derived: a frame the fast path declines
+    // (another op, an unknown or repeated field) is declined with a bare
+    // error, where a derived struct's error spelled out its message, which
+    // was most of what such a frame cost. Unknown fields send a frame to
+    // the tree: serde_json skips them without its nesting limit, which the
+    // tree enforces.
     struct Envelope<'a> {
         id: String,
         op: &'a str,
-        #[serde(borrow)]
         params: Option<Obj<Params<'a>>>,
     }
 
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
     struct Params<'a> {
         h: Option<u64>,
         max: Option<u64>,
         // Bytes, not `str`: base64's alphabet is ASCII, so decoding
         // checks what UTF-8 validation would.
-        #[serde(borrow)]
         data: Option<&'a [u8]>,
-        #[serde(rename = "final")]
         fin: Option<bool>,
         path: Option<String>,
         mode: Option<&'a str>,
-        #[serde(borrow)]
         scope: Option<&'a RawValue>,
+    }
+
+    /// The fast path's answer to a frame it leaves to the tree: only its
+    /// being an error is looked at.
+    fn decline<E: de::Error>() -> E {
+        E::custom("")
+    }
+
+    /// Sets `slot` once; a repeated field declines.
+    fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(map: &mut A, slot: &mut Option<Option<T>>) -> Result<(), A::Error> {
+        if slot.is_some() {
+            return Err(decline());
+        }
+        *slot = Some(map.next_value()?);
+        Ok(())
+    }
+
+    #[derive(Deserialize)]
+    #[serde(field_identifier, rename_all = "lowercase")]
+    enum EnvelopeKey {
+        Id,
+        Op,
+        Params,
+        #[serde(other)]
+        Other,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(field_identifier, rename_all = "lowercase")]
+    enum ParamKey {
+        H,
+        Max,
+        Data,
+        Final,
+        Path,
+        Mode,
+        Scope,
+        #[serde(other)]
+        Other,
+    }
+
+    impl<'de: 'a, 'a> Deserialize<'de> for Envelope<'a> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V<'a>(PhantomData<&'a ()>);
+            impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+                type Value = Envelope<'a>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a request")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope<'a>, A::Error> {
+                    let (mut id, mut op, mut params) = (None, None, None);
+                    while let Some(key) = map.next_key::<EnvelopeKey>()? {
+                        match key {
+                            EnvelopeKey::Id => once::<_, String>(&mut map, &mut id)?,
+                            EnvelopeKey::Op => {
+                                once::<_, &'a str>(&mut map, &mut op)?;
+                                // Any other op is the tree's: stop here,
+                                // before its params are read.
+                                if !matches!(op, Some(Some("read" | "write" | "close" | "open"))) {
+                                    return Err(decline());
+                                }
+                            }
+                            EnvelopeKey::Params => once::<_, Obj<Params<'a>>>(&mut map, &mut params)?,
+                            EnvelopeKey::Other => return Err(decline()),
+                        }
+                    }
+                    // `id` and `op` must be there and not null; `params`
+                    // may be absent or null.
+                    let (Some(Some(id)), Some(Some(op))) = (id, op) else { return Err(decline()) };
+                    Ok(Envelope { id, op, params: params.flatten() })
+                }
+            }
+            d.deserialize_map(V(PhantomData))
+        }
+    }
+
+    impl<'de: 'a, 'a> Deserialize<'de> for Params<'a> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V<'a>(PhantomData<&'a ()>);
+            impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+                type Value = Params<'a>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("request params")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Params<'a>, A::Error> {
+                    let (mut h, mut max, mut data, mut fin, mut path, mut mode, mut scope) =
+                        (None, None, None, None, None, None, None);
+                    while let Some(key) = map.next_key::<ParamKey>()? {
+                        match key {
+                            ParamKey::H => once(&mut map, &mut h)?,
+                            ParamKey::Max => once(&mut map, &mut max)?,
+                            ParamKey::Data => once::<_, &'a [u8]>(&mut map, &mut data)?,
+                            ParamKey::Final => once(&mut map, &mut fin)?,
+                            ParamKey::Path => once(&mut map, &mut path)?,
+                            ParamKey::Mode => once::<_, &'a str>(&mut map, &mut mode)?,
+                            ParamKey::Scope => once::<_, &'a RawValue>(&mut map, &mut scope)?,
+                            ParamKey::Other => return Err(decline()),
+                        }
+                    }
+                    Ok(Params {
+                        h: h.flatten(),
+                        max: max.flatten(),
+                        data: data.flatten(),
+                        fin: fin.flatten(),
+                        path: path.flatten(),
+                        mode: mode.flatten(),
+                        scope: scope.flatten(),
+                    })
+                }
+            }
+            d.deserialize_map(V(PhantomData))
+        }
     }
 
     pub(super) fn parse(payload: &[u8], limits: Limits) -> Option<Result<Request, Rejection>> {
