@@ -11,7 +11,7 @@
 //! the bytes its fds hold (invariant 11), against the limit the world
 //! configured rather than the one the machine believes.
 
-use super::{next_id, req, send, violation, Check, Kind, World};
+use super::{next_id, req, request, send, violation, Check, Kind, World};
 use airlock_core::pager::check::{check_accounting, check_document};
 use airlock_core::pager::PagerConfig;
 use base64::engine::general_purpose::STANDARD;
@@ -115,14 +115,8 @@ impl World {
                 let data = content(&mut c.rng, 3000);
                 let source = if c.rng.gen_bool(0.2) { "user_input" } else { "tool" };
                 let id = next_id(c);
-                let params = json!({ "data": STANDARD.encode(&data), "source": source });
-                send(
-                    c,
-                    id.clone(),
-                    req(&id, "FD_WRAP", params),
-                    Kind::Pager(POp::Wrap { content: data }),
-                    None,
-                );
+                let payload = request::wrap(&id, &data, source);
+                send(c, id.clone(), payload, Kind::Pager(POp::Wrap { content: data }), None);
             }
             15..25 => {
                 // A stream of a few chunks, pipelined.
@@ -132,11 +126,12 @@ impl World {
                 for k in 0..chunks {
                     let data = content(&mut c.rng, 2500);
                     let more = k + 1 < chunks;
-                    let params = json!({ "stream": name, "data": STANDARD.encode(&data), "more": more, "offset": all.len() });
+                    let offset = all.len() as u64;
                     all.extend_from_slice(&data);
                     let id = next_id(c);
+                    let payload = request::wrap_chunk(&id, &name, &data, more, offset);
                     let op = if more { POp::Chunk } else { POp::Wrap { content: all.clone() } };
-                    send(c, id.clone(), req(&id, "FD_WRAP", params), Kind::Pager(op), None);
+                    send(c, id.clone(), payload, Kind::Pager(op), None);
                 }
                 if let Some(p) = self.pager.as_mut() {
                     p.next_stream += 1;

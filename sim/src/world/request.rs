@@ -48,10 +48,7 @@ pub(super) fn close(id: &str, h: u64) -> Vec<u8> {
 /// `write {data, final?, h}`, the data base64-encoded in place.
 pub(super) fn write(id: &str, h: u64, data: &[u8], fin: Option<bool>) -> Vec<u8> {
     let mut out = head(id, "write");
-    out.reserve(data.len().div_ceil(3) * 4 + 32);
-    out.extend_from_slice(b"{\"data\":\"");
-    base64_simd::STANDARD.encode_append(data, &mut out);
-    out.push(b'"');
+    data_member(&mut out, data);
     if let Some(fin) = fin {
         out.extend_from_slice(if fin { b",\"final\":true" } else { b",\"final\":false" });
     }
@@ -59,6 +56,37 @@ pub(super) fn write(id: &str, h: u64, data: &[u8], fin: Option<bool>) -> Vec<u8>
     number(&mut out, h);
     out.extend_from_slice(b"}}");
     out
+}
+
+/// `FD_WRAP {data, source}`: content handed to the pager whole.
+pub(super) fn wrap(id: &str, data: &[u8], source: &str) -> Vec<u8> {
+    let mut out = head(id, "FD_WRAP");
+    data_member(&mut out, data);
+    out.extend_from_slice(b",\"source\":");
+    string(&mut out, source);
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// `FD_WRAP {data, more, offset, stream}`: one chunk of a stream.
+pub(super) fn wrap_chunk(id: &str, stream: &str, data: &[u8], more: bool, offset: u64) -> Vec<u8> {
+    let mut out = head(id, "FD_WRAP");
+    data_member(&mut out, data);
+    out.extend_from_slice(if more { b",\"more\":true" } else { b",\"more\":false" });
+    out.extend_from_slice(b",\"offset\":");
+    number(&mut out, offset);
+    out.extend_from_slice(b",\"stream\":");
+    string(&mut out, stream);
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// `{"data":"<base64>"`, opening the params.
+fn data_member(out: &mut Vec<u8>, data: &[u8]) {
+    out.reserve(data.len().div_ceil(3) * 4 + 32);
+    out.extend_from_slice(b"{\"data\":\"");
+    base64_simd::STANDARD.encode_append(data, out);
+    out.push(b'"');
 }
 
 fn head(id: &str, op: &str) -> Vec<u8> {
@@ -133,6 +161,13 @@ mod tests {
                 None => json!({ "h": h, "data": STANDARD.encode(&data) }),
             };
             prop_assert_eq!(write(&id, h, &data, fin), want(&id, "write", params));
+            prop_assert_eq!(
+                wrap(&id, &data, &mode),
+                want(&id, "FD_WRAP", json!({ "data": STANDARD.encode(&data), "source": mode }))
+            );
+            let more = fin.unwrap_or(false);
+            let chunk = json!({ "stream": path, "data": STANDARD.encode(&data), "more": more, "offset": max });
+            prop_assert_eq!(wrap_chunk(&id, &path, &data, more, u64::from(max)), want(&id, "FD_WRAP", chunk));
         }
     }
 }
