@@ -82,6 +82,19 @@ impl Secret {
 
     /// Spans of `text` whose decoded units spell the secret.
     fn spans(&self, text: &str, out: &mut Vec<Range<usize>>) {
+        // Without a backslash every unit is a character, and the units
+        // spell the secret exactly where its text occurs: a substring
+        // search finds the same spans as the walk, many times faster.
+        if !text.as_bytes().contains(&b'\\') {
+            let n = self.text.len();
+            out.extend(text.match_indices(self.text.as_str()).map(|(at, _)| at..at + n));
+            return;
+        }
+        self.spans_by_units(text, out);
+    }
+
+    /// [`Self::spans`] unit by unit: every text.
+    fn spans_by_units(&self, text: &str, out: &mut Vec<Range<usize>>) {
         let n = self.chars.len();
         // Start offsets of the last `n` units, as a ring.
         let mut starts = vec![0usize; n];
@@ -232,6 +245,11 @@ impl Redactor {
 
     /// Whether `text` holds a secret, in any encoding this redactor reads.
     pub fn reveals(&self, text: &str) -> bool {
+        if !text.as_bytes().contains(&b'\\') {
+            // As in `Secret::spans`: without a backslash, the secret's
+            // text itself or nothing.
+            return self.secrets.iter().any(|s| text.contains(s.text.as_str()));
+        }
         !self.spans(text).is_empty()
     }
 
@@ -364,6 +382,21 @@ mod tests {
             let out = r().scrub(&text);
             prop_assert!(!r().reveals(&out), "{text:?} -> {out:?}");
             let _ = r().scrub(&noise);
+        }
+
+        /// The substring search finds the spans the unit walk finds, on
+        /// texts made of the key's pieces, repeats and overlaps.
+        #[test]
+        fn the_search_finds_what_the_walk_finds(parts in proptest::collection::vec(
+            prop_oneof![Just(KEY.to_owned()), Just(KEY[..5].to_owned()), Just("sk-sk-test-Secret42".to_owned()), "\\PC{0,6}"],
+            0..8,
+        )) {
+            let text: String = parts.concat();
+            let secret = Secret::new(KEY);
+            let (mut fast, mut walk) = (Vec::new(), Vec::new());
+            secret.spans(&text, &mut fast);
+            secret.spans_by_units(&text, &mut walk);
+            prop_assert_eq!(fast, walk, "{:?}", text);
         }
     }
 }

@@ -333,7 +333,10 @@ mod fast {
     }
 
     /// Sets `slot` once; a repeated field declines.
-    fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(map: &mut A, slot: &mut Option<Option<T>>) -> Result<(), A::Error> {
+    fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
+        map: &mut A,
+        slot: &mut Option<Option<T>>,
+    ) -> Result<(), A::Error> {
         if slot.is_some() {
             return Err(decline());
         }
