@@ -71,7 +71,7 @@ sim_point() {
     out=$(mktemp)
     times=$( { time target/release/airlock sim --seeds "$seeds" --jobs "$SIM_JOBS" --scenario default \
         --trace-dir "$TRACES" "$@" > "$out"; } 2>&1 )
-    grep ' seeds (default scenario) in ' "$out" | sed -E 's/^([0-9]+) seeds .*, ([0-9]+) steps, .*/\1,\2/' | tr -d '\n'
+    grep ' seeds (default scenario) in ' "$out" | sed -E 's/^([0-9]+) seeds .*, ([0-9]+) steps[ ,].*/\1,\2/' | tr -d '\n'
     rm -f "$out"
     awk '{ printf ",%s,%.3f\n", $1, $2 + $3 }' <<< "$times"
 }

@@ -91,12 +91,13 @@ pub fn sim(args: &SimArgs) -> anyhow::Result<i32> {
     bar.finish_and_clear();
     let secs = summary.wall.as_secs_f64();
     println!(
-        "{} seeds ({} scenario) in {:.2}s: {:.0} seeds/s, {} steps, {:.1}s simulated ({:.0}x wall)",
+        "{} seeds ({} scenario) in {:.2}s: {:.0} seeds/s, {} steps ({:.0} steps/s), {:.1}s simulated ({:.0}x wall)",
         summary.seeds,
         args.scenario,
         secs,
         summary.seeds as f64 / secs.max(1e-9),
         summary.steps,
+        summary.steps as f64 / secs.max(1e-9),
         summary.sim_time_us as f64 / 1e6,
         summary.sim_time_us as f64 / 1e6 / secs.max(1e-9),
     );
