@@ -15,7 +15,7 @@ use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
 use airlock_core::fsproxy::wire::{Mode, DEFAULT_MAX_READ};
 use airlock_core::fsproxy::{
     Config, FsProxy, StdioRole, DEFAULT_DESCRIPTOR_RESERVE, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CLIENTS,
-    DEFAULT_MAX_OPEN_HANDLES, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_REQUESTS,
+    DEFAULT_MAX_OPEN_HANDLES, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_READ_BATCH,
     DEFAULT_MAX_SESSION_QUEUED_BYTES, DEFAULT_MAX_UPSTREAM_FRAME, DEFAULT_MAX_VIRTUAL_BYTES,
     DEFAULT_MAX_VIRTUAL_FILES,
 };
@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// Largest `max` a read may ask for, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ)]
     pub max_read: u32,
+    /// Bytes one host read may gather for reads of one handle a client
+    /// has queued back to back (0: each read on its own).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ_BATCH)]
+    pub max_read_batch: u32,
     /// Handles that may be open at once.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_OPEN_HANDLES)]
     pub max_open_handles: usize,
@@ -127,6 +131,7 @@ impl ServeArgs {
         config.upstream = upstream;
         config.max_frame = self.max_frame;
         config.limits.max_read = self.max_read;
+        config.max_read_batch = self.max_read_batch;
         config.max_open_handles = self.max_open_handles;
         config.max_queued_requests = self.max_queued_requests;
         config.max_virtual_bytes = self.max_virtual_bytes;
