@@ -342,6 +342,7 @@ const CHILD: ClientId = ClientId(1);
 
 /// `airlock run`: the child's exit status, to exit with.
 pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow::Result<i32> {
+    crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
     let plan = sandbox.plan(&args.policy()?)?;
     let ruleset = match &plan {
@@ -429,6 +430,7 @@ fn forward_signals(pid: Option<u32>) {
 
 /// `airlock serve --fd N`: the upstream role; returns when the client is gone.
 pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
+    crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
     block_on(async {
         let (mut session, _, report) = args.session(secrets, StdioRole::Reject, None, "serve")?;
