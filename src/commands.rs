@@ -15,7 +15,7 @@ use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
 use airlock_core::fsproxy::wire::{Mode, DEFAULT_MAX_READ};
 use airlock_core::fsproxy::{
     Config, FsProxy, StdioRole, DEFAULT_DESCRIPTOR_RESERVE, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CLIENTS,
-    DEFAULT_MAX_OPEN_HANDLES, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_REQUESTS,
+    DEFAULT_MAX_OPEN_HANDLES, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_READ_BATCH,
     DEFAULT_MAX_SESSION_QUEUED_BYTES, DEFAULT_MAX_UPSTREAM_FRAME, DEFAULT_MAX_VIRTUAL_BYTES,
     DEFAULT_MAX_VIRTUAL_FILES,
 };
@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// Largest `max` a read may ask for, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ)]
     pub max_read: u32,
+    /// Bytes one host read may gather for reads of one handle a client
+    /// has queued back to back (0: each read on its own).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ_BATCH)]
+    pub max_read_batch: u32,
     /// Handles that may be open at once.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_OPEN_HANDLES)]
     pub max_open_handles: usize,
@@ -127,6 +131,7 @@ impl ServeArgs {
         config.upstream = upstream;
         config.max_frame = self.max_frame;
         config.limits.max_read = self.max_read;
+        config.max_read_batch = self.max_read_batch;
         config.max_open_handles = self.max_open_handles;
         config.max_queued_requests = self.max_queued_requests;
         config.max_virtual_bytes = self.max_virtual_bytes;
@@ -337,6 +342,7 @@ const CHILD: ClientId = ClientId(1);
 
 /// `airlock run`: the child's exit status, to exit with.
 pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow::Result<i32> {
+    crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
     let plan = sandbox.plan(&args.policy()?)?;
     let ruleset = match &plan {
@@ -424,6 +430,7 @@ fn forward_signals(pid: Option<u32>) {
 
 /// `airlock serve --fd N`: the upstream role; returns when the client is gone.
 pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
+    crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
     block_on(async {
         let (mut session, _, report) = args.session(secrets, StdioRole::Reject, None, "serve")?;

@@ -11,6 +11,7 @@ pub mod commands;
 pub mod config;
 pub mod fdcli;
 pub mod fdconfig;
+pub mod heap;
 pub mod hostfs;
 pub mod llm_cli;
 pub mod outfile;

@@ -1292,6 +1292,11 @@ impl World {
                     result
                 }
             }
+            // A failed host read: a batch of reads answers its first with it.
+            Effect::Read { .. } if self.fires(FaultKind::FsError) => {
+                self.count(FaultKind::FsError);
+                EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
+            }
             Effect::Read { file, max } => self.fs.read(level, file, max).map_err(misuse)?,
             Effect::Write { file, data } => self.fs.write(level, file, &data).map_err(misuse)?,
             Effect::Close { file } => self.fs.close(level, file).map_err(misuse)?,

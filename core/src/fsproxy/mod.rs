@@ -28,6 +28,7 @@
 pub mod audit;
 pub mod bounds;
 mod fd;
+mod read_batch;
 mod virtual_fs;
 pub mod wire;
 
@@ -36,6 +37,7 @@ pub use bounds::{
     DEFAULT_MAX_DESCRIPTORS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_SESSION_QUEUED_BYTES,
     DEFAULT_MAX_UPSTREAM_FRAME,
 };
+pub use read_batch::{DEFAULT_MAX_READ_BATCH, MAX_BATCHED_FRAME};
 pub use virtual_fs::{VirtualFs, DEFAULT_MAX_VIRTUAL_BYTES, DEFAULT_MAX_VIRTUAL_FILES};
 
 use crate::b64;
@@ -134,6 +136,11 @@ pub struct Config {
     /// (`--audit FILE`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub audit: bool,
+    /// Bytes one host read may ask for on behalf of reads of one handle
+    /// queued back to back (see `read_batch`); 0: every read on its own.
+    /// Absent from a config (a trace recorded before batches) means 0.
+    #[serde(default)]
+    pub max_read_batch: u32,
 }
 
 /// Bugs the simulator's tests plant on purpose (see [`Config::planted_bug`]).
@@ -230,6 +237,7 @@ impl Config {
             isolate_fds: None,
             planted_bug: None,
             audit: false,
+            max_read_batch: DEFAULT_MAX_READ_BATCH,
         }
     }
 }
@@ -472,6 +480,12 @@ enum Waiting {
         mode: Mode,
     },
     Read,
+    /// Reads of one host file served by one host read (`read_batch`),
+    /// the first being the request this answers.
+    ReadBatch {
+        file: FileId,
+        reads: Vec<read_batch::Batched>,
+    },
     /// A read forwarded upstream, asking for at most `max` bytes: an
     /// answer with more is refused.
     UpstreamRead {
@@ -523,8 +537,11 @@ struct Client {
     /// parsed form may be many times larger); undecodable ones keep their
     /// place so their errors are answered in order too.
     queue: VecDeque<Queued>,
-    /// Bytes of `queue`'s frames.
+    /// Bytes of `queue`'s frames, and of the reads waiting in a batch.
     queued_bytes: u64,
+    /// Reads taken from `queue` into a batch, not yet answered nor being
+    /// served: they still count against `max_queued_requests`.
+    batched: usize,
     /// Serving a request whose answer waits on an effect or upstream.
     busy: bool,
     /// Waiting on an effect on a host file: cleanup must wait for it, so
@@ -612,6 +629,9 @@ pub struct FsProxy {
     /// The session's fds (top level with `[file_descriptor]` only).
     pager: Option<Pager>,
     fd: fd::FdState,
+    /// Host reads served during the input being handled, asked of the host
+    /// once it is handled (see `read_batch`).
+    starting_reads: Vec<read_batch::Starting>,
 }
 
 /// A nested level's narrowing refuses `abs` before anything is resolved.
@@ -700,6 +720,7 @@ impl FsProxy {
             }
         }
         FsProxy {
+            starting_reads: Vec::new(),
             pager: fd::pager_for(&config),
             fd: fd::FdState::new(&config),
             broker,
@@ -842,6 +863,7 @@ impl FsProxy {
             }
             Input::Tick => self.feed_broker(BrokerInput::Tick),
         }
+        self.flush_reads();
     }
 
     /// Hand `input` to the broker (if any) and carry out what it answers.
@@ -1013,6 +1035,7 @@ impl FsProxy {
                 decoder: FrameDecoder::new(self.config.max_frame),
                 queue: VecDeque::new(),
                 queued_bytes: 0,
+                batched: 0,
                 busy: false,
                 busy_on_file: false,
                 alive: true,
@@ -1086,7 +1109,7 @@ impl FsProxy {
         // A request served at once is never queued; one that waits is held
         // as its frame, within its client's and the session's byte bounds.
         let waits = c.busy || !c.queue.is_empty();
-        let refusal = if c.queue.len() >= limit && !releases {
+        let refusal = if c.queue.len() + c.batched >= limit && !releases {
             Some(format!("more than {limit} requests waiting; read responses before sending more"))
         } else if waits && !releases {
             self.queued_bytes_refusal(c, len)
@@ -1502,7 +1525,7 @@ impl FsProxy {
             }
             Target::Host(file) => {
                 let file = *file;
-                self.effect(Pending { client, req, waiting: Waiting::Read }, Effect::Read { file, max });
+                self.start_read(client, file, h, read_batch::Batched { id: id.to_owned(), max, held: 0 });
                 Ok(None)
             }
             Target::Upstream(up) => {
@@ -1576,6 +1599,9 @@ impl FsProxy {
         if let Waiting::Pager { job } = waiting {
             return self.pager_effect_done(client, job, result);
         }
+        if let Waiting::ReadBatch { file, reads } = waiting {
+            return self.read_batch_done(client, file, reads, result);
+        }
         if matches!(waiting, Waiting::Open { .. }) {
             self.opening -= 1;
         }
@@ -1632,6 +1658,9 @@ impl FsProxy {
     /// The client closed its end or died: stop serving it, and once no
     /// effect on its files is under way, close everything it holds.
     fn depart(&mut self, client: ClientId) {
+        // A read already served goes to the host before the client's
+        // files are closed behind it.
+        self.flush_reads();
         let Some(c) = self.clients.get_mut(&client) else { return };
         if !c.alive {
             return;
@@ -1640,6 +1669,7 @@ impl FsProxy {
         self.queued_total -= c.queued_bytes;
         self.buffered_total -= c.decoder.buffered() as u64;
         c.queued_bytes = 0;
+        c.batched = 0;
         c.queue.clear();
         c.decoder = FrameDecoder::new(0);
         self.outputs.push_back(Output::Close { client });
@@ -1789,7 +1819,7 @@ impl FsProxy {
                 max_read = max;
                 OpKind::Read
             }
-            Waiting::Read => OpKind::Read,
+            Waiting::Read | Waiting::ReadBatch { .. } => OpKind::Read,
             Waiting::Write => OpKind::Write,
             Waiting::Close | Waiting::Cleanup => OpKind::Close,
             Waiting::Open { .. }
