@@ -81,6 +81,54 @@ impl<'a> Iterator for Comps<'a> {
 }
 
 impl<'a> Comps<'a> {
+    /// Whether the next component is `want`, consuming it if so (if not,
+    /// the iterator is left anywhere). Unlike comparing `next()`, it reads
+    /// no further into the path than `want` is long: a path with a name of
+    /// megabytes costs no more to hold against a short root than a short one.
+    fn next_is(&mut self, want: Comp<'_>) -> bool {
+        if self.fresh {
+            self.fresh = false;
+            match self.rest {
+                [b'/', ..] => {
+                    self.rest = &self.rest[1..];
+                    return want == Comp::Root;
+                }
+                [b'.'] | [b'.', b'/', ..] => {
+                    self.rest = &self.rest[1..];
+                    return want == Comp::Cur;
+                }
+                _ => {}
+            }
+        }
+        // Empty and `.` names are not components.
+        loop {
+            match self.rest {
+                [b'/', rest @ ..] | [b'.', b'/', rest @ ..] => self.rest = rest,
+                [b'.'] => self.rest = &[],
+                _ => break,
+            }
+        }
+        let name: &[u8] = match want {
+            Comp::Normal(n) => n,
+            Comp::Parent => b"..",
+            // Only the first component can be the root or `.`.
+            Comp::Root | Comp::Cur => return false,
+        };
+        // `name` is neither empty nor `.`, so a match up to a separator is
+        // the whole of the next name.
+        match self.rest.strip_prefix(name) {
+            Some([]) => {
+                self.rest = &[];
+                true
+            }
+            Some([b'/', rest @ ..]) => {
+                self.rest = rest;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// What `std::path::Components::as_path` returns at this point:
     /// the rest, without empty or `.` components at the ends (at the
     /// front only once something was yielded).
@@ -145,13 +193,7 @@ pub fn starts_with(path: &[u8], base: &[u8]) -> bool {
         return true;
     }
     let mut p = comps(path);
-    for b in comps(base) {
-        match p.next() {
-            Some(c) if c == b => {}
-            _ => return false,
-        }
-    }
-    true
+    comps(base).all(|b| p.next_is(b))
 }
 
 /// `base.components().count()` when `path.starts_with(base)`, in one pass:
@@ -166,10 +208,10 @@ pub fn prefix_depth(path: &[u8], base: &[u8]) -> Option<usize> {
     let mut p = comps(path);
     let mut depth = 0;
     for b in comps(base) {
-        match p.next() {
-            Some(c) if c == b => depth += 1,
-            _ => return None,
+        if !p.next_is(b) {
+            return None;
         }
+        depth += 1;
     }
     Some(depth)
 }
@@ -208,12 +250,8 @@ pub fn strip_prefix<'a>(path: &'a [u8], base: &[u8]) -> Option<&'a [u8]> {
     }
     let mut p = comps(path);
     for b in comps(base) {
-        // Only a matching component advances `p`, as in std's
-        // `iter_after`: the remainder is taken from before a mismatch.
-        let mut next = p.clone();
-        match next.next() {
-            Some(c) if c == b => p = next,
-            _ => return None,
+        if !p.next_is(b) {
+            return None;
         }
     }
     Some(p.as_bytes())
