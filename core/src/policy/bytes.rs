@@ -196,14 +196,28 @@ pub fn starts_with(path: &[u8], base: &[u8]) -> bool {
     comps(base).all(|b| p.next_is(b))
 }
 
+/// [`prefix_depth`] when both are canonical and `base` is not empty.
+fn spelled_depth(path: &[u8], base: &[u8]) -> Option<usize> {
+    let at_separator = || path.len() == base.len() || path[base.len()] == b'/' || base == b"/";
+    (path.starts_with(base) && at_separator()).then(|| canonical_count(base))
+}
+
+/// The components of a non-empty canonical spelling: one per `/`, and
+/// one more for the last name unless it is the root alone.
+fn canonical_count(base: &[u8]) -> usize {
+    let slashes = base.iter().filter(|&&b| b == b'/').count();
+    if base == b"/" {
+        1
+    } else {
+        slashes + 1
+    }
+}
+
 /// `base.components().count()` when `path.starts_with(base)`, in one pass:
 /// what picking the deepest rule containing a path asks of every rule.
 pub fn prefix_depth(path: &[u8], base: &[u8]) -> Option<usize> {
     if spelled_prefix(path, base) {
-        // A canonical spelling has one component per `/`, and one more
-        // for the last name unless it is the root alone.
-        let slashes = base.iter().filter(|&&b| b == b'/').count();
-        return Some(if base == b"/" { 1 } else { slashes + 1 });
+        return Some(canonical_count(base));
     }
     let mut p = comps(path);
     let mut depth = 0;
@@ -226,9 +240,19 @@ pub fn deepest<'a, T>(
 where
     T: 'a,
 {
+    // Between two canonical spellings, components match exactly when the
+    // bytes do up to a separator: one check of `path` spares splitting it
+    // against every item (policies keep their roots normalized).
+    let spelled = is_canonical(path);
     let mut best: Option<(usize, &'a T, usize)> = None;
     for (i, item) in items.into_iter().enumerate() {
-        if let Some(depth) = prefix_depth(path, bytes(of(item))) {
+        let base = bytes(of(item));
+        let depth = if spelled && !base.is_empty() && is_canonical(base) {
+            spelled_depth(path, base)
+        } else {
+            prefix_depth(path, base)
+        };
+        if let Some(depth) = depth {
             if best.is_none_or(|(_, _, d)| depth >= d) {
                 best = Some((i, item, depth));
             }

@@ -406,6 +406,21 @@ proptest! {
             let std = jp.strip_prefix(os(&canon)).ok().map(|r| r.as_os_str().as_bytes().to_vec());
             prop_assert_eq!(ours, std);
         }
+        // The deepest of several bases, canonical or not, as std picks it.
+        let bases: Vec<PathBuf> = [base.clone(), canon.clone(), bytes::canonical(&p).into_owned(), p[..p.len() / 2].to_vec(), b"/".to_vec(), Vec::new()]
+            .into_iter()
+            .map(|b| PathBuf::from(OsString::from_vec(b)))
+            .collect();
+        for path in [p.clone(), bytes::canonical(&p).into_owned(), [&canon[..], b"/", &p[..]].concat(), bytes::canonical(&[&canon[..], b"/", &p[..]].concat()).into_owned()] {
+            let ours = bytes::deepest(&path, &bases, PathBuf::as_path).map(|(i, _)| i);
+            let std = bases
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| os(&path).starts_with(b))
+                .max_by_key(|(_, b)| b.components().count())
+                .map(|(i, _)| i);
+            prop_assert_eq!(ours, std);
+        }
         let ours = bytes::join(&base, &p);
         prop_assert_eq!(ours, bp.join(pp).into_os_string().into_vec());
         let canon = bytes::canonical(&p);
