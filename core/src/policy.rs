@@ -9,8 +9,15 @@
 //! level's policy (`crate::scope`, `crate::resolve`).
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::ffi::OsString;
 use std::fmt;
-use std::path::{Component, Path, PathBuf};
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+
+pub mod bytes;
+#[cfg(test)]
+mod oracle;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -78,29 +85,7 @@ pub struct Policy {
 /// `..` would climb above the start of a relative path. For absolute paths
 /// `..` at `/` stays at `/`, as the kernel does.
 pub fn normalize(path: &Path) -> Option<PathBuf> {
-    let mut out = PathBuf::new();
-    let mut depth = 0usize;
-    for c in path.components() {
-        match c {
-            Component::RootDir | Component::Prefix(_) => {
-                out.push(c.as_os_str());
-            }
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if depth > 0 {
-                    out.pop();
-                    depth -= 1;
-                } else if !path.is_absolute() {
-                    return None;
-                }
-            }
-            Component::Normal(n) => {
-                out.push(n);
-                depth += 1;
-            }
-        }
-    }
-    Some(out)
+    bytes::normalize(bytes::bytes(path)).map(|v| PathBuf::from(OsString::from_vec(v)))
 }
 
 impl Policy {
@@ -142,36 +127,32 @@ impl Policy {
         if path.contains('\0') {
             return Err(Denied::Nul);
         }
-        let p = Path::new(path);
-        let relative = !p.is_absolute();
-        let norm_rel = if relative { Some(normalize(p).ok_or(Denied::Escape)?) } else { None };
-        let abs = match &norm_rel {
-            Some(rel) => self.cwd.join(rel),
-            None => normalize(p).ok_or(Denied::Escape)?,
+        let relative = !bytes::is_absolute(path.as_bytes());
+        // Split at `/` only, so every name stays valid UTF-8.
+        let norm = bytes::normalize(path.as_bytes()).ok_or(Denied::Escape)?;
+        let abs: Cow<'_, [u8]> = if relative {
+            Cow::Owned(bytes::join(bytes::bytes(&self.cwd), &norm))
+        } else {
+            Cow::Borrowed(&norm)
         };
-        let best = self
-            .roots
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| abs.starts_with(&r.path))
-            .max_by_key(|(_, r)| r.path.components().count());
-        match (best, norm_rel) {
+        let best = bytes::deepest(&abs, &self.roots, |r| &r.path);
+        match (best, relative) {
             (Some((i, root)), _) => {
                 if write && root.access == Access::ReadOnly {
                     return Err(Denied::ReadOnly { root: root.path.clone() });
                 }
-                let rel = abs.strip_prefix(&root.path).map(Path::to_path_buf).unwrap_or_default();
-                Ok(Resolved::Host { root: RootId(i), rel })
+                let rel = bytes::strip_prefix(&abs, bytes::bytes(&root.path)).unwrap_or_default();
+                Ok(Resolved::Host { root: RootId(i), rel: PathBuf::from(bytes::os(rel)) })
             }
-            (None, Some(rel)) => {
-                let name = rel.to_str().ok_or(Denied::Nul)?;
+            (None, true) => {
+                let name = std::str::from_utf8(&norm).map_err(|_| Denied::Nul)?;
                 if name.is_empty() {
                     // "." names the working directory itself, not a file.
                     return Err(Denied::Empty);
                 }
                 Ok(Resolved::Virtual { name: name.to_owned() })
             }
-            (None, None) => Err(Denied::OutsideRoots),
+            (None, false) => Err(Denied::OutsideRoots),
         }
     }
 }
@@ -180,6 +161,7 @@ impl Policy {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::path::Component;
 
     fn policy() -> Policy {
         Policy::new(

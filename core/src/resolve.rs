@@ -21,9 +21,12 @@
 //! actually opened, never on the text the child sent.
 
 use crate::fsproxy::wire::Mode;
-use crate::scope::Scope;
+use crate::policy::bytes::{self, Comp};
+use crate::policy::Access;
+use crate::scope::{Rule, Scope};
 use std::ffi::{OsStr, OsString};
-use std::path::{Component, Path, PathBuf};
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 
 /// Symlinks followed in one open at most (the kernel's `MAXSYMLINKS`).
 pub const MAX_SYMLINK_HOPS: usize = 40;
@@ -156,27 +159,93 @@ pub trait Namespace {
     ) -> Result<Final<Self::File>, Refusal>;
 }
 
-/// Apply `target` (a symlink's contents) to the physical directory `dir`,
-/// then `rest`: `..` climbs the physical path (never above `/`).
-fn rewrite(dir: &[OsString], target: &Path, rest: &[OsString]) -> Vec<OsString> {
-    let mut out: Vec<OsString> = if target.is_absolute() { Vec::new() } else { dir.to_vec() };
-    for c in target.components() {
-        match c {
-            Component::Normal(n) => out.push(n.to_owned()),
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
-        }
-    }
-    out.extend(rest.iter().cloned());
-    out
+/// The path being walked: absolute, one normal name per component, kept
+/// as the bytes `/a/b/c` (just `/` for none) with where each name ends, so
+/// that every prefix the walk asks for is a slice rather than a new path.
+#[derive(Clone, Debug, Default)]
+struct Walked {
+    buf: Vec<u8>,
+    ends: Vec<usize>,
 }
 
-fn to_path(parts: &[OsString]) -> PathBuf {
-    let mut p = PathBuf::from("/");
-    p.extend(parts);
-    p
+impl Walked {
+    /// The normal names of `path`; anything else in it is skipped.
+    fn of(path: &Path) -> Self {
+        let mut w = Walked::root(path.as_os_str().len());
+        for c in bytes::comps(bytes::bytes(path)) {
+            if let Comp::Normal(n) = c {
+                w.push(n);
+            }
+        }
+        w
+    }
+
+    fn root(capacity: usize) -> Self {
+        let mut buf = Vec::with_capacity(capacity.max(1));
+        buf.push(b'/');
+        Walked { buf, ends: Vec::new() }
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn name(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 1 } else { self.ends[i - 1] + 1 };
+        &self.buf[start..self.ends[i]]
+    }
+
+    /// The path of the first `k` names.
+    fn prefix(&self, k: usize) -> &[u8] {
+        match k {
+            0 => b"/",
+            _ => &self.buf[..self.ends[k - 1]],
+        }
+    }
+
+    fn push(&mut self, name: &[u8]) {
+        if !self.ends.is_empty() {
+            self.buf.push(b'/');
+        }
+        self.buf.extend_from_slice(name);
+        self.ends.push(self.buf.len());
+    }
+
+    fn pop(&mut self) {
+        self.ends.pop();
+        self.buf.truncate(self.ends.last().copied().unwrap_or(1));
+    }
+
+    /// Apply `target` (a symlink's contents) to the physical directory of
+    /// the first `dir` names, then append the names from `rest` on: `..`
+    /// climbs the physical path (never above `/`).
+    fn rewrite(&self, dir: usize, target: &Path, rest: usize) -> Walked {
+        let target_bytes = bytes::bytes(target);
+        let mut out = if bytes::is_absolute(target_bytes) {
+            Walked::root(self.buf.len() + target_bytes.len())
+        } else {
+            let mut w = Walked::root(self.buf.len() + target_bytes.len());
+            w.buf.clear();
+            w.buf.extend_from_slice(self.prefix(dir));
+            w.ends.extend_from_slice(&self.ends[..dir]);
+            w
+        };
+        for c in bytes::comps(target_bytes) {
+            match c {
+                Comp::Normal(n) => out.push(n),
+                Comp::Parent => out.pop(),
+                Comp::Cur | Comp::Root => {}
+            }
+        }
+        for i in rest..self.len() {
+            out.push(self.name(i));
+        }
+        out
+    }
+}
+
+fn path_of(b: &[u8]) -> PathBuf {
+    PathBuf::from(OsString::from_vec(b.to_vec()))
 }
 
 /// Open `path` (absolute, lexically normal) in `mode`, resolving symlinks
@@ -190,13 +259,7 @@ pub fn open<N: Namespace>(
     mode: Mode,
     scope: &Scope,
 ) -> Result<(N::File, PathBuf), Refusal> {
-    let mut parts: Vec<OsString> = path
-        .components()
-        .filter_map(|c| match c {
-            Component::Normal(n) => Some(n.to_owned()),
-            _ => None,
-        })
-        .collect();
+    let mut parts = Walked::of(path);
     let mut hops = 0;
     // The first symlink followed: what a refusal names.
     let mut via: Option<Via> = None;
@@ -207,47 +270,44 @@ pub fn open<N: Namespace>(
         }
     };
     'walk: loop {
-        let Some((name, parent)) = parts.split_last() else {
+        let Some(parent) = parts.len().checked_sub(1) else {
             return Err(Refusal::Denied("not a regular file".into()));
         };
-        let parent_path = to_path(parent);
+        let parent_path = parts.prefix(parent);
         // The deepest anchor containing the directory the file is in.
-        let Some((index, anchor)) = anchors
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| parent_path.starts_with(a))
-            .max_by_key(|(_, a)| a.components().count())
-        else {
-            let path = to_path(&parts);
-            return Err(outside(scope, path, via));
+        let Some((index, anchor)) = bytes::deepest(parent_path, anchors, PathBuf::as_path) else {
+            return Err(outside(scope.rule_for(Path::new(bytes::os(&parts.buf))), path_of(&parts.buf), via));
         };
-        let depth = anchor.components().count() - 1;
+        let depth = bytes::count(bytes::bytes(anchor)) - 1;
         let mut dir = ns.anchor(index)?;
-        for i in depth..parent.len() {
-            match ns.lookup(&dir, &parent[i])? {
+        for i in depth..parent {
+            match ns.lookup(&dir, bytes::os(parts.name(i)))? {
                 Entry::Dir(d) => dir = d,
                 Entry::Symlink(target) => {
                     hops += 1;
                     if hops > MAX_SYMLINK_HOPS {
                         return Err(Refusal::TooManyLinks);
                     }
-                    note(to_path(&parent[..=i]), &mut via);
-                    parts = rewrite(&parent[..i], &target, &parts[i + 1..]);
+                    note(path_of(parts.prefix(i + 1)), &mut via);
+                    parts = parts.rewrite(i, &target, i + 1);
                     continue 'walk;
                 }
                 Entry::NotDir => return Err(Refusal::NotFound),
                 Entry::Missing => return Err(Refusal::NotFound),
             }
         }
-        let full = to_path(&parts);
-        if !scope.permits(&full, false) {
-            return Err(outside(scope, full, via));
+        let full = path_of(&parts.buf);
+        // One rule decides both the read and the write question.
+        let rule = scope.rule_for(&full);
+        match rule.and_then(|r| r.access) {
+            None => return Err(outside(rule, full, via)),
+            Some(Access::ReadOnly) if mode.writable() => {
+                let root = rule.map_or_else(|| full.clone(), |r| r.path.clone());
+                return Err(Refusal::ReadOnly { path: full, root, via });
+            }
+            Some(_) => {}
         }
-        if mode.writable() && !scope.permits(&full, true) {
-            let root = scope.rule_for(&full).map_or_else(|| full.clone(), |r| r.path.clone());
-            return Err(Refusal::ReadOnly { path: full, root, via });
-        }
-        match ns.open_final(&dir, name, &full, mode)? {
+        match ns.open_final(&dir, bytes::os(parts.name(parent)), &full, mode)? {
             Final::File(f) => return Ok((f, full)),
             Final::Symlink(target) => {
                 hops += 1;
@@ -255,22 +315,21 @@ pub fn open<N: Namespace>(
                     return Err(Refusal::TooManyLinks);
                 }
                 note(full, &mut via);
-                parts = rewrite(parent, &target, &[]);
+                parts = parts.rewrite(parent, &target, parts.len());
             }
         }
     }
 }
 
-fn outside(scope: &Scope, path: PathBuf, via: Option<Via>) -> Refusal {
-    let denied_by = scope.rule_for(&path).filter(|r| r.access.is_none()).map(|r| r.path.clone());
+/// `rule` is the scope's rule for `path`.
+fn outside(rule: Option<&Rule>, path: PathBuf, via: Option<Via>) -> Refusal {
+    let denied_by = rule.filter(|r| r.access.is_none()).map(|r| r.path.clone());
     Refusal::Outside { path, denied_by, via }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Access;
-    use crate::scope::Rule;
     use std::collections::BTreeMap;
 
     /// A namespace of absolute paths: directories, files, symlinks.

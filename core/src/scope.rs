@@ -14,7 +14,7 @@
 //! The shell that owns the files checks the *resolved* path against the
 //! scope ([`crate::resolve`]), never the path as the child wrote it.
 
-use crate::policy::{normalize, Access, Root};
+use crate::policy::{bytes, normalize, Access, Root};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -91,7 +91,7 @@ impl Scope {
 
     /// The rule that decides `path`: the deepest one containing it.
     pub fn rule_for(&self, path: &Path) -> Option<&Rule> {
-        self.rules.iter().filter(|r| path.starts_with(&r.path)).max_by_key(|r| r.path.components().count())
+        bytes::deepest(bytes::bytes(path), &self.rules, |r| &r.path).map(|(_, r)| r)
     }
 
     /// Whether `path` may be opened for reading, or writing when `write`.
@@ -129,11 +129,8 @@ impl Scope {
     fn simplified(self) -> Scope {
         let mut kept: Vec<Rule> = Vec::with_capacity(self.rules.len());
         for r in self.rules {
-            let inherited = kept
-                .iter()
-                .filter(|k| r.path.starts_with(&k.path))
-                .max_by_key(|k| k.path.components().count())
-                .and_then(|k| k.access);
+            let inherited =
+                bytes::deepest(bytes::bytes(&r.path), &kept, |k| &k.path).and_then(|(_, k)| k.access);
             if inherited != r.access {
                 kept.push(r);
             }

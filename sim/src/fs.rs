@@ -5,54 +5,77 @@
 
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{EffectResult, FileId};
+use airlock_core::policy::bytes;
 use airlock_core::resolve::{self, Entry, Final, Namespace, Refusal};
 use airlock_core::scope::Scope;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
+
+#[cfg(test)]
+mod oracle;
 
 #[derive(Debug)]
 struct OpenFile {
     path: PathBuf,
+    /// `path` as `files` is keyed.
+    key: Vec<u8>,
     pos: usize,
     /// Opened in `a` mode: every write lands at the end, as with O_APPEND.
     append: bool,
 }
 
+/// Paths are keyed by their canonical spelling (`bytes::canonical`), so a
+/// lookup compares bytes and finds what a lookup by components would: `/a//b`
+/// and `/a/b/` are the file `/a/b`, as in a real tree.
 #[derive(Debug, Default)]
 pub struct HostFs {
-    files: BTreeMap<PathBuf, Vec<u8>>,
-    dirs: BTreeSet<PathBuf>,
-    links: BTreeMap<PathBuf, PathBuf>,
+    files: BTreeMap<Vec<u8>, Vec<u8>>,
+    dirs: BTreeSet<Vec<u8>>,
+    links: BTreeMap<Vec<u8>, PathBuf>,
     /// Keyed by (level, file): file ids are per machine.
     open: BTreeMap<(usize, FileId), OpenFile>,
     /// Paths changed since the checkers last looked.
     pub dirty: BTreeSet<PathBuf>,
 }
 
+fn key(path: &Path) -> Cow<'_, [u8]> {
+    bytes::canonical(bytes::bytes(path))
+}
+
+fn path_of(b: Vec<u8>) -> PathBuf {
+    PathBuf::from(OsString::from_vec(b))
+}
+
 /// The in-memory tree as the walk's namespace: a "descriptor" is the
-/// directory's physical path, which stays valid because the simulator
-/// never renames directories.
+/// directory's physical path (spelled as the walk reached it), which stays
+/// valid because the simulator never renames directories.
 struct Walk<'a> {
     fs: &'a mut HostFs,
     anchors: &'a [PathBuf],
 }
 
 impl Namespace for Walk<'_> {
-    type Dir = PathBuf;
+    type Dir = Vec<u8>;
     type File = PathBuf;
 
-    fn anchor(&mut self, index: usize) -> Result<PathBuf, Refusal> {
-        self.anchors.get(index).cloned().ok_or_else(|| Refusal::Fs("unknown anchor".into()))
+    fn anchor(&mut self, index: usize) -> Result<Vec<u8>, Refusal> {
+        self.anchors
+            .get(index)
+            .map(|a| bytes::bytes(a).to_vec())
+            .ok_or_else(|| Refusal::Fs("unknown anchor".into()))
     }
 
-    fn lookup(&mut self, dir: &PathBuf, name: &OsStr) -> Result<Entry<PathBuf>, Refusal> {
-        let p = dir.join(name);
-        Ok(if self.fs.dirs.contains(&p) {
+    fn lookup(&mut self, dir: &Vec<u8>, name: &OsStr) -> Result<Entry<Vec<u8>>, Refusal> {
+        let p = bytes::join(dir, name.as_bytes());
+        let k = bytes::canonical(&p);
+        Ok(if self.fs.dirs.contains(k.as_ref()) {
             Entry::Dir(p)
-        } else if let Some(t) = self.fs.links.get(&p) {
+        } else if let Some(t) = self.fs.links.get(k.as_ref()) {
             Entry::Symlink(t.clone())
-        } else if self.fs.files.contains_key(&p) {
+        } else if self.fs.files.contains_key(k.as_ref()) {
             Entry::NotDir
         } else {
             Entry::Missing
@@ -61,31 +84,37 @@ impl Namespace for Walk<'_> {
 
     fn open_final(
         &mut self,
-        dir: &PathBuf,
+        dir: &Vec<u8>,
         name: &OsStr,
         _: &Path,
         mode: Mode,
     ) -> Result<Final<PathBuf>, Refusal> {
-        let p = dir.join(name);
-        if let Some(t) = self.fs.links.get(&p) {
+        let p = bytes::join(dir, name.as_bytes());
+        let k = bytes::canonical(&p);
+        if let Some(t) = self.fs.links.get(k.as_ref()) {
             return Ok(Final::Symlink(t.clone()));
         }
-        if self.fs.dirs.contains(&p) {
+        if self.fs.dirs.contains(k.as_ref()) {
             return Err(Refusal::Denied("not a regular file".into()));
         }
-        match mode {
-            Mode::Read if !self.fs.files.contains_key(&p) => return Err(Refusal::NotFound),
-            Mode::Read => {}
+        let created = match mode {
+            Mode::Read if !self.fs.files.contains_key(k.as_ref()) => return Err(Refusal::NotFound),
+            Mode::Read => false,
             Mode::Write => {
-                self.fs.files.insert(p.clone(), Vec::new());
-                self.fs.dirty.insert(p.clone());
+                self.fs.files.insert(k.into_owned(), Vec::new());
+                true
             }
             Mode::Append | Mode::ReadWrite => {
-                if !self.fs.files.contains_key(&p) {
-                    self.fs.files.insert(p.clone(), Vec::new());
-                    self.fs.dirty.insert(p.clone());
+                let absent = !self.fs.files.contains_key(k.as_ref());
+                if absent {
+                    self.fs.files.insert(k.into_owned(), Vec::new());
                 }
+                absent
             }
+        };
+        let p = path_of(p);
+        if created {
+            self.fs.dirty.insert(p.clone());
         }
         Ok(Final::File(p))
     }
@@ -93,31 +122,32 @@ impl Namespace for Walk<'_> {
 
 impl HostFs {
     pub fn add_dir(&mut self, path: PathBuf) {
-        self.dirs.insert(path);
+        self.dirs.insert(key(&path).into_owned());
     }
 
     pub fn add_file(&mut self, path: PathBuf, content: Vec<u8>) {
-        self.files.insert(path, content);
+        self.files.insert(key(&path).into_owned(), content);
     }
 
     /// Make `path` a symlink to `target`, replacing whatever file or link
     /// was there (an attacker swapping names between requests).
     pub fn set_link(&mut self, path: PathBuf, target: PathBuf) {
-        self.files.remove(&path);
-        self.links.insert(path, target);
+        let k = key(&path).into_owned();
+        self.files.remove(&k);
+        self.links.insert(k, target);
     }
 
     /// Make `path` a regular file again (empty if it was not one).
     pub fn unlink(&mut self, path: &Path) {
-        self.links.remove(path);
+        self.links.remove(key(path).as_ref());
     }
 
     pub fn get(&self, path: &Path) -> Option<&[u8]> {
-        self.files.get(path).map(Vec::as_slice)
+        self.files.get(key(path).as_ref()).map(Vec::as_slice)
     }
 
     pub fn is_dir(&self, path: &Path) -> bool {
-        self.dirs.contains(path)
+        self.dirs.contains(key(path).as_ref())
     }
 
     pub fn open_count(&self) -> usize {
@@ -143,9 +173,10 @@ impl HostFs {
         let mut walk = Walk { fs: self, anchors };
         match resolve::open(&mut walk, anchors, path, mode, scope) {
             Ok((p, _)) => {
+                let key = key(&p).into_owned();
                 self.open.insert(
                     (level, file),
-                    OpenFile { path: p.clone(), pos: 0, append: mode == Mode::Append },
+                    OpenFile { path: p.clone(), key, pos: 0, append: mode == Mode::Append },
                 );
                 Ok((EffectResult::Opened, Some(p)))
             }
@@ -158,7 +189,7 @@ impl HostFs {
             .open
             .get_mut(&(level, file))
             .ok_or_else(|| format!("level {level} read unopened {file:?}"))?;
-        let data = self.files.get(&f.path).map(Vec::as_slice).unwrap_or_default();
+        let data = self.files.get(&f.key).map(Vec::as_slice).unwrap_or_default();
         let start = f.pos.min(data.len());
         let end = start.saturating_add(max as usize).min(data.len());
         // Like an OS file offset, a position past the end stays put.
@@ -175,7 +206,12 @@ impl HostFs {
             .open
             .get_mut(&(level, file))
             .ok_or_else(|| format!("level {level} wrote unopened {file:?}"))?;
-        let data = self.files.entry(f.path.clone()).or_default();
+        if !self.files.contains_key(&f.key) {
+            self.files.insert(f.key.clone(), Vec::new());
+        }
+        let Some(data) = self.files.get_mut(&f.key) else {
+            return Err(format!("level {level} wrote {file:?}, which vanished"));
+        };
         let start = if f.append { data.len() } else { f.pos };
         let end = start + bytes.len();
         if data.len() < end {

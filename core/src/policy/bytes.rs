@@ -1,0 +1,372 @@
+//! Unix path components over raw bytes, with exactly the semantics of
+//! `std::path::Components` on Unix (a leading `/` is the root, a leading
+//! `.` of a relative path is the current directory, other `.` and empty
+//! components vanish, `..` stays).
+//!
+//! The policy, scope and symlink walk compare paths on every file request;
+//! std's component iterator is a general state machine (prefixes, verbatim
+//! paths, both ends) and shows in the simulator's profile, while every
+//! question asked here only needs a forward split on `/`. The tests hold
+//! each function to its std counterpart on arbitrary bytes.
+
+use std::borrow::Cow;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// One component, as `std::path::Component` on Unix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Comp<'a> {
+    Root,
+    Cur,
+    Parent,
+    Normal(&'a [u8]),
+}
+
+/// The components of a path, front to back.
+#[derive(Clone, Debug)]
+pub struct Comps<'a> {
+    /// What is left to split.
+    rest: &'a [u8],
+    /// Nothing yielded yet: the root or a leading `.` may come first.
+    fresh: bool,
+}
+
+pub fn comps(path: &[u8]) -> Comps<'_> {
+    Comps { rest: path, fresh: true }
+}
+
+pub fn bytes(path: &Path) -> &[u8] {
+    path.as_os_str().as_bytes()
+}
+
+pub fn os(bytes: &[u8]) -> &OsStr {
+    OsStr::from_bytes(bytes)
+}
+
+impl<'a> Iterator for Comps<'a> {
+    type Item = Comp<'a>;
+
+    fn next(&mut self) -> Option<Comp<'a>> {
+        if self.fresh {
+            self.fresh = false;
+            match self.rest {
+                [b'/', ..] => {
+                    self.rest = &self.rest[1..];
+                    return Some(Comp::Root);
+                }
+                [b'.'] | [b'.', b'/', ..] => {
+                    self.rest = &self.rest[1..];
+                    return Some(Comp::Cur);
+                }
+                _ => {}
+            }
+        }
+        loop {
+            if self.rest.is_empty() {
+                return None;
+            }
+            let (seg, rest) = match self.rest.iter().position(|&b| b == b'/') {
+                Some(i) => (&self.rest[..i], &self.rest[i + 1..]),
+                None => (self.rest, &self.rest[self.rest.len()..]),
+            };
+            self.rest = rest;
+            match seg {
+                b"" | b"." => {}
+                b".." => return Some(Comp::Parent),
+                _ => return Some(Comp::Normal(seg)),
+            }
+        }
+    }
+}
+
+impl<'a> Comps<'a> {
+    /// Whether the next component is `want`, consuming it if so (if not,
+    /// the iterator is left anywhere). Unlike comparing `next()`, it reads
+    /// no further into the path than `want` is long: a path with a name of
+    /// megabytes costs no more to hold against a short root than a short one.
+    fn next_is(&mut self, want: Comp<'_>) -> bool {
+        if self.fresh {
+            self.fresh = false;
+            match self.rest {
+                [b'/', ..] => {
+                    self.rest = &self.rest[1..];
+                    return want == Comp::Root;
+                }
+                [b'.'] | [b'.', b'/', ..] => {
+                    self.rest = &self.rest[1..];
+                    return want == Comp::Cur;
+                }
+                _ => {}
+            }
+        }
+        // Empty and `.` names are not components.
+        loop {
+            match self.rest {
+                [b'/', rest @ ..] | [b'.', b'/', rest @ ..] => self.rest = rest,
+                [b'.'] => self.rest = &[],
+                _ => break,
+            }
+        }
+        let name: &[u8] = match want {
+            Comp::Normal(n) => n,
+            Comp::Parent => b"..",
+            // Only the first component can be the root or `.`.
+            Comp::Root | Comp::Cur => return false,
+        };
+        // `name` is neither empty nor `.`, so a match up to a separator is
+        // the whole of the next name.
+        match self.rest.strip_prefix(name) {
+            Some([]) => {
+                self.rest = &[];
+                true
+            }
+            Some([b'/', rest @ ..]) => {
+                self.rest = rest;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// What `std::path::Components::as_path` returns at this point:
+    /// the rest, without empty or `.` components at the ends (at the
+    /// front only once something was yielded).
+    fn as_bytes(&self) -> &'a [u8] {
+        let mut s = self.rest;
+        // Bytes at the front that belong to the root or a leading `.`,
+        // not to the body, are never trimmed.
+        let before_body = if self.fresh {
+            match s {
+                [b'/', ..] => 1,
+                [b'.'] | [b'.', b'/', ..] => 1,
+                _ => 0,
+            }
+        } else {
+            while !s.is_empty() {
+                let (seg, rest) = match s.iter().position(|&b| b == b'/') {
+                    Some(i) => (&s[..i], &s[i + 1..]),
+                    None => (s, &s[s.len()..]),
+                };
+                if !matches!(seg, b"" | b".") {
+                    break;
+                }
+                s = rest;
+            }
+            0
+        };
+        while s.len() > before_body {
+            let body = &s[before_body..];
+            let (seg_len, cut) = match body.iter().rposition(|&b| b == b'/') {
+                Some(i) => (body.len() - i - 1, body.len() - i),
+                None => (body.len(), body.len()),
+            };
+            let seg = &body[body.len() - seg_len..];
+            if !matches!(seg, b"" | b".") {
+                break;
+            }
+            s = &s[..s.len() - cut];
+        }
+        s
+    }
+}
+
+/// `Path::is_absolute` on Unix.
+pub fn is_absolute(path: &[u8]) -> bool {
+    path.first() == Some(&b'/')
+}
+
+/// Whether `path` begins with the bytes of `base` up to a separator and
+/// `base` is spelled as its components are: then `path`'s components begin
+/// with `base`'s, and what follows them is `path[base.len()..]`. The common
+/// case (a policy's roots are normalized) costs a `memcmp`.
+fn spelled_prefix(path: &[u8], base: &[u8]) -> bool {
+    !base.is_empty()
+        && path.starts_with(base)
+        && (path.len() == base.len() || path[base.len()] == b'/' || base == b"/")
+        && is_canonical(base)
+}
+
+/// `Path::starts_with`: `base`'s components are a prefix of `path`'s.
+pub fn starts_with(path: &[u8], base: &[u8]) -> bool {
+    if spelled_prefix(path, base) {
+        return true;
+    }
+    let mut p = comps(path);
+    comps(base).all(|b| p.next_is(b))
+}
+
+/// [`prefix_depth`] when both are canonical and `base` is not empty.
+fn spelled_depth(path: &[u8], base: &[u8]) -> Option<usize> {
+    let at_separator = || path.len() == base.len() || path[base.len()] == b'/' || base == b"/";
+    (path.starts_with(base) && at_separator()).then(|| canonical_count(base))
+}
+
+/// The components of a non-empty canonical spelling: one per `/`, and
+/// one more for the last name unless it is the root alone.
+fn canonical_count(base: &[u8]) -> usize {
+    let slashes = base.iter().filter(|&&b| b == b'/').count();
+    if base == b"/" {
+        1
+    } else {
+        slashes + 1
+    }
+}
+
+/// `base.components().count()` when `path.starts_with(base)`, in one pass:
+/// what picking the deepest rule containing a path asks of every rule.
+pub fn prefix_depth(path: &[u8], base: &[u8]) -> Option<usize> {
+    if spelled_prefix(path, base) {
+        return Some(canonical_count(base));
+    }
+    let mut p = comps(path);
+    let mut depth = 0;
+    for b in comps(base) {
+        if !p.next_is(b) {
+            return None;
+        }
+        depth += 1;
+    }
+    Some(depth)
+}
+
+/// The index and item of the deepest of `items` whose path `path` starts
+/// with: `max_by_key` over the matching ones, so of equal depths the last.
+pub fn deepest<'a, T>(
+    path: &[u8],
+    items: impl IntoIterator<Item = &'a T>,
+    of: impl Fn(&T) -> &Path,
+) -> Option<(usize, &'a T)>
+where
+    T: 'a,
+{
+    // Between two canonical spellings, components match exactly when the
+    // bytes do up to a separator: one check of `path` spares splitting it
+    // against every item (policies keep their roots normalized).
+    let spelled = is_canonical(path);
+    let mut best: Option<(usize, &'a T, usize)> = None;
+    for (i, item) in items.into_iter().enumerate() {
+        let base = bytes(of(item));
+        let depth = if spelled && !base.is_empty() && is_canonical(base) {
+            spelled_depth(path, base)
+        } else {
+            prefix_depth(path, base)
+        };
+        if let Some(depth) = depth {
+            if best.is_none_or(|(_, _, d)| depth >= d) {
+                best = Some((i, item, depth));
+            }
+        }
+    }
+    best.map(|(i, item, _)| (i, item))
+}
+
+/// `path.components().count()`.
+pub fn count(path: &[u8]) -> usize {
+    comps(path).count()
+}
+
+/// `Path::strip_prefix`, as bytes of `path`.
+pub fn strip_prefix<'a>(path: &'a [u8], base: &[u8]) -> Option<&'a [u8]> {
+    if spelled_prefix(path, base) {
+        // `base` has a component, so the rest is trimmed at the front too.
+        return Some(Comps { rest: &path[base.len()..], fresh: false }.as_bytes());
+    }
+    let mut p = comps(path);
+    for b in comps(base) {
+        if !p.next_is(b) {
+            return None;
+        }
+    }
+    Some(p.as_bytes())
+}
+
+/// `policy::normalize` on bytes: `.` dropped, `..` applied, `None` when a
+/// `..` climbs above the start of a relative path, `/..` staying at `/`.
+pub fn normalize(path: &[u8]) -> Option<Vec<u8>> {
+    let absolute = is_absolute(path);
+    let mut out: Vec<u8> = Vec::with_capacity(path.len());
+    let mut depth = 0usize;
+    for c in comps(path) {
+        match c {
+            Comp::Root => out.push(b'/'),
+            Comp::Cur => {}
+            Comp::Parent => {
+                if depth > 0 {
+                    // `PathBuf::pop` on a path built only of normal names.
+                    match out.iter().rposition(|&b| b == b'/') {
+                        Some(0) => out.truncate(1),
+                        Some(i) => out.truncate(i),
+                        None => out.clear(),
+                    }
+                    depth -= 1;
+                } else if !absolute {
+                    return None;
+                }
+            }
+            Comp::Normal(n) => {
+                if out.last().is_some_and(|&b| b != b'/') {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(n);
+                depth += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// `PathBuf::push` of a relative `rel` onto `base`, as bytes.
+pub fn join(base: &[u8], rel: &[u8]) -> Vec<u8> {
+    if is_absolute(rel) {
+        return rel.to_vec();
+    }
+    let mut out = Vec::with_capacity(base.len() + 1 + rel.len());
+    out.extend_from_slice(base);
+    if out.last().is_some_and(|&b| b != b'/') {
+        out.push(b'/');
+    }
+    out.extend_from_slice(rel);
+    out
+}
+
+/// Whether `path` is spelled exactly as [`canonical`] spells its
+/// components: no empty or `.` names, no trailing `/`.
+pub fn is_canonical(path: &[u8]) -> bool {
+    let body = match path {
+        [] | [b'/'] | [b'.'] => return true,
+        [b'.', b'/'] => return false,
+        [b'/', rest @ ..] | [b'.', b'/', rest @ ..] => rest,
+        _ => path,
+    };
+    body.split(|&b| b == b'/').all(|s| !s.is_empty() && s != b".")
+}
+
+/// One spelling per path: two paths have the same components exactly when
+/// their canonical spellings are the same bytes, so a map keyed by these
+/// bytes finds what a map keyed by `PathBuf` would, comparing bytes only.
+pub fn canonical(path: &[u8]) -> Cow<'_, [u8]> {
+    if is_canonical(path) {
+        return Cow::Borrowed(path);
+    }
+    let mut out = Vec::with_capacity(path.len());
+    for c in comps(path) {
+        let name: &[u8] = match c {
+            Comp::Root => {
+                out.push(b'/');
+                continue;
+            }
+            Comp::Cur => {
+                out.push(b'.');
+                continue;
+            }
+            Comp::Parent => b"..",
+            Comp::Normal(n) => n,
+        };
+        if out.last().is_some_and(|&b| b != b'/') {
+            out.push(b'/');
+        }
+        out.extend_from_slice(name);
+    }
+    Cow::Owned(out)
+}
