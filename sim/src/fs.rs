@@ -37,8 +37,11 @@ pub struct HostFs {
     links: BTreeMap<Vec<u8>, PathBuf>,
     /// Keyed by (level, file): file ids are per machine.
     open: BTreeMap<(usize, FileId), OpenFile>,
-    /// Paths changed since the checkers last looked.
-    pub dirty: BTreeSet<PathBuf>,
+    /// Paths changed since the checkers last looked, in the order they
+    /// changed, repeats included: only whether a path is here matters, and
+    /// a set of paths compared component by component was most of a
+    /// write's cost.
+    dirty: Vec<PathBuf>,
 }
 
 fn key(path: &Path) -> Cow<'_, [u8]> {
@@ -114,13 +117,18 @@ impl Namespace for Walk<'_> {
         };
         let p = path_of(p);
         if created {
-            self.fs.dirty.insert(p.clone());
+            self.fs.dirty.push(p.clone());
         }
         Ok(Final::File(p))
     }
 }
 
 impl HostFs {
+    /// The paths changed since the last call (repeats possible).
+    pub fn take_dirty(&mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.dirty)
+    }
+
     pub fn add_dir(&mut self, path: PathBuf) {
         self.dirs.insert(key(&path).into_owned());
     }
@@ -219,7 +227,7 @@ impl HostFs {
         }
         data[start..end].copy_from_slice(bytes);
         f.pos = end;
-        self.dirty.insert(f.path.clone());
+        self.dirty.push(f.path.clone());
         Ok(EffectResult::Written { written: bytes.len() as u64 })
     }
 

@@ -1435,7 +1435,7 @@ impl World {
     }
 
     fn check_files(&mut self) -> Check {
-        let dirty: Vec<PathBuf> = std::mem::take(&mut self.fs.dirty).into_iter().collect();
+        let dirty = self.fs.take_dirty();
         for p in dirty {
             if let Some(mut f) = p.to_str().and_then(|k| self.files.get_mut(k)) {
                 f.dirty = true;
