@@ -571,12 +571,55 @@ enum UpNarrow {
     Done,
 }
 
-/// A request waiting its turn: its frame, and whether it closes a handle
+/// A request waiting its turn: what its frame held, the frame's length
+/// (what the byte bounds charge for it), and whether it closes a handle
 /// (which the queue admits past its bounds, see `enqueue`).
 #[derive(Debug)]
 struct Queued {
-    payload: Vec<u8>,
+    len: u64,
+    held: Held,
     closes: Option<Handle>,
+}
+
+/// A queued request as it is held until served.
+#[derive(Debug)]
+enum Held {
+    /// Parsed on arrival, so that serving it (or looking at it to batch
+    /// it) does not parse it again. Only what holds no more than its frame
+    /// held (a handle, bytes, a path, a refusal), so that the bounds,
+    /// charged by frame length, stay bounds of memory.
+    Parsed(Result<Request, Rejection>),
+    /// The frame, for what a parse may make bigger than its text (a scope,
+    /// a JSON tree), parsed when served.
+    Frame(Vec<u8>),
+}
+
+impl Held {
+    fn new(payload: Vec<u8>, req: Result<Request, Rejection>) -> Self {
+        let small = match &req {
+            Err(_) => true,
+            Ok(Request { op, .. }) => matches!(
+                op,
+                Op::Read { .. }
+                    | Op::Write { .. }
+                    | Op::Close { .. }
+                    | Op::Attach
+                    | Op::Open { scope: None, .. }
+            ),
+        };
+        if small {
+            Held::Parsed(req)
+        } else {
+            Held::Frame(payload)
+        }
+    }
+
+    fn request(self, limits: wire::Limits) -> Result<Request, Rejection> {
+        match self {
+            Held::Parsed(req) => req,
+            Held::Frame(payload) => wire::parse_request(&payload, limits),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -1132,7 +1175,7 @@ impl FsProxy {
         let Some(c) = self.clients.get_mut(&client) else { return };
         c.queued_bytes += len;
         self.queued_total += len;
-        c.queue.push_back(Queued { payload, closes: closing });
+        c.queue.push_back(Queued { len, held: Held::new(payload, req), closes: closing });
     }
 
     fn serve_parsed(&mut self, client: ClientId, req: Result<Request, Rejection>) {
@@ -1152,11 +1195,9 @@ impl FsProxy {
                 return;
             }
             let Some(q) = c.queue.pop_front() else { return };
-            let len = q.payload.len() as u64;
-            c.queued_bytes -= len;
-            self.queued_total -= len;
-            let req = wire::parse_request(&q.payload, self.config.limits);
-            drop(q);
+            c.queued_bytes -= q.len;
+            self.queued_total -= q.len;
+            let req = q.held.request(self.config.limits);
             self.serve_parsed(client, req);
         }
     }

@@ -29,8 +29,8 @@
 //! queue bounds until they are answered (or become the one being served),
 //! so what a client may have waiting is the same with or without batches.
 
-use super::wire::{self, Op, Request};
-use super::{fs_failure, unexpected, Effect, EffectResult, FileId, FsProxy, Pending, Success, Waiting};
+use super::wire::{Op, Request};
+use super::{fs_failure, unexpected, Effect, EffectResult, FileId, FsProxy, Held, Pending, Success, Waiting};
 use crate::handles::{ClientId, Handle};
 use std::ops::Range;
 
@@ -118,20 +118,19 @@ impl FsProxy {
     /// summed stay within `Config::max_read_batch`.
     pub(super) fn gather_reads(&mut self, client: ClientId, h: Handle, max: u32) -> Vec<Batched> {
         let limit = u64::from(self.config.max_read_batch);
-        let limits = self.config.limits;
         let mut total = u64::from(max);
         let mut out = Vec::new();
         while total < limit {
             let Some(c) = self.clients.get_mut(&client) else { break };
-            let Some(q) = c.queue.front().filter(|q| q.payload.len() <= MAX_BATCHED_FRAME) else { break };
-            let Ok(Request { id, op: Op::Read { h: next, max } }) = wire::parse_request(&q.payload, limits)
-            else {
-                break;
-            };
+            let Some(q) = c.queue.front().filter(|q| q.len <= MAX_BATCHED_FRAME as u64) else { break };
+            // Reads are held parsed; anything held as its frame is no read.
+            let Held::Parsed(Ok(Request { id, op: Op::Read { h: next, max } })) = &q.held else { break };
+            let (next, max) = (*next, *max);
             if next != h || total + u64::from(max) > limit {
                 break;
             }
-            let held = q.payload.len() as u64;
+            let id = id.clone();
+            let held = q.len;
             c.queue.pop_front();
             // Its bytes stay counted until it is answered.
             c.batched += 1;
