@@ -2057,13 +2057,13 @@ fn invalid(c: &mut Client, stdio_local: bool) {
                 ],
             );
             let mode = *pick(&mut c.rng, &MODES);
-            let payload = request::open(&id, &path, mode.as_str());
+            let payload = request::open(&id, path, mode.as_str());
             send(c, id, payload, Kind::Open { key: None, mode, host: true }, Some("policy"));
         }
         1 => {
             let path = *pick(&mut c.rng, &["/data/ro/a.txt", "/data/rw/sub/x", "/data/ro/new"]);
             let mode = *pick(&mut c.rng, &[Mode::Write, Mode::Append, Mode::ReadWrite]);
-            let payload = request::open(&id, &path, mode.as_str());
+            let payload = request::open(&id, path, mode.as_str());
             send(c, id, payload, Kind::Open { key: None, mode, host: true }, Some("policy"));
         }
         2 => {

@@ -158,7 +158,7 @@ impl World {
             // A host file (at the top, through this level) if this level
             // sends it on at all; otherwise one of its virtual files.
             let host = matches!(policy.resolve(path, mode.writable()), Ok(Resolved::Host { .. }));
-            let payload = request::open(&id, &path, mode.as_str());
+            let payload = request::open(&id, path, mode.as_str());
             return send(c, id, payload, Kind::Open { key: None, mode, host }, None);
         }
         let h = *pick(&mut c.rng, &usable);
