@@ -2,3 +2,4 @@
 
 pub mod frame;
 pub mod jsonrpc;
+pub mod plain;

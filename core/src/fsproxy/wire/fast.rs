@@ -1,0 +1,89 @@
+//! The hot requests (`open`, `read`, `write`, `close`) read straight from
+//! the frame's bytes into typed fields: no `Value` tree, no tokenizer, no
+//! copy of a write's base64. It answers only the plain case: anything else
+//! (an escape in a string, a number that is not a plain integer, an
+//! unknown, repeated or mistyped field, a scope, any other op, anything
+//! nested) is `None` and goes to [`super::parse_request_tree`], which
+//! decides every case. So both paths give one answer for every frame
+//! (property-tested), and this one can be strict without being thorough:
+//! declining is always right.
+//!
+//! Written by hand rather than through serde_json's deserializer: a
+//! request is a few short members, and the generic tokenizer's per-member
+//! cost was most of what the machine spent on one.
+
+use super::{Limits, Mode, Op, Rejection, Request};
+use crate::b64;
+use crate::codec::plain::{Cursor, Slot};
+use crate::handles::Handle;
+
+#[derive(Default)]
+struct Params<'a> {
+    h: Slot<u64>,
+    max: Slot<u64>,
+    // Bytes: base64's alphabet is ASCII, so decoding checks what UTF-8
+    // validation would.
+    data: Slot<&'a [u8]>,
+    fin: Slot<bool>,
+    path: Slot<&'a str>,
+    mode: Slot<&'a str>,
+}
+
+fn params<'a>(c: &mut Cursor<'a>) -> Option<Params<'a>> {
+    let mut p = Params::default();
+    c.object(|c, key| match key {
+        b"h" => c.member(&mut p.h, Cursor::uint),
+        b"max" => c.member(&mut p.max, Cursor::uint),
+        // Only the closing quote is looked for: an escape or a control
+        // character fails the decoding, whose alphabet (letters, digits,
+        // `+`, `/`, `=`) has neither.
+        b"data" => c.member(&mut p.data, Cursor::raw_string),
+        b"final" => c.member(&mut p.fin, |c| match c.peek()? {
+            b't' => c.literal(b"true").map(|()| true),
+            _ => c.literal(b"false").map(|()| false),
+        }),
+        b"path" => c.member(&mut p.path, Cursor::text),
+        b"mode" => c.member(&mut p.mode, Cursor::text),
+        // A scope, even `null`, and any other member: the tree's.
+        _ => None,
+    })?;
+    Some(p)
+}
+
+pub(super) fn parse(payload: &[u8], limits: Limits) -> Option<Result<Request, Rejection>> {
+    let mut c = Cursor::new(payload);
+    let (mut id, mut op, mut ps): (Slot<&str>, Slot<&[u8]>, Slot<Params<'_>>) = (None, None, None);
+    c.ws();
+    c.object(|c, key| match key {
+        b"id" => c.member(&mut id, Cursor::text),
+        b"op" => {
+            c.member(&mut op, Cursor::string)?;
+            // Any other op is the tree's: stop here, before its params.
+            matches!(op, Some(Some(b"read" | b"write" | b"close" | b"open"))).then_some(())
+        }
+        b"params" => c.member(&mut ps, params),
+        _ => None,
+    })?;
+    if !c.at_end() {
+        return None;
+    }
+    // `id` and `op` must be there and not null; `params` here must be an
+    // object, since every op this path takes needs one of its fields.
+    let (Some(Some(id)), Some(Some(op)), Some(Some(p))) = (id, op, ps) else { return None };
+    let op = match op {
+        b"read" => {
+            let (h, max) = (p.h??, p.max??);
+            if max == 0 || max > u64::from(limits.max_read) {
+                return None;
+            }
+            Op::Read { h: Handle::new(h), max: max as u32 }
+        }
+        b"write" => Op::Write { h: Handle::new(p.h??), data: b64::decode(p.data??).ok()? },
+        b"close" => Op::Close { h: Handle::new(p.h??) },
+        b"open" => Op::Open { path: p.path??.to_owned(), mode: Mode::parse(p.mode??)?, scope: None },
+        _ => return None,
+    };
+    // `final` only has to be a boolean or null, which `params` checked.
+    let _ = p.fin;
+    Some(Ok(Request { id: id.to_owned(), op }))
+}
