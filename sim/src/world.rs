@@ -28,8 +28,6 @@ use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
 use airlock_core::time::Instant;
 use airlock_core::trace::{Header, TraceWriter};
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
 use broker::{BOp, BrokerSim};
 use files::Files;
 use order::Order;
@@ -630,6 +628,7 @@ impl World {
             add_private_files(&mut files, idx, level);
             clients.push(Client::new(seed, idx, level, ClientId(idx as u64), swarm.ops_per_client));
         }
+        let floods = floods::WorldFloods::new(&swarm);
         let mut w = World {
             seed,
             attach_budget: ATTACH_BUDGET,
@@ -656,7 +655,7 @@ impl World {
             fixture,
             finished: false,
             broker: broker_setup.as_ref().map(|s| BrokerSim::new(s, bug)),
-            floods: floods::WorldFloods::default(),
+            floods,
             policies,
             anchors,
             adversary,
@@ -1778,7 +1777,7 @@ impl World {
                 let data = r
                     .data
                     .as_str()
-                    .and_then(|d| STANDARD.decode(d.as_bytes()).ok())
+                    .and_then(|d| base64_simd::STANDARD.decode_to_vec(d.as_bytes()).ok())
                     .ok_or_else(|| violation("response_shape", format!("read without data: {v}")))?;
                 let eof = r.eof.as_bool();
                 if data.len() > max as usize || eof != Some(data.is_empty()) {
@@ -1909,7 +1908,18 @@ impl World {
 
 fn next_id(c: &mut Client) -> String {
     c.next_req += 1;
-    format!("c{}-{}", c.idx, c.next_req)
+    let (mut idx, mut req) = (itoa::Buffer::new(), itoa::Buffer::new());
+    cat(&["c", idx.format(c.idx), "-", req.format(c.next_req)])
+}
+
+/// The parts joined: what `format!` gives for strings and integers, in one
+/// allocation (`format!` was a tenth of what a client spent on a request).
+fn cat(parts: &[&str]) -> String {
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        s.push_str(p);
+    }
+    s
 }
 
 fn send(c: &mut Client, id: String, payload: Vec<u8>, kind: Kind, must_fail: Option<&'static str>) {
@@ -1947,36 +1957,37 @@ fn pick<'a, T>(rng: &mut ChaCha8Rng, items: &'a [T]) -> &'a T {
 const MODES: [Mode; 4] = [Mode::Read, Mode::Write, Mode::Append, Mode::ReadWrite];
 
 fn valid(c: &mut Client, usable: &[u64]) {
-    let idx = c.idx;
+    let mut idx_text = itoa::Buffer::new();
+    let idx = idx_text.format(c.idx);
     let open = usable.is_empty() || usable.len() < 4 && c.rng.gen_bool(0.3);
     if open {
         let (key, path, mode, host) = match c.rng.gen_range(0..100) {
             0..30 => {
-                let key = format!("/data/rw/c{idx}.dat");
+                let key = cat(&["/data/rw/c", idx, ".dat"]);
                 // As `pick` over the four spellings, building only the one.
                 let path = match c.rng.gen_range(0..4usize) {
                     0 => key.clone(),
-                    1 => format!("/data/rw/./c{idx}.dat"),
-                    2 => format!("/data/ro/../rw/c{idx}.dat"),
-                    _ => format!("/data/rw/sub/../c{idx}.dat"),
+                    1 => cat(&["/data/rw/./c", idx, ".dat"]),
+                    2 => cat(&["/data/ro/../rw/c", idx, ".dat"]),
+                    _ => cat(&["/data/rw/sub/../c", idx, ".dat"]),
                 };
                 (key, path, *pick(&mut c.rng, &MODES), true)
             }
             30..45 => {
                 let path = match c.rng.gen_range(0..3usize) {
-                    0 => format!("scratch/c{idx}.log"),
-                    1 => format!("./scratch/c{idx}.log"),
-                    _ => format!("/work/proj/scratch/c{idx}.log"),
+                    0 => cat(&["scratch/c", idx, ".log"]),
+                    1 => cat(&["./scratch/c", idx, ".log"]),
+                    _ => cat(&["/work/proj/scratch/c", idx, ".log"]),
                 };
-                (format!("/work/proj/scratch/c{idx}.log"), path, *pick(&mut c.rng, &MODES), true)
+                (cat(&["/work/proj/scratch/c", idx, ".log"]), path, *pick(&mut c.rng, &MODES), true)
             }
             45..60 => {
                 let path = match c.rng.gen_range(0..3usize) {
-                    0 => format!("v/c{idx}.txt"),
-                    1 => format!("./v/c{idx}.txt"),
-                    _ => format!("v/../v/c{idx}.txt"),
+                    0 => cat(&["v/c", idx, ".txt"]),
+                    1 => cat(&["./v/c", idx, ".txt"]),
+                    _ => cat(&["v/../v/c", idx, ".txt"]),
                 };
-                (format!("v/c{idx}.txt"), path, *pick(&mut c.rng, &MODES), false)
+                (cat(&["v/c", idx, ".txt"]), path, *pick(&mut c.rng, &MODES), false)
             }
             60..75 => {
                 let mode = if c.rng.gen_bool(0.8) { Mode::Append } else { Mode::Read };

@@ -31,11 +31,19 @@ pub(super) struct ClientFloods {
 #[derive(Debug)]
 pub(super) struct WorldFloods {
     attach_budget: usize,
+    /// The floods on in this world's swarm, in the order they are tried,
+    /// with their rates: a swarm does not change while its world runs.
+    on: Vec<(FaultKind, u32)>,
 }
 
-impl Default for WorldFloods {
-    fn default() -> Self {
-        WorldFloods { attach_budget: FLOOD_ATTACH_BUDGET }
+impl WorldFloods {
+    pub fn new(swarm: &crate::swarm::Swarm) -> Self {
+        let on = crate::swarm::FLOODS
+            .iter()
+            .chain(&[FaultKind::PartialFlood])
+            .filter_map(|k| Some((*k, swarm.rate(*k))).filter(|(_, r)| *r > 0))
+            .collect();
+        WorldFloods { attach_budget: FLOOD_ATTACH_BUDGET, on }
     }
 }
 
@@ -44,15 +52,8 @@ impl World {
     /// one was sent. Draws nothing when no flood is on, so other worlds
     /// run as before.
     pub(super) fn issue_flood(&mut self, i: usize) -> bool {
-        let on: Vec<(FaultKind, u32)> = crate::swarm::FLOODS
-            .iter()
-            .chain(&[FaultKind::PartialFlood])
-            .filter_map(|k| Some((*k, self.swarm.rate(*k))).filter(|(_, r)| *r > 0))
-            .collect();
-        if on.is_empty() {
-            return false;
-        }
-        for (kind, rate) in on {
+        for k in 0..self.floods.on.len() {
+            let (kind, rate) = self.floods.on[k];
             if self.clients[i].rng.gen_range(0..PPM) >= rate {
                 continue;
             }

@@ -4,26 +4,30 @@
 //! answer's data, kilobytes of base64, is then copied once (decoded), not
 //! three times. Messages still show the response as `Value` prints it.
 
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 use std::borrow::Cow;
 use std::fmt;
+use std::marker::PhantomData;
 
 /// A member as `Value::get` sees it: absent, or present with any value,
 /// null included (serde's `Option` would take a null for absent).
 #[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Member<'a>(Option<&'a RawValue>);
+pub(super) struct Member<'a>(Option<&'a str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Member<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        <&'a RawValue>::deserialize(d).map(|raw| Member(Some(raw)))
+        <&'a RawValue>::deserialize(d).map(|raw| Member(Some(raw.get())))
     }
 }
 
 impl<'a> Member<'a> {
+    /// The member's JSON text, as the frame spells it.
     fn text(self) -> Option<&'a str> {
-        self.0.map(RawValue::get)
+        self.0
     }
 
     pub fn is_absent_or_null(self) -> bool {
@@ -53,20 +57,61 @@ impl<'a> Member<'a> {
         if !t.starts_with('"') {
             return None;
         }
+        // A raw value is valid JSON: a string with no escape is the bytes
+        // between its quotes (the kilobytes of a read's base64 need not be
+        // scanned a second time).
+        if !t.contains('\\') {
+            return Some(Cow::Borrowed(&t[1..t.len() - 1]));
+        }
         match serde_json::from_str::<&'a str>(t) {
             Ok(s) => Some(Cow::Borrowed(s)),
             // Escapes: the string is not the bytes of the frame.
             Err(_) => serde_json::from_str::<String>(t).ok().map(Cow::Owned),
         }
     }
+}
 
-    /// The member's object, its members of interest read; an absent member,
-    /// or one that is not an object, has none of them.
-    fn object<T: Deserialize<'a> + Default>(self) -> T {
-        match self.text() {
-            Some(t) if t.starts_with('{') => serde_json::from_str(t).unwrap_or_default(),
-            _ => T::default(),
+/// A member read as an object, its members of interest taken in the same
+/// pass as the response's (not kept as text and parsed again): absent, or
+/// present with those members (none of them when it is not an object).
+#[derive(Default)]
+struct Nested<T>(Option<T>);
+
+impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Nested<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Default> Visitor<'de> for V<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<T, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(T::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<T, E> {
+                Ok(T::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<T, E> {
+                Ok(T::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<T, E> {
+                Ok(T::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<T, E> {
+                Ok(T::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<T, E> {
+                Ok(T::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<T, E> {
+                Ok(T::default())
+            }
         }
+        d.deserialize_any(V(PhantomData)).map(|t| Nested(Some(t)))
     }
 }
 
@@ -77,9 +122,9 @@ struct Top<'a> {
     #[serde(borrow, default)]
     ok: Member<'a>,
     #[serde(borrow, default)]
-    error: Member<'a>,
+    error: Nested<ErrorPart<'a>>,
     #[serde(borrow, default)]
-    result: Member<'a>,
+    result: Nested<ResultPart<'a>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -103,6 +148,82 @@ pub(super) struct ResultPart<'a> {
     pub written: Member<'a>,
 }
 
+/// The answers the proxy writes, read without serde_json: plain members
+/// only (`airlock_core::codec::plain`). Anything else, an escape, a float,
+/// an unknown or repeated member, declines to serde_json's reading, so the
+/// two agree wherever this one answers (property-tested).
+mod scan {
+    use super::{ErrorPart, Member, Nested, ResultPart, Top};
+    use airlock_core::codec::plain::Cursor;
+
+    /// A scalar's JSON text, as the frame spells it.
+    fn scalar<'a>(c: &mut Cursor<'a>, payload: &'a [u8]) -> Option<Member<'a>> {
+        let start = c.pos();
+        match c.peek()? {
+            b'"' => drop(c.string()?),
+            b't' => c.literal(b"true")?,
+            b'f' => c.literal(b"false")?,
+            b'n' => c.literal(b"null")?,
+            _ => drop(c.uint()?),
+        }
+        // One UTF-8 check of the string, its quotes included.
+        std::str::from_utf8(payload.get(start..c.pos())?).ok().map(|t| Member(Some(t)))
+    }
+
+    fn once<'a>(slot: &mut Member<'a>, value: Option<Member<'a>>) -> Option<()> {
+        if slot.0.is_some() {
+            return None;
+        }
+        *slot = value?;
+        Some(())
+    }
+
+    /// A member read as [`Nested`] reads it: an object of known members,
+    /// or a scalar (present, with none of them).
+    fn nested<'a, T: Default>(
+        c: &mut Cursor<'a>,
+        payload: &'a [u8],
+        slot: &mut Nested<T>,
+        mut member: impl FnMut(&mut T, &[u8], Member<'a>) -> Option<()>,
+    ) -> Option<()> {
+        if slot.0.is_some() {
+            return None;
+        }
+        let mut t = T::default();
+        if c.peek()? == b'{' {
+            c.object(|c, key| member(&mut t, key, scalar(c, payload)?))?;
+        } else {
+            scalar(c, payload)?;
+        }
+        slot.0 = Some(t);
+        Some(())
+    }
+
+    pub(super) fn top(payload: &[u8]) -> Option<Top<'_>> {
+        let mut c = Cursor::new(payload);
+        let mut top = Top::default();
+        c.ws();
+        c.object(|c, key| match key {
+            b"id" => once(&mut top.id, scalar(c, payload)),
+            b"ok" => once(&mut top.ok, scalar(c, payload)),
+            b"result" => nested(c, payload, &mut top.result, |r: &mut ResultPart<'_>, key, v| match key {
+                b"handle" => once(&mut r.handle, Some(v)),
+                b"data" => once(&mut r.data, Some(v)),
+                b"eof" => once(&mut r.eof, Some(v)),
+                b"written" => once(&mut r.written, Some(v)),
+                _ => None,
+            }),
+            b"error" => nested(c, payload, &mut top.error, |e: &mut ErrorPart<'_>, key, v| match key {
+                b"code" => once(&mut e.code, Some(v)),
+                b"message" => once(&mut e.message, Some(v)),
+                _ => None,
+            }),
+            _ => None,
+        })?;
+        c.at_end().then_some(top)
+    }
+}
+
 /// A response's `id`, as the checkers tell them apart.
 pub(super) enum Id<'a> {
     Str(Cow<'a, str>),
@@ -122,9 +243,18 @@ impl<'a> Response<'a> {
     /// `Err` holds what a violation says: not JSON (serde_json's words), or
     /// JSON whose shape no reading can make sense of.
     pub fn parse(payload: &'a [u8]) -> Result<Self, String> {
+        if let Some(mut top) = scan::top(payload) {
+            let error = top.error.0.take().unwrap_or_default();
+            return Ok(Response { payload, top, error });
+        }
+        Self::parse_by_serde(payload)
+    }
+
+    /// What [`Response::parse`] gives, every case read by serde_json.
+    fn parse_by_serde(payload: &'a [u8]) -> Result<Self, String> {
         match serde_json::from_slice::<Top<'a>>(payload) {
-            Ok(top) => {
-                let error = top.error.object();
+            Ok(mut top) => {
+                let error = top.error.0.take().unwrap_or_default();
                 Ok(Response { payload, top, error })
             }
             Err(_) => match serde_json::from_slice::<Value>(payload) {
@@ -155,7 +285,7 @@ impl<'a> Response<'a> {
 
     /// `None` when there is no `result` member at all.
     pub fn result(&self) -> Option<ResultPart<'a>> {
-        self.top.result.0.map(|_| self.top.result.object())
+        self.top.result.0
     }
 
     /// The whole response as a tree, for the checkers that read more.
@@ -268,8 +398,17 @@ mod tests {
         /// The view reads every member as `Value` does, or refuses the
         /// response as a shape the checkers would refuse too.
         #[test]
-        fn the_view_reads_what_value_reads(v in response()) {
-            let bytes = serde_json::to_vec(&v).unwrap();
+        fn the_view_reads_what_value_reads(v in response(), pretty in any::<bool>()) {
+            // Pretty: whitespace between every token.
+            let bytes = if pretty { serde_json::to_vec_pretty(&v) } else { serde_json::to_vec(&v) }.unwrap();
+            if let Some(top) = scan::top(&bytes) {
+                // Where the scanner answers, serde_json's reading agrees.
+                let by_serde = Response::parse_by_serde(&bytes).expect("an object");
+                let mut top = top;
+                let error = top.error.0.take().unwrap_or_default();
+                let scanned = Response { payload: &bytes, top, error };
+                prop_assert_eq!(by_view(&scanned), by_view(&by_serde));
+            }
             // What the checkers saw: the bytes parsed (a float may not
             // come back the same).
             let v: Value = serde_json::from_slice(&bytes).unwrap();
@@ -290,6 +429,32 @@ mod tests {
             if let Err(e) = serde_json::from_slice::<Value>(&bytes) {
                 prop_assert_eq!(Response::parse(&bytes).err(), Some(format!("response is not JSON: {e}")));
             }
+        }
+    }
+
+    #[test]
+    fn the_proxy_s_answers_are_scanned() {
+        for frame in [
+            &br#"{"id":"c1-2","ok":true,"result":{"handle":3}}"#[..],
+            br#"{"id":"c1-3","ok":true,"result":{"data":"aGk=","eof":false}}"#,
+            br#"{"id":"c1-4","ok":true,"result":{"written":0}}"#,
+            br#"{"id":"c1-5","ok":true}"#,
+            br#"{"id":null,"ok":false,"error":{"code":"E_ARG","message":"missing id"}}"#,
+        ] {
+            assert!(scan::top(frame).is_some(), "{}", String::from_utf8_lossy(frame));
+        }
+        for frame in [
+            &br#"{"id":"a\"b","ok":true}"#[..],
+            br#"{"id":"1","ok":true,"result":{"handle":-3}}"#,
+            br#"{"id":"1","ok":true,"result":{"handle":3.0}}"#,
+            br#"{"id":"1","ok":true,"id":"2"}"#,
+            br#"{"id":"1","ok":true,"extra":1}"#,
+            br#"{"id":"1","ok":true} x"#,
+            b"{\"id\":\"\xff\",\"ok\":true}",
+            b"{\"id\":\"a\tb\",\"ok\":true}",
+            br#"{"id":"1","ok":true,"result":[1]}"#,
+        ] {
+            assert!(scan::top(frame).is_none(), "{}", String::from_utf8_lossy(frame));
         }
     }
 
