@@ -5,8 +5,26 @@ use airlock_core::trace;
 use airlock_sim::{Scenario, SeedResult, SimOptions};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::BufReader;
+use std::io::{BufReader, Write};
 use std::path::PathBuf;
+
+/// `println!`, except that a reader gone from stdout (`airlock sim | head`)
+/// ends the process quietly with the status SIGPIPE would give, rather
+/// than a panic.
+macro_rules! say {
+    ($($t:tt)*) => { say_line(format_args!($($t)*)) };
+}
+
+fn say_line(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        eprintln!("airlock: cannot write to stdout: {e}");
+        std::process::exit(74);
+    }
+}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
@@ -65,15 +83,15 @@ pub fn sim(args: &SimArgs) -> anyhow::Result<i32> {
     if let Some(path) = &args.record {
         let (r, trace) = airlock_sim::record_trace(start, &opts);
         std::fs::write(path, trace).with_context(|| format!("writing {}", path.display()))?;
-        println!("{}\n  trace {}", r.swarm_description(), path.display());
-        println!("{}", verdict(&r));
+        say!("{}\n  trace {}", r.swarm_description(), path.display());
+        say!("{}", verdict(&r));
         return Ok(if r.passed() { 0 } else { 1 });
     }
     if args.seeds.is_none() && args.seed.is_some() {
         let r = airlock_sim::run_seed(start, &opts);
-        println!("{}", r.swarm_description());
+        say!("{}", r.swarm_description());
         report_failure(&r, &opts);
-        println!("{}", verdict(&r));
+        say!("{}", verdict(&r));
         return Ok(if r.passed() { 0 } else { 1 });
     }
     // Hidden when stderr is not a terminal.
@@ -90,7 +108,7 @@ pub fn sim(args: &SimArgs) -> anyhow::Result<i32> {
     });
     bar.finish_and_clear();
     let secs = summary.wall.as_secs_f64();
-    println!(
+    say!(
         "{} seeds ({} scenario) in {:.2}s: {:.0} seeds/s, {} steps ({:.0} steps/s), {:.1}s simulated ({:.0}x wall)",
         summary.seeds,
         args.scenario,
@@ -102,8 +120,8 @@ pub fn sim(args: &SimArgs) -> anyhow::Result<i32> {
         summary.sim_time_us as f64 / 1e6 / secs.max(1e-9),
     );
     let faults: Vec<String> = summary.faults.iter().map(|(k, n)| format!("{k}={n}")).collect();
-    println!("faults injected: {}", faults.join(" "));
-    println!("passed {}, failed {}", summary.passed, summary.failed.len());
+    say!("faults injected: {}", faults.join(" "));
+    say!("passed {}, failed {}", summary.passed, summary.failed.len());
     for r in &summary.failed {
         report_failure(r, &opts);
     }
@@ -118,7 +136,7 @@ fn verdict(r: &SeedResult) -> String {
 
 fn report_failure(r: &SeedResult, opts: &SimOptions) {
     let Some(f) = &r.failure else { return };
-    println!("seed {} broke {}", r.seed, f);
+    say!("seed {} broke {}", r.seed, f);
     // The knobs that change the world are part of the rerun.
     let mut knobs = String::new();
     if let Some(k) = opts.steps {
@@ -127,9 +145,9 @@ fn report_failure(r: &SeedResult, opts: &SimOptions) {
     if let Some(n) = opts.clients {
         knobs.push_str(&format!(" --clients {n}"));
     }
-    println!("  rerun:  airlock sim --seed {} --scenario {}{knobs}", r.seed, opts.scenario);
+    say!("  rerun:  airlock sim --seed {} --scenario {}{knobs}", r.seed, opts.scenario);
     if let Some(t) = &r.trace {
-        println!("  replay: airlock replay {}", t.display());
+        say!("  replay: airlock replay {}", t.display());
     }
 }
 
@@ -142,20 +160,20 @@ pub fn replay(paths: &[PathBuf]) -> anyhow::Result<i32> {
             Ok(file) => file,
             Err(e) => {
                 failed += 1;
-                println!("{}: cannot open: {e}", path.display());
+                say!("{}: cannot open: {e}", path.display());
                 continue;
             }
         };
         match trace::replay_any(BufReader::new(file)) {
-            Ok(r) => println!("{}: ok ({} inputs, {} outputs)", path.display(), r.inputs, r.outputs),
+            Ok(r) => say!("{}: ok ({} inputs, {} outputs)", path.display(), r.inputs, r.outputs),
             Err(e) => {
                 failed += 1;
-                println!("{}: {e}", path.display());
+                say!("{}: {e}", path.display());
             }
         }
     }
     if paths.len() > 1 {
-        println!("{} traces: {} reproduced, {failed} failed", paths.len(), paths.len() - failed);
+        say!("{} traces: {} reproduced, {failed} failed", paths.len(), paths.len() - failed);
     }
     Ok(if failed == 0 { 0 } else { 1 })
 }

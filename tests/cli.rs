@@ -21,6 +21,24 @@ fn sim_runs_seeds_and_summarizes() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no failure traces expected");
 }
 
+/// `airlock sim | head`: the reader is gone before the summary is
+/// written. The process ends as SIGPIPE would end it, without a panic.
+#[test]
+fn sim_whose_reader_is_gone_exits_quietly() {
+    let mut child = Command::new(airlock())
+        .args(["sim", "--seeds", "20"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The only read end closes before the simulator has written anything.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn sim_one_seed_describes_its_swarm_and_records_the_same_trace_twice() {
     let dir = tempfile::tempdir().unwrap();
