@@ -477,6 +477,14 @@ pub fn test_fs() -> MemFs {
 /// then the data is fed in chunks whose sizes come from the data itself.
 /// Re-encoding every decoded frame must give back exactly the bytes
 /// consumed, and a refusal must be for a prefix really over the maximum.
+/// One request frame's payload, as it arrives: the request fast path,
+/// wherever it answers, answers as the full parse does.
+pub fn fsproxy_request(data: &[u8]) {
+    if let Err(e) = crate::fsproxy::wire::fast_path_agrees(data) {
+        panic!("{e}, for {:?}", String::from_utf8_lossy(data));
+    }
+}
+
 pub fn frame_decoder(data: &[u8]) {
     let Some((&max_byte, rest)) = data.split_first() else { return };
     let max = usize::from(max_byte) * 4;

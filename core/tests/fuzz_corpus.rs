@@ -34,6 +34,11 @@ fn frame_decoder_corpus() {
 }
 
 #[test]
+fn fsproxy_request_corpus() {
+    replay("fsproxy_request", airlock_core::fuzzing::fsproxy_request);
+}
+
+#[test]
 fn fsproxy_session_corpus() {
     replay("fsproxy_session", airlock_core::fuzzing::fsproxy_session);
 }

@@ -8,6 +8,8 @@
 /// A member's value: absent, `null`, or there.
 pub type Slot<T> = Option<Option<T>>;
 
+/// A position in a frame's bytes. Every reading method returns `None`
+/// (decline) where the bytes are not what it reads.
 pub struct Cursor<'a> {
     b: &'a [u8],
     i: usize,
@@ -66,6 +68,7 @@ impl<'a> Cursor<'a> {
         plain(s).then_some(s)
     }
 
+    /// A [`Cursor::string`] that is UTF-8.
     pub fn text(&mut self) -> Option<&'a str> {
         std::str::from_utf8(self.string()?).ok()
     }

@@ -291,6 +291,18 @@ pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejectio
 
 mod fast;
 
+/// The fast path's answer, wherever it gives one, is the tree's (the fuzz
+/// target `fsproxy_request`; the property tests below check the same).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fast_path_agrees(payload: &[u8]) -> Result<(), String> {
+    let limits = Limits::default();
+    let tree = parse_request_tree(payload, limits);
+    match fast::parse(payload, limits) {
+        Some(fast) if fast != tree => Err(format!("the fast path read {fast:?}, the tree {tree:?}")),
+        _ => Ok(()),
+    }
+}
+
 /// A derived struct read only from a JSON object. serde's derived structs
 /// also take an array of their fields in order, which the tree parses
 /// refuse ("is not an object"): a fast path reading `T` directly would
