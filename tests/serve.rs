@@ -68,3 +68,20 @@ fn serve_refuses_a_descriptor_that_is_not_a_socket() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The request fast path's hostile spellings, from a separate process
+/// against the real binary (`support/spellings_attack.py`): each answered
+/// as its JSON means, the writes landed, and the server exits 0 at EOF.
+#[test]
+fn serve_answers_each_spelling_of_a_request_as_its_json_means() {
+    let output = std::process::Command::new("python3")
+        .arg(support("spellings_attack.py"))
+        .arg(airlock())
+        .env_remove("AIRLOCK_FD")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(stdout.lines().count(), 17, "{stdout}");
+    assert!(stdout.ends_with("all answered as their JSON means; server exited 0\n"), "{stdout}");
+}
