@@ -115,6 +115,15 @@ impl Pipe {
     }
 
     fn take(&mut self, mut n: usize) -> Vec<u8> {
+        // Exactly the next piece, whole: handed over, not copied.
+        if self.off == 0 && n > 0 && self.frames.front().is_some_and(|f| f.len() == n) {
+            if let Some(front) = self.frames.pop_front() {
+                self.len -= n;
+                self.taken += n as u64;
+                self.whole = self.taken;
+                return front;
+            }
+        }
         let mut out = Vec::with_capacity(n);
         while n > 0 {
             let Some(front) = self.frames.front() else { break };

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// `{"id":…,"op":…,"params":…}` for any params.
 pub(super) fn req(id: &str, op: &str, params: Value) -> Vec<u8> {
-    let mut out = head(id, op);
+    let mut out = head(id, op, 0);
     let _ = serde_json::to_writer(&mut out, &params);
     out.push(b'}');
     out
@@ -16,7 +16,7 @@ pub(super) fn req(id: &str, op: &str, params: Value) -> Vec<u8> {
 
 /// `open {mode, path}`.
 pub(super) fn open(id: &str, path: &str, mode: &str) -> Vec<u8> {
-    let mut out = head(id, "open");
+    let mut out = head(id, "open", path.len() + mode.len() + 24);
     out.extend_from_slice(b"{\"mode\":");
     string(&mut out, mode);
     out.extend_from_slice(b",\"path\":");
@@ -27,7 +27,7 @@ pub(super) fn open(id: &str, path: &str, mode: &str) -> Vec<u8> {
 
 /// `read {h, max}`.
 pub(super) fn read(id: &str, h: u64, max: u32) -> Vec<u8> {
-    let mut out = head(id, "read");
+    let mut out = head(id, "read", 0);
     out.extend_from_slice(b"{\"h\":");
     number(&mut out, h);
     out.extend_from_slice(b",\"max\":");
@@ -38,7 +38,7 @@ pub(super) fn read(id: &str, h: u64, max: u32) -> Vec<u8> {
 
 /// `close {h}`.
 pub(super) fn close(id: &str, h: u64) -> Vec<u8> {
-    let mut out = head(id, "close");
+    let mut out = head(id, "close", 0);
     out.extend_from_slice(b"{\"h\":");
     number(&mut out, h);
     out.extend_from_slice(b"}}");
@@ -47,7 +47,7 @@ pub(super) fn close(id: &str, h: u64) -> Vec<u8> {
 
 /// `write {data, final?, h}`, the data base64-encoded in place.
 pub(super) fn write(id: &str, h: u64, data: &[u8], fin: Option<bool>) -> Vec<u8> {
-    let mut out = head(id, "write");
+    let mut out = head(id, "write", data.len().div_ceil(3) * 4 + 64);
     data_member(&mut out, data);
     if let Some(fin) = fin {
         out.extend_from_slice(if fin { b",\"final\":true" } else { b",\"final\":false" });
@@ -60,7 +60,7 @@ pub(super) fn write(id: &str, h: u64, data: &[u8], fin: Option<bool>) -> Vec<u8>
 
 /// `FD_WRAP {data, source}`: content handed to the pager whole.
 pub(super) fn wrap(id: &str, data: &[u8], source: &str) -> Vec<u8> {
-    let mut out = head(id, "FD_WRAP");
+    let mut out = head(id, "FD_WRAP", data.len().div_ceil(3) * 4 + source.len() + 32);
     data_member(&mut out, data);
     out.extend_from_slice(b",\"source\":");
     string(&mut out, source);
@@ -70,7 +70,7 @@ pub(super) fn wrap(id: &str, data: &[u8], source: &str) -> Vec<u8> {
 
 /// `FD_WRAP {data, more, offset, stream}`: one chunk of a stream.
 pub(super) fn wrap_chunk(id: &str, stream: &str, data: &[u8], more: bool, offset: u64) -> Vec<u8> {
-    let mut out = head(id, "FD_WRAP");
+    let mut out = head(id, "FD_WRAP", data.len().div_ceil(3) * 4 + stream.len() + 64);
     data_member(&mut out, data);
     out.extend_from_slice(if more { b",\"more\":true" } else { b",\"more\":false" });
     out.extend_from_slice(b",\"offset\":");
@@ -89,8 +89,10 @@ fn data_member(out: &mut Vec<u8>, data: &[u8]) {
     out.push(b'"');
 }
 
-fn head(id: &str, op: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + id.len());
+/// `{"id":…,"op":…,"params":`, in a buffer with room for `params` bytes
+/// more (a request's buffer is sized once, not grown as it is written).
+fn head(id: &str, op: &str, params: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + id.len() + params);
     out.extend_from_slice(b"{\"id\":");
     string(&mut out, id);
     out.extend_from_slice(b",\"op\":");
