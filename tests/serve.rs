@@ -82,6 +82,6 @@ fn serve_answers_each_spelling_of_a_request_as_its_json_means() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr));
-    assert_eq!(stdout.lines().count(), 17, "{stdout}");
+    assert_eq!(stdout.lines().count(), 20, "{stdout}");
     assert!(stdout.ends_with("all answered as their JSON means; server exited 0\n"), "{stdout}");
 }

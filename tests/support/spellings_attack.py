@@ -48,6 +48,11 @@ cases = [
     ('{"id":"w14","op":"write","params":{"h":%d,"data":"%s"}}' % (h, base64.b64encode(b"z" * 60000).decode()), "ok"),
     ('{"id":"w15","op":"write","params":{"h":%d,"data":"%s\\"}}' % (h, "A" * 60000), "E_ARG"),
     ('{"id":"w16","op":"read","params":{"h":%d,"max":-1}}' % h, "E_ARG"),
+    # A `data` member the op ignores is still JSON: not UTF-8, a control
+    # character, an escaped quote that leaves the string open.
+    (b'{"id":"w17","op":"close","params":{"h":%d,"data":"V\x96VV"}}' % h, "E_ARG"),
+    ('{"id":"w18","op":"read","params":{"h":%d,"max":1,"data":"a\x01b"}}' % h, "E_ARG"),
+    ('{"id":"w19","op":"read","params":{"h":%d,"max":1,"data":"\\"}}' % h, "E_ARG"),
 ]
 for frame, want in cases:
     r = ask(frame)

@@ -138,6 +138,13 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// What [`Cursor::text`] takes between the quotes: no backslash, no
+/// control character, UTF-8. For bytes a caller took with
+/// [`Cursor::raw_string`] and must, after all, read as JSON text.
+pub fn is_text(s: &[u8]) -> bool {
+    plain(s) && std::str::from_utf8(s).is_ok()
+}
+
 /// No backslash and no control character in `s`: eight bytes at a time
 /// (the strings worth the trouble are a read's kilobytes of base64).
 fn plain(s: &[u8]) -> bool {

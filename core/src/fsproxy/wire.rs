@@ -1259,6 +1259,30 @@ mod tests {
         }
     }
 
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        /// A `data` member the op does not decode is still part of the
+        /// JSON: any bytes in it (not UTF-8, control characters, escapes)
+        /// are answered as the tree answers them.
+        #[test]
+        fn a_data_member_an_op_ignores_is_still_read_as_json(
+            op in prop_oneof![Just("read"), Just("close"), Just("open"), Just("write")],
+            data in proptest::collection::vec(
+                prop_oneof![any::<u8>().prop_filter("not a quote", |b| *b != b'"'), Just(b'\\'), 0u8..0x20, Just(b'a')],
+                0..12,
+            ),
+        ) {
+            let mut frame = format!(r#"{{"id":"1","op":"{op}","params":{{"h":3,"max":1,"path":"a","mode":"r","data":""#).into_bytes();
+            frame.extend_from_slice(&data);
+            frame.extend_from_slice(br#""}}"#);
+            let limits = Limits::default();
+            let tree = parse_request_tree(&frame, limits);
+            if let Some(fast) = fast::parse(&frame, limits) {
+                prop_assert_eq!(&fast, &tree, "frame {}", String::from_utf8_lossy(&frame));
+            }
+        }
+    }
+
     #[test]
     fn bytes_that_are_not_utf8_go_to_the_tree() {
         let limits = Limits::default();

@@ -14,7 +14,7 @@
 
 use super::{Limits, Mode, Op, Rejection, Request};
 use crate::b64;
-use crate::codec::plain::{Cursor, Slot};
+use crate::codec::plain::{is_text, Cursor, Slot};
 use crate::handles::Handle;
 
 #[derive(Default)]
@@ -34,9 +34,10 @@ fn params<'a>(c: &mut Cursor<'a>) -> Option<Params<'a>> {
     c.object(|c, key| match key {
         b"h" => c.member(&mut p.h, Cursor::uint),
         b"max" => c.member(&mut p.max, Cursor::uint),
-        // Only the closing quote is looked for: an escape or a control
-        // character fails the decoding, whose alphabet (letters, digits,
-        // `+`, `/`, `=`) has neither.
+        // Only the closing quote is looked for: in a write, an escape, a
+        // control character or a byte that is not ASCII fails the decoding
+        // (its alphabet is letters, digits, `+`, `/`, `=`); any other op
+        // checks the bytes as text below.
         b"data" => c.member(&mut p.data, Cursor::raw_string),
         b"final" => c.member(&mut p.fin, |c| match c.peek()? {
             b't' => c.literal(b"true").map(|()| true),
@@ -70,6 +71,11 @@ pub(super) fn parse(payload: &[u8], limits: Limits) -> Option<Result<Request, Re
     // `id` and `op` must be there and not null; `params` here must be an
     // object, since every op this path takes needs one of its fields.
     let (Some(Some(id)), Some(Some(op)), Some(Some(p))) = (id, op, ps) else { return None };
+    // A `data` member the op does not decode is still part of the JSON
+    // the tree would read (or refuse).
+    if op != b"write" && p.data.flatten().is_some_and(|d| !is_text(d)) {
+        return None;
+    }
     let op = match op {
         b"read" => {
             let (h, max) = (p.h??, p.max??);
