@@ -180,7 +180,22 @@ impl Harness {
         }
     }
 
+    /// At the end of the tool's stdout the host reads a last line without
+    /// its newline too (`end_of_stdout`), so the checker counts it: a
+    /// request there may be answered. Counting a line the host refuses
+    /// (too long, say) is harmless: the check is that nothing is answered
+    /// more often than it was asked.
+    fn note_tool_eof(&mut self) {
+        let line = std::mem::take(&mut self.tool_partial);
+        if let Incoming::Request { id, .. } = jsonrpc::parse(&line) {
+            *self.requested.entry(id.key()).or_default() += 1;
+        }
+    }
+
     fn handle(&mut self, input: Input) {
+        if matches!(input, Input::ToolStdoutEof) {
+            self.note_tool_eof();
+        }
         self.host.handle(self.now, input);
         self.drain();
         self.check_bounds();
