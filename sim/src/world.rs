@@ -7,6 +7,7 @@
 mod adversary;
 mod bounds;
 mod broker;
+mod draw;
 mod files;
 mod floods;
 mod order;
@@ -602,14 +603,18 @@ impl World {
                 alive: true,
                 upstream_frames: Frames::default(),
                 issued: BTreeSet::new(),
-                stdin: (0..rng.gen_range(0..3000)).map(|_| rng.gen()).collect(),
+                stdin: {
+                    let n: i32 = rng.gen_range(0..3000);
+                    draw::random_bytes(&mut rng, n as usize).into()
+                },
             })
             .collect();
         let mut fs = HostFs::default();
         for r in policy().roots() {
             fs.add_dir(r.path.clone());
         }
-        let fixture: Vec<u8> = (0..rng.gen_range(0..6000)).map(|_| rng.gen()).collect();
+        let n: i32 = rng.gen_range(0..6000);
+        let fixture = draw::random_bytes(&mut rng, n as usize);
         fs.add_file("/data/ro/a.txt".into(), fixture.clone());
         fs.add_file("/data/ro/empty".into(), Vec::new());
         if adversary.is_some() {
@@ -1558,7 +1563,8 @@ impl World {
         if roll < rates[0] + rates[1] {
             *self.faults.entry(FaultKind::CorruptFrame).or_default() += 1;
             let id = next_id(c);
-            let data: Vec<u8> = (0..c.rng.gen_range(0..40)).map(|_| c.rng.gen()).collect();
+            let n: i32 = c.rng.gen_range(0..40);
+            let data = draw::random_bytes(&mut c.rng, n as usize);
             let good = request::write(&id, 3, &data, None);
             let mut bad = good.clone();
             for _ in 0..c.rng.gen_range(1..=4) {
@@ -2033,12 +2039,12 @@ fn valid(c: &mut Client, usable: &[u64]) {
             let letters: String = (0..n).map(|_| char::from(c.rng.gen_range(b'a'..=b'z'))).collect();
             format!("[{id}:{letters}]").into_bytes()
         } else {
-            let n = match c.rng.gen_range(0..100) {
+            let n: i32 = match c.rng.gen_range(0..100) {
                 0..70 => c.rng.gen_range(0..64),
                 70..95 => c.rng.gen_range(64..512),
                 _ => c.rng.gen_range(512..=2048),
             };
-            (0..n).map(|_| c.rng.gen()).collect()
+            draw::random_bytes(&mut c.rng, n as usize)
         };
         let payload = request::write(&id, h, &data, Some(c.rng.gen_bool(0.1)));
         send(c, id, payload, Kind::Write { h, data }, None);
@@ -2129,7 +2135,8 @@ fn invalid(c: &mut Client, stdio_local: bool) {
             let (payload, kind, ok) = match c.rng.gen_range(0..3) {
                 0 => (request::read(&id, h, 100), Kind::Stdio { write_len: None }, h == 0),
                 1 => {
-                    let data: Vec<u8> = (0..c.rng.gen_range(0..100)).map(|_| c.rng.gen()).collect();
+                    let n: i32 = c.rng.gen_range(0..100);
+                    let data = draw::random_bytes(&mut c.rng, n as usize);
                     let len = data.len();
                     (request::write(&id, h, &data, None), Kind::Stdio { write_len: Some(len) }, h != 0)
                 }

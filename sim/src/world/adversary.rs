@@ -169,7 +169,8 @@ impl World {
             }
             send(c, id.clone(), request::close(&id, h), Kind::Close { h }, None);
         } else if hm.mode.writable() && (!hm.mode.readable() || c.rng.gen_bool(0.5)) {
-            let data: Vec<u8> = (0..c.rng.gen_range(0..64)).map(|_| c.rng.gen()).collect();
+            let n: i32 = c.rng.gen_range(0..64);
+            let data = super::draw::random_bytes(&mut c.rng, n as usize);
             let payload = request::write(&id, h, &data, None);
             send(c, id, payload, Kind::Write { h, data }, None);
         } else {
