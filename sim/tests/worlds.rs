@@ -1,0 +1,69 @@
+//! The world a seed makes is part of the simulator's contract: a seed
+//! reported as failing must rerun as it failed on any later build, and a
+//! speed-up that takes other random numbers would quietly trade the worlds
+//! everyone has run for new ones. Each scenario's first seeds are pinned
+//! here by their whole recorded trace (every frame, effect and fault), so a
+//! change that makes other worlds shows as a changed snapshot, to be
+//! accepted only on purpose.
+
+use airlock_sim::{record_trace, Scenario, SimOptions};
+use std::fmt::Write as _;
+use std::hash::Hasher as _;
+
+/// Seeds pinned per scenario.
+const SEEDS: u64 = 6;
+
+fn worlds(scenario: Scenario) -> String {
+    let opts = SimOptions { scenario, ..SimOptions::default() };
+    let mut out = String::new();
+    for seed in 0..SEEDS {
+        let (result, trace) = record_trace(seed, &opts);
+        assert!(result.passed(), "{scenario} seed {seed} failed: {:?}", result.failure);
+        let mut hash = fnv::FnvHasher::default();
+        hash.write(&trace);
+        let _ = writeln!(
+            out,
+            "seed {seed}: {} steps, {} µs simulated, trace {} bytes fnv {:016x}",
+            result.steps,
+            result.sim_time_us,
+            trace.len(),
+            hash.finish()
+        );
+    }
+    out
+}
+
+#[test]
+fn default_worlds_are_the_same() {
+    insta::assert_snapshot!(worlds(Scenario::Default));
+}
+
+#[test]
+fn nested_worlds_are_the_same() {
+    insta::assert_snapshot!(worlds(Scenario::Nested));
+}
+
+#[test]
+fn broker_worlds_are_the_same() {
+    insta::assert_snapshot!(worlds(Scenario::Broker));
+}
+
+#[test]
+fn adversary_worlds_are_the_same() {
+    insta::assert_snapshot!(worlds(Scenario::Adversary));
+}
+
+#[test]
+fn pager_worlds_are_the_same() {
+    insta::assert_snapshot!(worlds(Scenario::Pager));
+}
+
+#[test]
+fn tool_worlds_are_the_same() {
+    insta::assert_snapshot!(worlds(Scenario::Tool));
+}
+
+#[test]
+fn toolexec_worlds_are_the_same() {
+    insta::assert_snapshot!(worlds(Scenario::Toolexec));
+}
