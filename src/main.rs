@@ -8,6 +8,12 @@ use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+// Allocation runs through the proxy's and the simulator's hot paths, some
+// thirty allocations a simulated step; mimalloc's are a fraction of glibc's
+// cost (docs/perf.md). The library crates choose none.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// airlock stands between LLM-driven child processes and the host.
 #[derive(Debug, Parser)]
 #[command(name = "airlock", version, about)]
