@@ -12,7 +12,8 @@
 //! CPU per frame grows with concurrent clients: for each count, that many
 //! connections (one plus attached ones) each read an equal share of the
 //! same total at once. `PROXY_BENCH_CSV=FILE` also writes that series as
-//! CSV (`benches/scale.sh` does).
+//! CSV (`benches/scale.sh` does). `PROXY_BENCH_BIN=PATH` measures another
+//! airlock binary (an older build, say) with the same client and baseline.
 //!
 //! The client checks every byte it gets against the file.
 
@@ -161,7 +162,8 @@ fn open_data(sock: &mut UnixStream, dir: &Path) -> u64 {
 /// per frame shows what concurrency itself costs.
 fn proxied(dir: &Path, expected: &[u8], clients: usize) -> Run {
     let (sock, theirs) = pair();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
+    let airlock = std::env::var_os("PROXY_BENCH_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_airlock").into());
+    let mut child = Command::new(airlock)
         .args(["serve", "--fd", &theirs.as_raw_fd().to_string(), "--allow"])
         .arg(dir)
         .stdin(Stdio::null())
