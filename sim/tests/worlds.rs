@@ -33,37 +33,22 @@ fn worlds(scenario: Scenario) -> String {
     out
 }
 
-#[test]
-fn default_worlds_are_the_same() {
-    insta::assert_snapshot!(worlds(Scenario::Default));
+/// One test per scenario, each with its own snapshot.
+macro_rules! pinned {
+    ($($test:ident: $scenario:ident),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            insta::assert_snapshot!(worlds(Scenario::$scenario));
+        }
+    )*};
 }
 
-#[test]
-fn nested_worlds_are_the_same() {
-    insta::assert_snapshot!(worlds(Scenario::Nested));
-}
-
-#[test]
-fn broker_worlds_are_the_same() {
-    insta::assert_snapshot!(worlds(Scenario::Broker));
-}
-
-#[test]
-fn adversary_worlds_are_the_same() {
-    insta::assert_snapshot!(worlds(Scenario::Adversary));
-}
-
-#[test]
-fn pager_worlds_are_the_same() {
-    insta::assert_snapshot!(worlds(Scenario::Pager));
-}
-
-#[test]
-fn tool_worlds_are_the_same() {
-    insta::assert_snapshot!(worlds(Scenario::Tool));
-}
-
-#[test]
-fn toolexec_worlds_are_the_same() {
-    insta::assert_snapshot!(worlds(Scenario::Toolexec));
+pinned! {
+    default_worlds_are_the_same: Default,
+    nested_worlds_are_the_same: Nested,
+    broker_worlds_are_the_same: Broker,
+    adversary_worlds_are_the_same: Adversary,
+    pager_worlds_are_the_same: Pager,
+    tool_worlds_are_the_same: Tool,
+    toolexec_worlds_are_the_same: Toolexec,
 }
