@@ -50,6 +50,11 @@ CASES = {
     "empty": b"",
     # HTTP/1.0 has no trailers: answered as v1, exit code in a header.
     "v2_trailers_http10": request(proto="2", te="trailers", version="1.0"),
+    # hyper sends a response's trailers only for a TE value of visible ASCII
+    # whose list holds the bare token; any other is answered buffered, with
+    # X-Exit-Code as a header (a fuzz finding: non-ASCII after the token).
+    "v2_trailers_non_ascii_te": request(proto="2", te="trailers,\u01f5"),
+    "v2_trailers_with_parameter": request(proto="2", te="trailers;q=1"),
     # Not HTTP at all: hyper's own 400, which the service never sees.
     "nul_in_header_value": request(extra=("X-Junk: a\x00b",)),
 }

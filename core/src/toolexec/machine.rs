@@ -28,6 +28,18 @@ impl RequestHead {
     }
 }
 
+/// Whether one `TE` value accepts trailers, read exactly as the HTTP layer
+/// (hyper) reads it when it decides whether to send a response's trailers:
+/// a value of visible ASCII (and spaces and tabs) whose comma-separated
+/// list holds the bare token `trailers`. Reading it more widely (another
+/// byte elsewhere in the value, a `;` parameter, which RFC 9110 gives
+/// `trailers` none of) would answer in streaming mode with the exit code in
+/// a trailer the HTTP layer then drops.
+pub(crate) fn te_has_trailers(value: &[u8]) -> bool {
+    value.iter().all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+        && value.split(|&b| b == b',').any(|token| token.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+}
+
 /// How the tool ended, as `waitpid` reported it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExitStatus {
@@ -393,12 +405,7 @@ impl Exchange {
                 return self.reject(r);
             }
         };
-        let te_trailers = head.values("te").any(|v| {
-            v.split(|&b| b == b',').any(|item| {
-                let name = item.split(|&b| b == b';').next().unwrap_or_default();
-                name.trim_ascii().eq_ignore_ascii_case(b"trailers")
-            })
-        });
+        let te_trailers = head.values("te").any(te_has_trailers);
         self.mode = if version == 2 && te_trailers && head.http11 { Mode::Streaming } else { Mode::Buffered };
         let mut lengths = head.values("content-length");
         if let Some(len) = lengths.next() {

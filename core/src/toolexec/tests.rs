@@ -152,6 +152,40 @@ fn v2_without_te_is_v1() {
 }
 
 #[test]
+fn te_is_read_as_the_http_layer_reads_it() {
+    use super::machine::te_has_trailers;
+    for yes in ["trailers", "Trailers", " trailers\t", "gzip, trailers", "trailers,deflate", "a,,trailers"] {
+        assert!(te_has_trailers(yes.as_bytes()), "{yes:?}");
+    }
+    // A `;` parameter, a byte that is not visible ASCII anywhere in the
+    // value: hyper would then drop the trailer, and the exit code with it.
+    for no in [
+        "",
+        "gzip",
+        "trailer",
+        "xtrailers",
+        "trailers;q=1",
+        "trailers,\u{1f5}",
+        "trailers\u{7f}",
+        "gzip\u{0}, trailers",
+    ] {
+        assert!(!te_has_trailers(no.as_bytes()), "{no:?}");
+    }
+    assert!(!te_has_trailers(b"trailers, \x80"));
+}
+
+#[test]
+fn v2_with_a_te_the_http_layer_ignores_is_v1() {
+    for te in ["trailers;q=1", "trailers,\u{1f5}"] {
+        let h =
+            head("POST", "/exec", &[("Authorization", "Bearer s3cret"), ("X-Aifo-Proto", "2"), ("TE", te)]);
+        let (mut x, _) = request(config(), h, b"tool=echo&arg=hi");
+        x.handle(at(0), Input::Spawned(Ok(())));
+        assert_eq!(x.mode(), Mode::Buffered, "{te:?}");
+    }
+}
+
+#[test]
 fn v2_over_http10_is_v1() {
     // HTTP/1.0 has no chunked body and no trailer: a stream would lose the
     // exit code.
