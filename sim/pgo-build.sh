@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds airlock for long simulator soaks: the `soak` profile (release with
 # fat LTO and one codegen unit) plus profile-guided optimization trained on
-# the simulator's own scenarios. Prints the binary's path.
+# the simulator's own scenarios. Prints the binary's absolute path.
 #
 #   sim/pgo-build.sh            (about 10 minutes on 2 cores)
 #
@@ -34,4 +34,4 @@ for scenario in default nested adversary pager broker; do
 done
 "$profdata" merge -o "$work/merged.profdata" "$work"/raw/*.profraw
 build "-Cprofile-use=$work/merged.profdata"
-echo "$target/$host/soak/airlock"
+realpath "$target/$host/soak/airlock"
