@@ -79,6 +79,17 @@ pub enum FaultKind {
     ProviderRetryable,
 }
 
+/// [`Swarm::rate`] for every kind, indexed by the kind: a world asks for
+/// several rates each step, and the map's lookups showed in its profile.
+#[derive(Clone, Debug, Default)]
+pub struct Rates(Vec<u32>);
+
+impl Rates {
+    pub fn get(&self, kind: FaultKind) -> u32 {
+        self.0.get(kind as usize).copied().unwrap_or(0)
+    }
+}
+
 /// The adversary's floods (`world::floods`), drawn after `Attach` so the
 /// swarms of seeds that draw none of them are what they were before.
 pub const FLOODS: [FaultKind; 4] =
@@ -368,6 +379,19 @@ impl Swarm {
         self.faults.get(&kind).copied().unwrap_or(0)
     }
 
+    /// The rates as a table, for a world that draws them every step.
+    pub fn rates(&self) -> Rates {
+        let mut table = Vec::new();
+        for (&kind, &rate) in &self.faults {
+            let i = kind as usize;
+            if table.len() <= i {
+                table.resize(i + 1, 0);
+            }
+            table[i] = rate;
+        }
+        Rates(table)
+    }
+
     /// One line a human can read.
     pub fn describe(&self) -> String {
         let faults: Vec<String> = self.faults.iter().map(|(k, r)| format!("{k}={r}")).collect();
@@ -386,5 +410,59 @@ impl Swarm {
             faults.join(" "),
             if self.bounds == Bounds::default() { "" } else { " small_bounds" }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kind a swarm can hold, the ones drawn outside `ALL` too.
+    const EVERY: [FaultKind; 27] = [
+        FaultKind::SplitDelivery,
+        FaultKind::CoalescedDelivery,
+        FaultKind::CorruptFrame,
+        FaultKind::NonUtf8Frame,
+        FaultKind::OversizedFrame,
+        FaultKind::Eof,
+        FaultKind::ProcessDeath,
+        FaultKind::MiddleDeath,
+        FaultKind::ClockJump,
+        FaultKind::EffectReorder,
+        FaultKind::FsError,
+        FaultKind::ProviderHang,
+        FaultKind::ProviderError,
+        FaultKind::ProviderMalformed,
+        FaultKind::CancelStorm,
+        FaultKind::Attach,
+        FaultKind::QueueFlood,
+        FaultKind::ProviderLeak,
+        FaultKind::ProviderHuge,
+        FaultKind::QueuedFlood,
+        FaultKind::HugeNames,
+        FaultKind::SelfLoop,
+        FaultKind::AttachFlood,
+        FaultKind::UpstreamOversize,
+        FaultKind::PartialFlood,
+        FaultKind::SymlinkSwap,
+        FaultKind::ProviderRetryable,
+    ];
+
+    #[test]
+    fn the_rate_table_is_the_map() {
+        let scenarios =
+            [Scenario::Default, Scenario::Nested, Scenario::Adversary, Scenario::Pager, Scenario::Broker];
+        let mut nonzero = 0;
+        for scenario in scenarios {
+            for seed in 0..200 {
+                let swarm = Swarm::from_seed(seed, scenario);
+                let table = swarm.rates();
+                for kind in EVERY {
+                    assert_eq!(table.get(kind), swarm.rate(kind), "{kind:?}, seed {seed}, {scenario}");
+                    nonzero += usize::from(table.get(kind) > 0);
+                }
+            }
+        }
+        assert!(nonzero > 1000, "the swarms drew too few faults to compare: {nonzero}");
     }
 }

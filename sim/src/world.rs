@@ -10,6 +10,8 @@ mod broker;
 mod draw;
 mod files;
 mod floods;
+mod held;
+mod log;
 mod order;
 mod pager;
 mod request;
@@ -18,7 +20,7 @@ mod tool;
 pub(crate) mod toolexec;
 
 use crate::fs::HostFs;
-use crate::swarm::{FaultKind, Swarm, PPM};
+use crate::swarm::{FaultKind, Rates, Swarm, PPM};
 use crate::{Failure, Scenario};
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{
@@ -31,6 +33,7 @@ use airlock_core::time::Instant;
 use airlock_core::trace::{Header, TraceWriter};
 use broker::{BOp, BrokerSim};
 use files::Files;
+use held::{HModel, Held};
 use order::Order;
 use pager::{POp, PagerSim};
 use rand::{Rng, SeedableRng};
@@ -39,6 +42,7 @@ use request::req;
 use response::{Id, Response};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Range;
 use std::path::{Component, PathBuf};
 
 /// The intermediate's connection at the top level.
@@ -163,21 +167,28 @@ struct Frames {
 }
 
 impl Frames {
-    fn push(&mut self, data: &[u8]) -> Vec<Vec<u8>> {
-        self.buf.extend_from_slice(data);
-        let mut out = Vec::new();
+    /// The frames `data` completes: the bytes holding them and where each
+    /// payload lies in them. A delivery of whole frames (the usual one) is
+    /// split where it lies, not copied; only a partial frame is kept.
+    fn push(&mut self, data: Vec<u8>) -> (Vec<u8>, Vec<Range<usize>>) {
+        let bytes = if self.buf.is_empty() {
+            data
+        } else {
+            self.buf.extend_from_slice(&data);
+            std::mem::take(&mut self.buf)
+        };
+        let mut frames = Vec::new();
         let mut at = 0;
-        while self.buf.len() - at >= 4 {
-            let len = u32::from_be_bytes([self.buf[at], self.buf[at + 1], self.buf[at + 2], self.buf[at + 3]])
-                as usize;
-            if self.buf.len() - at - 4 < len {
+        while bytes.len() - at >= 4 {
+            let len = u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
+            if bytes.len() - at - 4 < len {
                 break;
             }
-            out.push(self.buf[at + 4..at + 4 + len].to_vec());
+            frames.push(at + 4..at + 4 + len);
             at += 4 + len;
         }
-        self.buf.drain(..at);
-        out
+        self.buf.extend_from_slice(&bytes[at..]);
+        (bytes, frames)
     }
 }
 
@@ -232,10 +243,8 @@ struct FileModel {
     /// Another acceptable state: the owner left with one request possibly
     /// applied, and this is the state it would leave.
     alt: Option<(bool, Vec<u8>)>,
-    /// Log chunks ever sent, acknowledged, and refused.
-    sent: BTreeSet<Vec<u8>>,
-    acked: BTreeSet<Vec<u8>>,
-    refused: BTreeSet<Vec<u8>>,
+    /// A log's chunks, and what its check keeps.
+    log: log::Log,
     dirty: bool,
 }
 
@@ -248,9 +257,7 @@ impl FileModel {
             content: Vec::new(),
             unknown: false,
             alt: None,
-            sent: BTreeSet::new(),
-            acked: BTreeSet::new(),
-            refused: BTreeSet::new(),
+            log: log::Log::default(),
             dirty: true,
         }
     }
@@ -264,16 +271,6 @@ fn apply_write(content: &mut Vec<u8>, pos: &mut u64, append: bool, data: &[u8]) 
     }
     content[start..end].copy_from_slice(data);
     *pos = end as u64;
-}
-
-#[derive(Clone, Debug)]
-struct HModel {
-    key: Option<String>,
-    mode: Mode,
-    pos: u64,
-    host: bool,
-    /// A close is on its way: no further requests use the handle.
-    closing: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -336,7 +333,7 @@ struct Client {
     /// The unanswered requests, in the order they were sent.
     order: Order,
     null_expected: usize,
-    handles: BTreeMap<u64, HModel>,
+    handles: Held,
     closed: Vec<u64>,
     pending_opens: usize,
     /// Broker ops not yet wholly delivered: (end offset in `out`, id).
@@ -379,7 +376,7 @@ impl Client {
             outstanding: BTreeMap::new(),
             order: Order::default(),
             null_expected: 0,
-            handles: BTreeMap::new(),
+            handles: Held::default(),
             closed: Vec::new(),
             pending_opens: 0,
             bpending: VecDeque::new(),
@@ -525,6 +522,8 @@ pub struct World {
     closed_by_machine: BTreeSet<(usize, ClientId)>,
     departed_check: Vec<(usize, ClientId)>,
     faults: BTreeMap<FaultKind, u64>,
+    /// The swarm's fault rates, fixed for the run.
+    rates: Rates,
     trace: Option<TraceWriter<Vec<u8>>>,
     first_violation: Option<Violation>,
     actions: Vec<Action>,
@@ -603,18 +602,14 @@ impl World {
                 alive: true,
                 upstream_frames: Frames::default(),
                 issued: BTreeSet::new(),
-                stdin: {
-                    let n: i32 = rng.gen_range(0..3000);
-                    draw::random_bytes(&mut rng, n as usize).into()
-                },
+                stdin: { draw::bytes(&mut rng, 0..3000).into() },
             })
             .collect();
         let mut fs = HostFs::default();
         for r in policy().roots() {
             fs.add_dir(r.path.clone());
         }
-        let n: i32 = rng.gen_range(0..6000);
-        let fixture = draw::random_bytes(&mut rng, n as usize);
+        let fixture = draw::bytes(&mut rng, 0..6000);
         fs.add_file("/data/ro/a.txt".into(), fixture.clone());
         fs.add_file("/data/ro/empty".into(), Vec::new());
         if adversary.is_some() {
@@ -646,6 +641,7 @@ impl World {
         let mut w = World {
             seed,
             attach_budget: ATTACH_BUDGET,
+            rates: swarm.rates(),
             swarm,
             nested,
             rng,
@@ -693,7 +689,7 @@ impl World {
     }
 
     fn fires(&mut self, kind: FaultKind) -> bool {
-        let rate = self.swarm.rate(kind);
+        let rate = self.rates.get(kind);
         rate > 0 && self.rng.gen_range(0..PPM) < rate
     }
 
@@ -713,7 +709,7 @@ impl World {
             }
         }
         if self.first_violation.is_none() {
-            self.first_violation = self.check_kept_counts().err();
+            self.first_violation = self.check_kept_counts().and_then(|()| self.check_logs_agree()).err();
         }
         let failure = self.first_violation.take().map(|v| Failure {
             invariant: v.invariant.to_owned(),
@@ -752,7 +748,7 @@ impl World {
             if !c.out.is_empty() {
                 self.actions.push(Action::Deliver(i));
             }
-            let usable = c.handles.values().any(|h| !h.closing);
+            let usable = c.handles.any_usable();
             let wants =
                 !c.stream_ended && c.attach_wait.is_none() && (c.ops_left > 0 && !wind || c.tidy && usable);
             if wants && c.outstanding.len() + c.null_expected < self.swarm.pipeline {
@@ -1036,9 +1032,7 @@ impl World {
                                 apply_write(&mut content, &mut pos, hm.mode == Mode::Append, &data);
                                 f.alt = Some((true, content));
                             }
-                            Class::Log => {
-                                f.sent.insert(data);
-                            }
+                            Class::Log => f.log.send(data),
                             _ => {}
                         }
                         f.dirty = true;
@@ -1110,8 +1104,9 @@ impl World {
                     violation("nothing_sent_to_departed", format!("level {level} sent to unknown {client}"))
                 })?;
                 self.broker_check_sent(&data).map_err(|v| at(v, level, client))?;
-                for payload in self.clients[i].frames.push(&data) {
-                    self.on_response(i, &payload).map_err(|v| at(v, level, client))?;
+                let (bytes, frames) = self.clients[i].frames.push(data);
+                for payload in frames {
+                    self.on_response(i, &bytes[payload]).map_err(|v| at(v, level, client))?;
                 }
                 Ok(())
             }
@@ -1204,8 +1199,10 @@ impl World {
                 if !self.nested || level != 1 {
                     return Err(violation("policy", format!("level {level} has no upstream yet sent to it")));
                 }
-                for payload in self.levels[1].upstream_frames.push(&data) {
-                    let v: Value = serde_json::from_slice(&payload).map_err(|e| {
+                let (bytes, frames) = self.levels[1].upstream_frames.push(data.clone());
+                for payload in frames {
+                    let payload = &bytes[payload];
+                    let v: Value = serde_json::from_slice(payload).map_err(|e| {
                         violation("upstream_frames", format!("upstream request is not JSON: {e}"))
                     })?;
                     let h = v.get("params").and_then(|p| p.get("h")).and_then(Value::as_u64);
@@ -1487,43 +1484,26 @@ impl World {
                     }
                 }
                 Class::Log => {
-                    let data = actual.unwrap_or_default();
-                    let mut seen = BTreeSet::new();
-                    let mut rest = data;
-                    while !rest.is_empty() {
-                        let end = rest.iter().position(|&b| b == b']');
-                        let (Some(b'['), Some(end)) = (rest.first(), end) else {
-                            return Err(violation(
-                                "no_data_loss",
-                                format!("{key}: torn chunk at {}", data.len() - rest.len()),
-                            ));
-                        };
-                        let chunk = &rest[..=end];
-                        if !f.sent.contains(chunk) || f.refused.contains(chunk) || !seen.insert(chunk) {
-                            return Err(violation(
-                                "no_data_loss",
-                                format!(
-                                    "{key}: chunk {} was never sent, was refused, or repeats",
-                                    String::from_utf8_lossy(chunk)
-                                ),
-                            ));
-                        }
-                        rest = &rest[end + 1..];
-                    }
-                    if let Some(missing) = f.acked.iter().find(|c| !seen.contains(c.as_slice())) {
-                        return Err(violation(
-                            "no_data_loss",
-                            format!(
-                                "{key}: acknowledged chunk {} is missing",
-                                String::from_utf8_lossy(missing)
-                            ),
-                        ));
-                    }
+                    f.log
+                        .check(actual.unwrap_or_default())
+                        .map_err(|m| violation("no_data_loss", format!("{key}: {m}")))?;
                 }
                 _ => {}
             }
             Ok(())
         })
+    }
+
+    /// At the end of a seed: each log's kept check gives the verdict of a
+    /// check from the start of the file.
+    fn check_logs_agree(&self) -> Check {
+        for (key, f) in self.files.iter() {
+            if let (Class::Log, Loc::Host(p)) = (f.class, &f.loc) {
+                let data = self.fs.get(p).unwrap_or_default();
+                f.log.agrees(data).map_err(|m| violation("checker_counts", format!("{key}: {m}")))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -1534,11 +1514,11 @@ impl World {
         let invalid_ppm = self.swarm.invalid_ppm;
         let max_frame = self.swarm.max_frame;
         let c = &mut self.clients[i];
-        let usable: Vec<u64> = c.handles.iter().filter(|(_, h)| !h.closing).map(|(h, _)| *h).collect();
+        let usable = c.handles.usable();
         if c.ops_left == 0 || self.step > self.swarm.max_steps as u64 {
             // Tidying up before exit.
             if let Some(&h) = usable.first() {
-                c.handles.get_mut(&h).expect("usable").closing = true;
+                c.handles.set_closing(&h, true);
                 let id = next_id(c);
                 let payload = request::close(&id, h);
                 send(c, id, payload, Kind::Close { h }, None);
@@ -1547,7 +1527,7 @@ impl World {
         }
         c.ops_left -= 1;
         let kinds = [FaultKind::OversizedFrame, FaultKind::CorruptFrame, FaultKind::NonUtf8Frame];
-        let rates = kinds.map(|k| self.swarm.rate(k));
+        let rates = kinds.map(|k| self.rates.get(k));
         let c = &mut self.clients[i];
         let roll = c.rng.gen_range(0..PPM);
         if roll < rates[0] {
@@ -1563,8 +1543,7 @@ impl World {
         if roll < rates[0] + rates[1] {
             *self.faults.entry(FaultKind::CorruptFrame).or_default() += 1;
             let id = next_id(c);
-            let n: i32 = c.rng.gen_range(0..40);
-            let data = draw::random_bytes(&mut c.rng, n as usize);
+            let data = draw::bytes(&mut c.rng, 0..40);
             let good = request::write(&id, 3, &data, None);
             let mut bad = good.clone();
             for _ in 0..c.rng.gen_range(1..=4) {
@@ -1603,7 +1582,7 @@ impl World {
             return;
         }
         // Drawn only when attach is on, so worlds without it draw as before.
-        let attach = self.swarm.rate(FaultKind::Attach);
+        let attach = self.rates.get(FaultKind::Attach);
         if attach > 0 && self.clients[i].rng.gen_range(0..PPM) < attach && self.issue_attach(i) {
             return;
         }
@@ -1621,7 +1600,7 @@ impl World {
         {
             let key = c.handles.get(h).and_then(|hm| hm.key.as_ref());
             if let Some(mut f) = key.and_then(|k| self.files.get_mut(k)).filter(|f| f.class == Class::Log) {
-                f.sent.insert(data.clone());
+                f.log.send(data.clone());
             }
         }
     }
@@ -1748,7 +1727,7 @@ impl World {
                             format!("handle {h} handed out again or stdio"),
                         ));
                     }
-                    c.handles.insert(h, HModel { key: key.clone(), mode, pos: 0, host, closing: false });
+                    c.handles.insert(h, HModel::new(key.clone(), mode, host));
                     if let Some(mut f) = file {
                         f.dirty = true;
                         if f.class == Class::Private && !f.unknown {
@@ -1834,7 +1813,7 @@ impl World {
                 if !ok {
                     if let Some(mut f) = file {
                         if f.class == Class::Log && code != "E_IO" {
-                            f.refused.insert(data);
+                            f.log.refuse(data);
                         } else if f.class == Class::Private && code == "E_IO" {
                             f.unknown = true;
                         }
@@ -1856,23 +1835,25 @@ impl World {
                         f.dirty = true;
                     }
                     Some(mut f) if f.class == Class::Log => {
-                        f.acked.insert(data);
+                        f.log.ack(data);
                         f.dirty = true;
                     }
                     _ => hm.pos += data.len() as u64,
                 }
             }
-            Kind::Close { h } => match c.handles.get_mut(&h) {
-                None if ok => {
+            Kind::Close { h } => match c.handles.contains_key(&h) {
+                false if ok => {
                     return Err(violation(
                         "must_fail",
                         format!("close of foreign handle {h} succeeded: {v}"),
                     ));
                 }
-                None => {}
+                false => {}
                 // A rejected close was never served: the handle stays.
-                Some(hm) if !ok && code == "E_RANGE" => hm.closing = false,
-                Some(_) => {
+                true if !ok && code == "E_RANGE" => {
+                    c.handles.set_closing(&h, false);
+                }
+                true => {
                     c.handles.remove(&h);
                     c.closed.push(h);
                     if !ok && !benign {
@@ -2028,9 +2009,7 @@ fn valid(c: &mut Client, usable: &[u64]) {
     let close = c.rng.gen_bool(if usable.len() > 3 { 0.3 } else { 0.1 });
     let id = next_id(c);
     if close {
-        if let Some(hm) = c.handles.get_mut(&h) {
-            hm.closing = true;
-        }
+        c.handles.set_closing(&h, true);
         let payload = request::close(&id, h);
         send(c, id, payload, Kind::Close { h }, None);
     } else if hm.mode.writable() && (!hm.mode.readable() || c.rng.gen_bool(0.5)) {
@@ -2039,12 +2018,11 @@ fn valid(c: &mut Client, usable: &[u64]) {
             let letters: String = (0..n).map(|_| char::from(c.rng.gen_range(b'a'..=b'z'))).collect();
             format!("[{id}:{letters}]").into_bytes()
         } else {
-            let n: i32 = match c.rng.gen_range(0..100) {
-                0..70 => c.rng.gen_range(0..64),
-                70..95 => c.rng.gen_range(64..512),
-                _ => c.rng.gen_range(512..=2048),
-            };
-            draw::random_bytes(&mut c.rng, n as usize)
+            match c.rng.gen_range(0..100) {
+                0..70 => draw::bytes(&mut c.rng, 0..64),
+                70..95 => draw::bytes(&mut c.rng, 64..512),
+                _ => draw::bytes(&mut c.rng, 512..=2048),
+            }
         };
         let payload = request::write(&id, h, &data, Some(c.rng.gen_bool(0.1)));
         send(c, id, payload, Kind::Write { h, data }, None);
@@ -2062,7 +2040,7 @@ fn valid(c: &mut Client, usable: &[u64]) {
 fn invalid(c: &mut Client, stdio_local: bool) {
     let idx = c.idx;
     let id = next_id(c);
-    let own: Vec<u64> = c.handles.iter().filter(|(_, h)| !h.closing).map(|(h, _)| *h).collect();
+    let own = c.handles.usable();
     match c.rng.gen_range(0..13) {
         0 => {
             let path = *pick(
@@ -2135,8 +2113,7 @@ fn invalid(c: &mut Client, stdio_local: bool) {
             let (payload, kind, ok) = match c.rng.gen_range(0..3) {
                 0 => (request::read(&id, h, 100), Kind::Stdio { write_len: None }, h == 0),
                 1 => {
-                    let n: i32 = c.rng.gen_range(0..100);
-                    let data = draw::random_bytes(&mut c.rng, n as usize);
+                    let data = draw::bytes(&mut c.rng, 0..100);
                     let len = data.len();
                     (request::write(&id, h, &data, None), Kind::Stdio { write_len: Some(len) }, h != 0)
                 }

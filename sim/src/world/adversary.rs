@@ -150,7 +150,7 @@ impl World {
         if c.rng.gen_range(0..crate::swarm::PPM) < invalid_ppm {
             return invalid(c, stdio_local);
         }
-        let usable: Vec<u64> = c.handles.iter().filter(|(_, h)| !h.closing).map(|(h, _)| *h).collect();
+        let usable = c.handles.usable();
         let id = next_id(c);
         if usable.is_empty() || c.rng.gen_bool(0.4) {
             let path = *pick(&mut c.rng, &TARGETS);
@@ -164,13 +164,10 @@ impl World {
         let h = *pick(&mut c.rng, &usable);
         let hm = c.handles[&h].clone();
         if c.rng.gen_bool(0.25) {
-            if let Some(hm) = c.handles.get_mut(&h) {
-                hm.closing = true;
-            }
+            c.handles.set_closing(&h, true);
             send(c, id.clone(), request::close(&id, h), Kind::Close { h }, None);
         } else if hm.mode.writable() && (!hm.mode.readable() || c.rng.gen_bool(0.5)) {
-            let n: i32 = c.rng.gen_range(0..64);
-            let data = super::draw::random_bytes(&mut c.rng, n as usize);
+            let data = super::draw::bytes(&mut c.rng, 0..64);
             let payload = request::write(&id, h, &data, None);
             send(c, id, payload, Kind::Write { h, data }, None);
         } else {

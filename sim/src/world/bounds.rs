@@ -143,6 +143,7 @@ impl World {
             .map_err(|m| violation("checker_counts", format!("virtual files: {m}")))?;
         for c in &self.clients {
             c.order.check_kept().map_err(|m| at(violation("checker_counts", m), c.level, c.id))?;
+            c.handles.check_count().map_err(|m| at(violation("checker_counts", m), c.level, c.id))?;
         }
         Ok(())
     }

@@ -1005,7 +1005,7 @@ fn issue_cancel(c: &mut Client, token: String) {
 /// checkers.
 fn issue_file_op(c: &mut Client) {
     let key = format!("v/c{}.txt", c.idx);
-    let usable: Vec<u64> = c.handles.iter().filter(|(_, h)| !h.closing).map(|(h, _)| *h).collect();
+    let usable = c.handles.usable();
     let id = next_id(c);
     if usable.is_empty() || usable.len() < 3 && c.rng.gen_bool(0.2) {
         let mode = [Mode::Write, Mode::Append, Mode::ReadWrite, Mode::Read][c.rng.gen_range(0..4)];
@@ -1016,13 +1016,10 @@ fn issue_file_op(c: &mut Client) {
     let h = usable[c.rng.gen_range(0..usable.len())];
     let mode = c.handles[&h].mode;
     if c.rng.gen_bool(0.2) {
-        if let Some(hm) = c.handles.get_mut(&h) {
-            hm.closing = true;
-        }
+        c.handles.set_closing(&h, true);
         send(c, id.clone(), request::close(&id, h), Kind::Close { h }, None);
     } else if mode.writable() && (!mode.readable() || c.rng.gen_bool(0.5)) {
-        let n: i32 = c.rng.gen_range(0..64);
-        let data = super::draw::random_bytes(&mut c.rng, n as usize);
+        let data = super::draw::bytes(&mut c.rng, 0..64);
         let payload = request::write(&id, h, &data, None);
         send(c, id, payload, Kind::Write { h, data }, None);
     } else {

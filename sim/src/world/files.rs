@@ -78,6 +78,11 @@ impl Files {
         self.map.insert(key, f);
     }
 
+    /// Each file in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &FileModel)> {
+        self.map.iter().map(|(k, f)| (k.as_str(), f))
+    }
+
     /// Each file in key order, to change as it is visited.
     pub fn for_each_mut<E>(
         &mut self,
