@@ -443,9 +443,38 @@ fn parse_request_tree(payload: &[u8], limits: Limits) -> Result<Request, Rejecti
 }
 
 /// Encode a request (used by a proxy forwarding upstream, and by clients).
+/// The bytes of `{"id":…,"op":…,"params":{…}}` as serde_json writes a
+/// `Value` of it (keys sorted), with the params written where they lie:
+/// a forwarded op's params (a wrap's kilobytes of base64) are not copied
+/// into a new tree first.
 pub fn encode_request(req: &Request) -> Vec<u8> {
+    let built;
+    let params = match &req.op {
+        Op::Quota { params: p }
+        | Op::LlmCmd { params: p }
+        | Op::Cancel { params: p }
+        | Op::Fd { params: p, .. } => p,
+        op => {
+            built = request_params(op);
+            &built
+        }
+    };
+    let mut out = Vec::with_capacity(req.id.len() + 64);
+    out.extend_from_slice(b"{\"id\":");
+    // Serializing strings and a map of values cannot fail.
+    let _ = serde_json::to_writer(&mut out, &req.id);
+    out.extend_from_slice(b",\"op\":");
+    let _ = serde_json::to_writer(&mut out, req.op.name());
+    out.extend_from_slice(b",\"params\":");
+    let _ = serde_json::to_writer(&mut out, params);
+    out.push(b'}');
+    out
+}
+
+/// The params of an op the core builds a request for itself.
+fn request_params(op: &Op) -> Map<String, Value> {
     let mut params = Map::new();
-    match &req.op {
+    match op {
         Op::Open { path, mode, scope } => {
             params.insert("path".into(), path.clone().into());
             params.insert("mode".into(), mode.as_str().into());
@@ -469,18 +498,10 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
         Op::Close { h } => {
             params.insert("h".into(), h.get().into());
         }
-        Op::Attach => {}
-        Op::Quota { params: p }
-        | Op::LlmCmd { params: p }
-        | Op::Cancel { params: p }
-        | Op::Fd { params: p, .. } => params = p.clone(),
+        // Written from where they lie by `encode_request`.
+        Op::Attach | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } | Op::Fd { .. } => {}
     }
-    let mut obj = Map::new();
-    obj.insert("id".into(), req.id.clone().into());
-    obj.insert("op".into(), req.op.name().into());
-    obj.insert("params".into(), Value::Object(params));
-    // Serializing a Value built from strings and integers cannot fail.
-    serde_json::to_vec(&Value::Object(obj)).unwrap_or_default()
+    params
 }
 
 /// What a successful request returns.
@@ -1221,6 +1242,50 @@ mod tests {
                 prop_assert_eq!(&fast, &tree, "frame {}", frame);
             }
             prop_assert_eq!(parse_request(frame.as_bytes(), limits), tree);
+        }
+    }
+
+    /// `encode_request` as it was: the whole request built as a `Value`.
+    fn encode_request_by_value(req: &Request) -> Vec<u8> {
+        let params = match &req.op {
+            Op::Quota { params: p }
+            | Op::LlmCmd { params: p }
+            | Op::Cancel { params: p }
+            | Op::Fd { params: p, .. } => p.clone(),
+            op => request_params(op),
+        };
+        let mut obj = Map::new();
+        obj.insert("id".into(), req.id.clone().into());
+        obj.insert("op".into(), req.op.name().into());
+        obj.insert("params".into(), Value::Object(params));
+        serde_json::to_vec(&Value::Object(obj)).unwrap_or_default()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+        /// A request is encoded as the bytes serde_json writes for it as a
+        /// `Value`, params written where they lie or built alike.
+        #[test]
+        fn a_request_encodes_as_its_value(frame in request()) {
+            if let Ok(req) = parse_request_tree(frame.as_bytes(), Limits::default()) {
+                prop_assert_eq!(encode_request(&req), encode_request_by_value(&req), "frame {}", frame);
+            }
+        }
+    }
+
+    #[test]
+    fn forwarded_ops_encode_as_their_value() {
+        for frame in [
+            r#"{"id":"a\"b","op":"FD_WRAP","params":{"data":"aGk=","source":"s\n","more":false,"offset":0}}"#,
+            r#"{"id":"q","op":"QUOTA","params":{}}"#,
+            r#"{"id":"l","op":"LLMCMD","params":{"prompt":"p","z":[1,{"x":null}]}}"#,
+            r#"{"id":"c","op":"CANCEL","params":{"token":"t"}}"#,
+            r#"{"id":"t","op":"attach"}"#,
+            r#"{"id":"n","op":"narrow","params":{"rules":[{"path":"/data","access":"r"}]}}"#,
+            r#"{"id":"o","op":"open","params":{"path":"/d/x","mode":"rw","scope":{"rules":[{"path":"/d","access":"rw"}]}}}"#,
+        ] {
+            let req = parse_request_tree(frame.as_bytes(), Limits::default()).expect(frame);
+            assert_eq!(encode_request(&req), encode_request_by_value(&req), "{frame}");
         }
     }
 
