@@ -18,6 +18,7 @@ mod request;
 mod response;
 mod tool;
 pub(crate) mod toolexec;
+mod upstream;
 
 use crate::fs::HostFs;
 use crate::swarm::{FaultKind, Rates, Swarm, PPM};
@@ -1202,19 +1203,21 @@ impl World {
                 let (bytes, frames) = self.levels[1].upstream_frames.push(data.clone());
                 for payload in frames {
                     let payload = &bytes[payload];
-                    let v: Value = serde_json::from_slice(payload).map_err(|e| {
+                    let f = upstream::read(payload).map_err(|e| {
                         violation("upstream_frames", format!("upstream request is not JSON: {e}"))
                     })?;
-                    let h = v.get("params").and_then(|p| p.get("h")).and_then(Value::as_u64);
-                    if let Some(h) = h.filter(|h| *h < 3) {
-                        return Err(violation("stdio_never_upstream", format!("handle {h} forwarded: {v}")));
+                    let shown = || serde_json::from_slice::<Value>(payload).unwrap_or(Value::Null);
+                    if let Some(h) = f.h.filter(|h| *h < 3) {
+                        return Err(violation(
+                            "stdio_never_upstream",
+                            format!("handle {h} forwarded: {}", shown()),
+                        ));
                     }
                     // Invariant 10: a level's virtual namespace is its own.
-                    let path = v.get("params").and_then(|p| p.get("path")).and_then(Value::as_str);
-                    if let Some(p) = path.filter(|p| v["op"] == "open" && !p.starts_with('/')) {
+                    if let Some(p) = f.open_path.filter(|p| !p.starts_with('/')) {
                         return Err(violation(
                             "confinement",
-                            format!("level 1 forwarded its virtual name {p:?} upstream: {v}"),
+                            format!("level 1 forwarded its virtual name {p:?} upstream: {}", shown()),
                         ));
                     }
                 }
