@@ -76,9 +76,27 @@ impl fmt::Display for Denied {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Parts")]
 pub struct Policy {
     roots: Vec<Root>,
     cwd: PathBuf,
+    /// Each root's [`bytes::spelled_count`], which every resolve would
+    /// otherwise derive again.
+    #[serde(skip)]
+    counts: Vec<Option<usize>>,
+}
+
+/// A policy as written (in a trace, say): taken as it is, unnormalized.
+#[derive(Deserialize)]
+struct Parts {
+    roots: Vec<Root>,
+    cwd: PathBuf,
+}
+
+impl From<Parts> for Policy {
+    fn from(p: Parts) -> Self {
+        Policy::kept(p.roots, p.cwd)
+    }
 }
 
 /// Lexically normalize `path`: drop `.`, apply `..`. Returns `None` when a
@@ -103,7 +121,12 @@ impl Policy {
                 None => out.push(Root { path, access: r.access }),
             }
         }
-        Policy { roots: out, cwd }
+        Policy::kept(out, cwd)
+    }
+
+    fn kept(roots: Vec<Root>, cwd: PathBuf) -> Self {
+        let counts = roots.iter().map(|r| bytes::spelled_count(bytes::bytes(&r.path))).collect();
+        Policy { roots, cwd, counts }
     }
 
     pub fn roots(&self) -> &[Root] {
@@ -135,7 +158,8 @@ impl Policy {
         } else {
             Cow::Borrowed(&norm)
         };
-        let best = bytes::deepest(&abs, &self.roots, |r| &r.path);
+        let roots = self.roots.iter().zip(self.counts.iter().copied());
+        let best = bytes::deepest_counted(&abs, roots, |r| &r.path);
         match (best, relative) {
             (Some((i, root)), _) => {
                 if write && root.access == Access::ReadOnly {

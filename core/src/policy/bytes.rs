@@ -181,10 +181,7 @@ pub fn is_absolute(path: &[u8]) -> bool {
 /// with `base`'s, and what follows them is `path[base.len()..]`. The common
 /// case (a policy's roots are normalized) costs a `memcmp`.
 fn spelled_prefix(path: &[u8], base: &[u8]) -> bool {
-    !base.is_empty()
-        && path.starts_with(base)
-        && (path.len() == base.len() || path[base.len()] == b'/' || base == b"/")
-        && is_canonical(base)
+    !base.is_empty() && spelled_prefix_at(path, base) && is_canonical(base)
 }
 
 /// `Path::starts_with`: `base`'s components are a prefix of `path`'s.
@@ -196,10 +193,11 @@ pub fn starts_with(path: &[u8], base: &[u8]) -> bool {
     comps(base).all(|b| p.next_is(b))
 }
 
-/// [`prefix_depth`] when both are canonical and `base` is not empty.
-fn spelled_depth(path: &[u8], base: &[u8]) -> Option<usize> {
-    let at_separator = || path.len() == base.len() || path[base.len()] == b'/' || base == b"/";
-    (path.starts_with(base) && at_separator()).then(|| canonical_count(base))
+/// `path` begins with `base`'s bytes up to a separator: when both are
+/// canonical and `base` is not empty, that `path`'s components begin with
+/// `base`'s.
+fn spelled_prefix_at(path: &[u8], base: &[u8]) -> bool {
+    path.starts_with(base) && (path.len() == base.len() || path[base.len()] == b'/' || base == b"/")
 }
 
 /// The components of a non-empty canonical spelling: one per `/`, and
@@ -240,17 +238,36 @@ pub fn deepest<'a, T>(
 where
     T: 'a,
 {
+    deepest_counted(path, items.into_iter().map(|item| (item, spelled_count(bytes(of(item))))), &of)
+}
+
+/// What [`deepest`] asks of each base on every call, asked once: the
+/// number of components of a base spelled canonically (and not empty),
+/// `None` for any other base.
+pub fn spelled_count(base: &[u8]) -> Option<usize> {
+    (!base.is_empty() && is_canonical(base)).then(|| canonical_count(base))
+}
+
+/// [`deepest`] over items given with their [`spelled_count`], kept by a
+/// caller that asks again and again of the same bases (a policy's roots).
+pub fn deepest_counted<'a, T>(
+    path: &[u8],
+    items: impl IntoIterator<Item = (&'a T, Option<usize>)>,
+    of: impl Fn(&T) -> &Path,
+) -> Option<(usize, &'a T)>
+where
+    T: 'a,
+{
     // Between two canonical spellings, components match exactly when the
     // bytes do up to a separator: one check of `path` spares splitting it
-    // against every item (policies keep their roots normalized).
+    // against every item.
     let spelled = is_canonical(path);
     let mut best: Option<(usize, &'a T, usize)> = None;
-    for (i, item) in items.into_iter().enumerate() {
+    for (i, (item, count)) in items.into_iter().enumerate() {
         let base = bytes(of(item));
-        let depth = if spelled && !base.is_empty() && is_canonical(base) {
-            spelled_depth(path, base)
-        } else {
-            prefix_depth(path, base)
+        let depth = match count {
+            Some(count) if spelled => spelled_prefix_at(path, base).then_some(count),
+            _ => prefix_depth(path, base),
         };
         if let Some(depth) = depth {
             if best.is_none_or(|(_, _, d)| depth >= d) {

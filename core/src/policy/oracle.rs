@@ -357,7 +357,7 @@ fn arb_policy() -> impl Strategy<Value = Policy> {
         let cwd = PathBuf::from(OsString::from_vec(cwd));
         // A policy read back from a trace is taken as written, unnormalized.
         if raw {
-            Policy { roots, cwd }
+            Policy::kept(roots, cwd)
         } else {
             Policy::new(cwd, roots)
         }
@@ -434,6 +434,18 @@ proptest! {
         let ours = super::normalize(os(&p)).map(|p| p.into_os_string().into_vec());
         let old = old_normalize(os(&p)).map(|p| p.into_os_string().into_vec());
         prop_assert_eq!(ours, old);
+    }
+
+    #[test]
+    fn a_policy_read_back_keeps_its_roots_counts(policy in arb_policy()) {
+        // JSON holds only UTF-8 paths.
+        let json = serde_json::to_string(&policy);
+        prop_assume!(json.is_ok());
+        let json = json.expect("assumed");
+        prop_assert!(!json.contains("counts"), "{}", json);
+        let back: Policy = serde_json::from_str(&json).expect("and reads back");
+        // Equality covers the kept counts: rebuilt from the roots as read.
+        prop_assert_eq!(back, policy);
     }
 
     #[test]
