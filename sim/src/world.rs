@@ -2008,15 +2008,16 @@ fn valid(c: &mut Client, usable: &[u64]) {
         return;
     }
     let h = *pick(&mut c.rng, usable);
-    let hm = c.handles[&h].clone();
+    let hm = &c.handles[&h];
+    let (mode, shared) = (hm.mode, hm.key.as_deref() == Some("/data/rw/shared.log"));
     let close = c.rng.gen_bool(if usable.len() > 3 { 0.3 } else { 0.1 });
     let id = next_id(c);
     if close {
         c.handles.set_closing(&h, true);
         let payload = request::close(&id, h);
         send(c, id, payload, Kind::Close { h }, None);
-    } else if hm.mode.writable() && (!hm.mode.readable() || c.rng.gen_bool(0.5)) {
-        let data: Vec<u8> = if hm.key.as_deref() == Some("/data/rw/shared.log") {
+    } else if mode.writable() && (!mode.readable() || c.rng.gen_bool(0.5)) {
+        let data: Vec<u8> = if shared {
             let n = c.rng.gen_range(0..40);
             let letters: String = (0..n).map(|_| char::from(c.rng.gen_range(b'a'..=b'z'))).collect();
             format!("[{id}:{letters}]").into_bytes()
