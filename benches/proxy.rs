@@ -15,7 +15,8 @@
 //! CSV (`benches/scale.sh` does). `PROXY_BENCH_BIN=PATH` measures another
 //! airlock binary (an older build, say) with the same client and baseline.
 //!
-//! The client checks every byte it gets against the file.
+//! The client reads its answers 64 KiB at a time, as `airlock fs cat`
+//! does, and checks every byte it gets against the file.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -23,7 +24,7 @@ use rustix::io::{fcntl_setfd, FdFlags};
 use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
 use serde::Deserialize;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -84,7 +85,7 @@ fn send(sock: &mut UnixStream, payload: &[u8]) {
     sock.write_all(&framed).expect("send frame");
 }
 
-fn recv(sock: &mut UnixStream, buf: &mut Vec<u8>) {
+fn recv(sock: &mut impl Read, buf: &mut Vec<u8>) {
     let mut len = [0u8; 4];
     sock.read_exact(&mut len).expect("frame header");
     buf.resize(u32::from_be_bytes(len) as usize, 0);
@@ -111,6 +112,9 @@ struct ReadResult {
 /// (already open as handle `h` on `sock`), every byte checked. Returns the
 /// frames answered.
 fn read_share(sock: &mut UnixStream, h: u64, expected: &[u8], share: usize) -> u64 {
+    // Answers read 64 KiB at a time, as `airlock fs cat` reads them (and as
+    // the baseline's reader reads its bytes), not a system call or two each.
+    let mut answers = BufReader::with_capacity(64 << 10, sock.try_clone().expect("clone socket"));
     let mut buf = Vec::new();
     // The `max` of each read in flight, oldest first (answers come in order).
     let mut asked_for = std::collections::VecDeque::with_capacity(WINDOW);
@@ -125,7 +129,7 @@ fn read_share(sock: &mut UnixStream, h: u64, expected: &[u8], share: usize) -> u
             asked_for.push_back(max);
         }
         let Some(max) = asked_for.pop_front() else { break };
-        recv(sock, &mut buf);
+        recv(&mut answers, &mut buf);
         answered += 1;
         let reply: Reply = serde_json::from_slice(&buf).expect("read reply");
         assert!(reply.ok, "read failed: {}", String::from_utf8_lossy(&buf));
