@@ -10,6 +10,7 @@ mod broker;
 mod draw;
 mod files;
 mod floods;
+mod frames;
 mod held;
 mod log;
 mod order;
@@ -34,6 +35,7 @@ use airlock_core::time::Instant;
 use airlock_core::trace::{Header, TraceWriter};
 use broker::{BOp, BrokerSim};
 use files::Files;
+use frames::{frame, payloads, Frames};
 use held::{HModel, Held};
 use order::Order;
 use pager::{POp, PagerSim};
@@ -43,7 +45,6 @@ use request::req;
 use response::{Id, Response};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::ops::Range;
 use std::path::{Component, PathBuf};
 
 /// The intermediate's connection at the top level.
@@ -158,46 +159,6 @@ impl Pipe {
         let pushed = self.pushed;
         *self = Pipe { pushed, taken: pushed, whole: pushed, ..Pipe::default() };
     }
-}
-
-/// Splits a byte stream into frames, for checkers reading what a machine
-/// sends (independent of the core's decoder).
-#[derive(Debug, Default)]
-struct Frames {
-    buf: Vec<u8>,
-}
-
-impl Frames {
-    /// The frames `data` completes: the bytes holding them and where each
-    /// payload lies in them. A delivery of whole frames (the usual one) is
-    /// split where it lies, not copied; only a partial frame is kept.
-    fn push(&mut self, data: Vec<u8>) -> (Vec<u8>, Vec<Range<usize>>) {
-        let bytes = if self.buf.is_empty() {
-            data
-        } else {
-            self.buf.extend_from_slice(&data);
-            std::mem::take(&mut self.buf)
-        };
-        let mut frames = Vec::new();
-        let mut at = 0;
-        while bytes.len() - at >= 4 {
-            let len = u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
-            if bytes.len() - at - 4 < len {
-                break;
-            }
-            frames.push(at + 4..at + 4 + len);
-            at += 4 + len;
-        }
-        self.buf.extend_from_slice(&bytes[at..]);
-        (bytes, frames)
-    }
-}
-
-fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + 4);
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 /// The id a conforming server must answer `payload` under: the `id` string
@@ -1105,9 +1066,9 @@ impl World {
                     violation("nothing_sent_to_departed", format!("level {level} sent to unknown {client}"))
                 })?;
                 self.broker_check_sent(&data).map_err(|v| at(v, level, client))?;
-                let (bytes, frames) = self.clients[i].frames.push(data);
-                for payload in frames {
-                    self.on_response(i, &bytes[payload]).map_err(|v| at(v, level, client))?;
+                let (bytes, whole) = self.clients[i].frames.push(data);
+                for payload in payloads(&bytes[..whole]) {
+                    self.on_response(i, payload).map_err(|v| at(v, level, client))?;
                 }
                 Ok(())
             }
@@ -1200,9 +1161,8 @@ impl World {
                 if !self.nested || level != 1 {
                     return Err(violation("policy", format!("level {level} has no upstream yet sent to it")));
                 }
-                let (bytes, frames) = self.levels[1].upstream_frames.push(data.clone());
-                for payload in frames {
-                    let payload = &bytes[payload];
+                let (bytes, whole) = self.levels[1].upstream_frames.push(data.clone());
+                for payload in payloads(&bytes[..whole]) {
                     let f = upstream::read(payload).map_err(|e| {
                         violation("upstream_frames", format!("upstream request is not JSON: {e}"))
                     })?;
@@ -1517,10 +1477,9 @@ impl World {
         let invalid_ppm = self.swarm.invalid_ppm;
         let max_frame = self.swarm.max_frame;
         let c = &mut self.clients[i];
-        let usable = c.handles.usable();
         if c.ops_left == 0 || self.step > self.swarm.max_steps as u64 {
             // Tidying up before exit.
-            if let Some(&h) = usable.first() {
+            if let Some(h) = c.handles.nth_usable(0) {
                 c.handles.set_closing(&h, true);
                 let id = next_id(c);
                 let payload = request::close(&id, h);
@@ -1593,7 +1552,7 @@ impl World {
         if c.rng.gen_range(0..PPM) < invalid_ppm {
             invalid(c, stdio_local);
         } else {
-            valid(c, &usable);
+            valid(c);
         }
         // Log chunks are known from the moment they are sent: any of them
         // may end up in the file, acknowledged or not.
@@ -1922,13 +1881,14 @@ fn cat(parts: &[&str]) -> String {
 }
 
 fn send(c: &mut Client, id: String, payload: Vec<u8>, kind: Kind, must_fail: Option<&'static str>) {
-    c.out.push(frame(&payload));
+    let len = payload.len() as u64;
+    c.out.push(frame(payload));
     if matches!(kind, Kind::Open { .. }) {
         c.pending_opens += 1;
     }
     c.order.push_back(Queued {
         id: id.clone(),
-        frame: Some((c.out.pushed, payload.len() as u64)),
+        frame: Some((c.out.pushed, len)),
         in_line: !matches!(kind, Kind::Broker(_) | Kind::Attach { .. } | Kind::Attached),
         close: matches!(kind, Kind::Close { .. }),
     });
@@ -1939,11 +1899,11 @@ fn send(c: &mut Client, id: String, payload: Vec<u8>, kind: Kind, must_fail: Opt
 fn send_raw(c: &mut Client, payload: Vec<u8>) {
     match oracle_id(&payload) {
         Some(id) => {
-            c.out.push(frame(&payload));
+            c.out.push(frame(payload));
             c.outstanding.insert(id, Sent { kind: Kind::Invalid, must_fail: Some("must_fail") });
         }
         None => {
-            c.out.push(frame(&payload));
+            c.out.push(frame(payload));
             c.null_expected += 1;
         }
     }
@@ -1955,10 +1915,11 @@ fn pick<'a, T>(rng: &mut ChaCha8Rng, items: &'a [T]) -> &'a T {
 
 const MODES: [Mode; 4] = [Mode::Read, Mode::Write, Mode::Append, Mode::ReadWrite];
 
-fn valid(c: &mut Client, usable: &[u64]) {
+fn valid(c: &mut Client) {
     let mut idx_text = itoa::Buffer::new();
     let idx = idx_text.format(c.idx);
-    let open = usable.is_empty() || usable.len() < 4 && c.rng.gen_bool(0.3);
+    let usable = c.handles.usable_count();
+    let open = usable == 0 || usable < 4 && c.rng.gen_bool(0.3);
     if open {
         let (key, path, mode, host) = match c.rng.gen_range(0..100) {
             0..30 => {
@@ -2007,10 +1968,12 @@ fn valid(c: &mut Client, usable: &[u64]) {
         send(c, id, payload, Kind::Open { key: Some(key), mode, host }, None);
         return;
     }
-    let h = *pick(&mut c.rng, usable);
+    // As `pick` over the usable handles, without collecting them (a kept
+    // count out of step with the handles is the count checker's to report).
+    let Some(h) = c.handles.nth_usable(c.rng.gen_range(0..usable)) else { return };
     let hm = &c.handles[&h];
     let (mode, shared) = (hm.mode, hm.key.as_deref() == Some("/data/rw/shared.log"));
-    let close = c.rng.gen_bool(if usable.len() > 3 { 0.3 } else { 0.1 });
+    let close = c.rng.gen_bool(if usable > 3 { 0.3 } else { 0.1 });
     let id = next_id(c);
     if close {
         c.handles.set_closing(&h, true);

@@ -135,7 +135,7 @@ impl World {
                 _ => json!({ "id": id, "ok": true, "result": { "data": "aGk=", "eof": false } }),
             };
             let payload = serde_json::to_vec(&v).unwrap_or_default();
-            c.out.push(frame(&payload));
+            c.out.push(frame(payload));
             c.floods.echoes.insert(id);
         }
         true
@@ -190,7 +190,7 @@ impl World {
         let payload = serde_json::to_vec(&json!({ "id": "flood", "ok": true, "result": { "text": text } }))
             .unwrap_or_default();
         if let Some(link) = self.link.as_mut() {
-            link.down.push(frame(&payload));
+            link.down.push(frame(payload));
         }
     }
 }

@@ -51,7 +51,21 @@ impl Held {
 
     /// The handles that may still be used, in order.
     pub fn usable(&self) -> Vec<u64> {
-        self.map.iter().filter(|(_, h)| !h.closing()).map(|(h, _)| *h).collect()
+        self.usable_iter().collect()
+    }
+
+    fn usable_iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.map.iter().filter(|(_, h)| !h.closing()).map(|(h, _)| *h)
+    }
+
+    /// How many of [`Held::usable`] there are, from the kept count.
+    pub fn usable_count(&self) -> usize {
+        self.usable
+    }
+
+    /// The `k`th of [`Held::usable`], without collecting them.
+    pub fn nth_usable(&self, k: usize) -> Option<u64> {
+        self.usable_iter().nth(k)
     }
 
     pub fn values(&self) -> impl Iterator<Item = &HModel> {
@@ -138,6 +152,11 @@ mod tests {
                 }
                 prop_assert_eq!(held.check_count(), Ok(()));
                 prop_assert_eq!(held.any_usable(), !held.usable().is_empty());
+                let usable = held.usable();
+                prop_assert_eq!(held.usable_count(), usable.len());
+                for k in 0..=usable.len() {
+                    prop_assert_eq!(held.nth_usable(k), usable.get(k).copied());
+                }
             }
         }
     }
