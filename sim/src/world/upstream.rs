@@ -209,6 +209,21 @@ mod tests {
         }
     }
 
+    /// The property above holds only where the scan answers: it must
+    /// answer often enough for that to mean something.
+    #[test]
+    fn the_scan_answers_a_good_share_of_the_frames() {
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = frame();
+        let n = 2000;
+        let scanned = (0..n)
+            .filter(|_| scan(&strategy.new_tree(&mut runner).expect("a frame").current()).is_some())
+            .count();
+        assert!(scanned * 5 >= n, "the scan answered {scanned} of {n} frames");
+        assert!(scanned < n, "every frame scanned: the generator makes no near misses");
+    }
+
     #[test]
     fn the_core_s_forwarded_frames_are_scanned() {
         for (frame, h, path) in [
