@@ -1,5 +1,6 @@
 //! Wire codecs shared by the machines.
 
 pub mod frame;
+pub mod json_text;
 pub mod jsonrpc;
 pub mod plain;

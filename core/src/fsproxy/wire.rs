@@ -3,12 +3,15 @@
 
 use crate::b64;
 use crate::broker::{BrokerErrorCode, RawJson};
+use crate::codec::json_text;
+use crate::codec::plain::{Cursor, Slot};
 use crate::handles::Handle;
 use crate::pager::wire::FdOp;
 use crate::scope::Scope;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
+use std::ops::Range;
 
 /// Largest `max` a `read` may ask for (seed 000).
 pub const DEFAULT_MAX_READ: u32 = 4096;
@@ -303,45 +306,6 @@ pub(crate) fn fast_path_agrees(payload: &[u8]) -> Result<(), String> {
     }
 }
 
-/// A derived struct read only from a JSON object. serde's derived structs
-/// also take an array of their fields in order, which the tree parses
-/// refuse ("is not an object"): a fast path reading `T` directly would
-/// accept frames the tree rejects.
-struct Obj<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        T::deserialize(MapOnly(d)).map(Obj)
-    }
-}
-
-/// Hands a derived struct's visitor to `deserialize_map`, which serde_json
-/// serves from an object only.
-struct MapOnly<D>(D);
-
-impl<'de, D: serde::Deserializer<'de>> serde::Deserializer<'de> for MapOnly<D> {
-    type Error = D::Error;
-
-    fn deserialize_any<V: serde::de::Visitor<'de>>(self, v: V) -> Result<V::Value, D::Error> {
-        self.0.deserialize_any(v)
-    }
-
-    fn deserialize_struct<V: serde::de::Visitor<'de>>(
-        self,
-        _name: &'static str,
-        _fields: &'static [&'static str],
-        v: V,
-    ) -> Result<V::Value, D::Error> {
-        self.0.deserialize_map(v)
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
-        bytes byte_buf option unit unit_struct newtype_struct seq tuple
-        tuple_struct map enum identifier ignored_any
-    }
-}
-
 /// Decode one request frame through a `Value` tree: every case, with the
 /// message for each way a request can be wrong.
 fn parse_request_tree(payload: &[u8], limits: Limits) -> Result<Request, Rejection> {
@@ -461,12 +425,11 @@ pub fn encode_request(req: &Request) -> Vec<u8> {
     };
     let mut out = Vec::with_capacity(req.id.len() + 64);
     out.extend_from_slice(b"{\"id\":");
-    // Serializing strings and a map of values cannot fail.
-    let _ = serde_json::to_writer(&mut out, &req.id);
+    json_text::string(&mut out, &req.id);
     out.extend_from_slice(b",\"op\":");
-    let _ = serde_json::to_writer(&mut out, req.op.name());
+    json_text::string(&mut out, req.op.name());
     out.extend_from_slice(b",\"params\":");
-    let _ = serde_json::to_writer(&mut out, params);
+    json_text::map(&mut out, params);
     out.push(b'}');
     out
 }
@@ -551,21 +514,6 @@ pub struct Response {
     pub outcome: Result<Success, Failure>,
 }
 
-/// The answers not written by hand: a result that is a JSON object.
-#[derive(Serialize)]
-struct WireResponse<'a> {
-    id: Option<&'a str>,
-    ok: bool,
-    result: WireResult<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(untagged)]
-enum WireResult<'a> {
-    Value(&'a Map<String, Value>),
-    Json(&'a RawJson),
-}
-
 /// One response as JSON text.
 pub fn encode_response(resp: &Response) -> Vec<u8> {
     let mut out = Vec::new();
@@ -577,24 +525,23 @@ pub fn encode_response(resp: &Response) -> Vec<u8> {
 /// place (`frame::encode_with`), so a read's data is written once, as
 /// base64, straight into the frame it leaves in.
 pub fn encode_response_into(resp: &Response, out: &mut Vec<u8>) {
+    // Every answer written directly, as serde_json writes a `Value` of it
+    // (property-tested against that serialization).
     let id = resp.id.as_deref();
-    let result = match &resp.outcome {
+    match &resp.outcome {
         Ok(Success::Data { data, eof }) => {
             let len = data.len().div_ceil(3) * 4;
-            return encode_data(id, len, *eof, out, |out| b64::encode_into(data, out));
+            encode_data(id, len, *eof, out, |out| b64::encode_into(data, out));
         }
         Ok(Success::Base64Data { data, eof }) => {
             let text = data.text();
-            return encode_data(id, text.len(), *eof, out, |out| out.extend_from_slice(text));
+            encode_data(id, text.len(), *eof, out, |out| out.extend_from_slice(text));
         }
-        // The common answers written directly, as serde_json writes them
-        // (property-tested against the `Value` serialization).
-        Ok(Success::Opened { handle }) => return encode_number(id, b"handle", handle.get(), out),
-        Ok(Success::Written { written }) => return encode_number(id, b"written", *written, out),
+        Ok(Success::Opened { handle }) => encode_number(id, b"handle", handle.get(), out),
+        Ok(Success::Written { written }) => encode_number(id, b"written", *written, out),
         Ok(Success::Closed | Success::Attached) => {
             encode_head(id, true, out);
             out.push(b'}');
-            return;
         }
         Err(f) => {
             encode_head(id, false, out);
@@ -602,23 +549,31 @@ pub fn encode_response_into(resp: &Response, out: &mut Vec<u8>) {
             // The codes are plain ASCII names: nothing to escape.
             out.extend_from_slice(f.code.as_str().as_bytes());
             out.extend_from_slice(b"\",\"message\":");
-            let _ = serde_json::to_writer(&mut *out, &f.message);
+            json_text::string(out, &f.message);
             out.extend_from_slice(b"}}");
-            return;
         }
-        Ok(Success::Value(m)) => WireResult::Value(m),
-        Ok(Success::Json(raw)) => WireResult::Json(raw),
-    };
-    let wire = WireResponse { id, ok: true, result };
-    // Serializing strings, integers and JSON already checked cannot fail.
-    let _ = serde_json::to_writer(&mut *out, &wire);
+        Ok(Success::Value(m)) => {
+            encode_head(id, true, out);
+            out.extend_from_slice(b",\"result\":");
+            json_text::map(out, m);
+            out.push(b'}');
+        }
+        Ok(Success::Json(raw)) => {
+            encode_head(id, true, out);
+            out.extend_from_slice(b",\"result\":");
+            // Checked JSON, written as it is (as serde_json writes a raw
+            // value).
+            out.extend_from_slice(raw.as_str().as_bytes());
+            out.push(b'}');
+        }
+    }
 }
 
 /// `{"id":…,"ok":…`: the start every answer shares.
 fn encode_head(id: Option<&str>, ok: bool, out: &mut Vec<u8>) {
     out.reserve(48 + id.map_or(4, str::len));
     out.extend_from_slice(b"{\"id\":");
-    let _ = serde_json::to_writer(&mut *out, &id);
+    json_text::opt_string(out, id);
     out.extend_from_slice(if ok { b",\"ok\":true" } else { b",\"ok\":false" });
 }
 
@@ -645,7 +600,7 @@ fn encode_data(
 ) {
     out.reserve(64 + id.map_or(4, str::len) + b64_len);
     out.extend_from_slice(b"{\"id\":");
-    let _ = serde_json::to_writer(&mut *out, &id);
+    json_text::opt_string(out, id);
     out.extend_from_slice(b",\"ok\":true,\"result\":{\"data\":\"");
     fill(out);
     out.extend_from_slice(if eof { b"\",\"eof\":true}}" } else { b"\",\"eof\":false}}" });
@@ -862,45 +817,53 @@ pub fn parse_upstream_response(payload: Vec<u8>, op: OpKind, max_read: u32) -> R
 pub(crate) struct ReadAnswer {
     id: Option<String>,
     eof: bool,
-    text: std::ops::Range<usize>,
+    text: Range<usize>,
     decoded_len: usize,
 }
 
 impl ReadAnswer {
     pub(crate) fn parse(payload: &[u8]) -> Option<Self> {
-        use std::borrow::Cow;
-
-        // Unknown fields go to the reference: serde_json skips them
-        // without the nesting limit the tree parse enforces.
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Answer<'a> {
-            #[serde(borrow)]
-            id: Option<Cow<'a, str>>,
-            ok: bool,
-            #[serde(borrow)]
-            result: Option<Obj<ReadResult<'a>>>,
-        }
-
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct ReadResult<'a> {
-            // Bytes, not `str`: base64's alphabet is ASCII, so the
-            // canonical check below covers what UTF-8 validation would.
-            data: &'a [u8],
-            eof: bool,
-        }
-
-        let Obj(answer) = serde_json::from_slice::<Obj<Answer<'_>>>(payload).ok()?;
-        let Answer { id, ok: true, result: Some(Obj(ReadResult { data, eof })) } = answer else {
+        // Read with the plain scanner, which declines (rather than reports)
+        // whatever is not the plain answer: every other answer an upstream
+        // sends (an fd op's, a failure) comes here first, and serde's
+        // derived structs spent more formatting why they refused it than
+        // reading it.
+        let mut c = Cursor::new(payload);
+        let mut id: Slot<&str> = None;
+        let mut ok: Slot<bool> = None;
+        let mut result: Slot<(Range<usize>, bool)> = None;
+        c.ws();
+        c.object(|c, key| match key {
+            b"id" => c.member(&mut id, Cursor::text),
+            b"ok" => c.member(&mut ok, |c| c.literal(b"true").map(|()| true)),
+            b"result" => c.member(&mut result, |c| {
+                let (mut data, mut eof): (Slot<Range<usize>>, Slot<bool>) = (None, None);
+                c.object(|c, key| match key {
+                    // Bytes, not text: base64's alphabet is ASCII, so the
+                    // canonical check below covers what UTF-8 validation
+                    // (and the refusal of escapes) would.
+                    b"data" => c.member(&mut data, |c| {
+                        let text = c.raw_string()?;
+                        let end = c.pos() - 1;
+                        Some(end - text.len()..end)
+                    }),
+                    b"eof" => c.member(&mut eof, |c| match c.peek()? {
+                        b't' => c.literal(b"true").map(|()| true),
+                        _ => c.literal(b"false").map(|()| false),
+                    }),
+                    _ => None,
+                })?;
+                Some((data??, eof??))
+            }),
+            // An unknown member, even one serde_json would skip: the
+            // reference's (it skips under the nesting limit).
+            _ => None,
+        })?;
+        let (Some(Some(true)), Some(Some((text, eof))), true) = (ok, result, c.at_end()) else {
             return None;
         };
-        // `data` borrows from `payload` (an escaped string could not): its
-        // offset there is where the text lies.
-        let start = (data.as_ptr() as usize).checked_sub(payload.as_ptr() as usize)?;
-        let text = start..start + data.len();
         let decoded_len = canonical_base64_len(payload.get(text.clone())?)?;
-        Some(ReadAnswer { id: id.map(Cow::into_owned), eof, text, decoded_len })
+        Some(ReadAnswer { id: id.flatten().map(str::to_owned), eof, text, decoded_len })
     }
 
     /// The upstream's id for the request this answers.
@@ -1130,6 +1093,9 @@ mod tests {
             Just(r#""open""#),
             Just(r#""QUOTA""#),
             Just(r#""read""#),
+            Just(r#""FD_WRAP""#),
+            Just(r#""FD_READ""#),
+            Just(r#""FD_NOPE""#),
             Just("7"),
         ];
         let key = prop_oneof![
@@ -1140,6 +1106,8 @@ mod tests {
             Just("path"),
             Just("mode"),
             Just("scope"),
+            Just("fd"),
+            Just("more"),
             Just("other")
         ];
         let params = proptest::collection::vec((key, field()), 0..7).prop_map(|kv| {
@@ -1206,9 +1174,23 @@ mod tests {
             Just(("write", vec![("h", "3"), ("data", r#""aGk=""#), ("final", "true")])),
             Just(("close", vec![("h", "3")])),
             Just(("open", vec![("path", r#""a.txt""#), ("mode", r#""r""#)])),
+            Just(("FD_READ", vec![("fd", r#""fd:1""#), ("page", "2")])),
+            Just((
+                "FD_WRAP",
+                vec![("data", r#""aGk=""#), ("stream", r#""s1""#), ("more", "true"), ("offset", "0")]
+            )),
+            Just(("FD_TO_FILE", vec![("fd", r#""fd:1""#), ("path", r#""o.txt""#), ("mode", "null")])),
         ];
-        let key =
-            prop_oneof![Just("h"), Just("max"), Just("data"), Just("final"), Just("path"), Just("mode")];
+        let key = prop_oneof![
+            Just("h"),
+            Just("max"),
+            Just("data"),
+            Just("final"),
+            Just("path"),
+            Just("mode"),
+            Just("fd"),
+            Just(r"\u00e9")
+        ];
         (op, any::<prop::sample::Index>(), 0..5u8, field(), key, any::<bool>()).prop_map(
             |((op, members), at, how, odd, extra, params_first)| {
                 let mut members: Vec<(String, String)> =
@@ -1370,6 +1352,10 @@ mod tests {
             r#"{"id":"2","op":"write","params":{"h":3,"data":"aGVsbG8=","final":false}}"#,
             r#"{"id":"3","op":"close","params":{"h":3}}"#,
             r#"{"id":"4","op":"open","params":{"path":"a.txt","mode":"rw"}}"#,
+            r#"{"id":"5","op":"FD_WRAP","params":{"data":"aGk=","more":false,"offset":0,"source":"tool","stream":null}}"#,
+            r#"{"id":"6","op":"FD_READ","params":{"fd":"fd:1"}}"#,
+            r#"{"id":"7","op":"FD_SEARCH","params":{"fd":"fd:1","ignore_case":true,"query":"é"}}"#,
+            r#"{"id":"8","op":"FD_TO_FILE","params":{"fd":"fd:1","insert_at_line":2,"mode":"insert","path":"o"}}"#,
         ] {
             let fast = fast::parse(frame.as_bytes(), limits).expect("taken by the fast path");
             assert_eq!(fast, parse_request_tree(frame.as_bytes(), limits), "{frame}");
