@@ -63,11 +63,10 @@ impl<'a> Member<'a> {
         if !t.contains('\\') {
             return Some(Cow::Borrowed(&t[1..t.len() - 1]));
         }
-        match serde_json::from_str::<&'a str>(t) {
-            Ok(s) => Some(Cow::Borrowed(s)),
-            // Escapes: the string is not the bytes of the frame.
-            Err(_) => serde_json::from_str::<String>(t).ok().map(Cow::Owned),
-        }
+        // A backslash in a JSON string is always an escape: the string is
+        // not the bytes of the frame (and asking serde_json to borrow it
+        // would only fail, after formatting why).
+        serde_json::from_str::<String>(t).ok().map(Cow::Owned)
     }
 }
 
