@@ -1667,7 +1667,7 @@ impl World {
             return self.on_broker_response(i, &id, op, &v.value());
         }
         if let Kind::Pager(op) = sent.kind {
-            return self.on_pager_response(&id, op, &v.value());
+            return self.on_pager_response(&id, op, &v);
         }
         let result = v.result();
         let refused = |what: &str| violation("valid_request_refused", format!("{what} {id} failed: {v}"));

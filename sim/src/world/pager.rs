@@ -11,6 +11,7 @@
 //! the bytes its fds hold (invariant 11), against the limit the world
 //! configured rather than the one the machine believes.
 
+use super::response::Response;
 use super::{next_id, req, request, send, violation, Check, Kind, World};
 use airlock_core::pager::check::{check_accounting, check_document};
 use airlock_core::pager::PagerConfig;
@@ -18,7 +19,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 
 /// A pager op, as the checkers follow it.
@@ -173,10 +174,11 @@ impl World {
         true
     }
 
-    pub(super) fn on_pager_response(&mut self, id: &str, op: POp, v: &Value) -> Check {
-        let ok = v.get("ok").and_then(Value::as_bool).unwrap_or(false);
-        let code = v.pointer("/error/code").and_then(Value::as_str).unwrap_or("");
-        let message = v.pointer("/error/message").and_then(Value::as_str).unwrap_or("");
+    pub(super) fn on_pager_response(&mut self, id: &str, op: POp, v: &Response<'_>) -> Check {
+        let ok = v.ok().unwrap_or(false);
+        let (code, message) = (v.code(), v.message());
+        let code: &str = &code;
+        let result = v.result().unwrap_or_default();
         let bad = |what: &str| Err(violation("pager_answer", format!("{id}: {what}: {v}")));
         // E_IO: the upstream was lost; E_RANGE: a full queue, or the limit.
         let lost = matches!(code, "E_IO" | "E_RANGE");
@@ -186,7 +188,7 @@ impl World {
         let Some(p) = self.pager.as_mut() else { return Ok(()) };
         match op {
             POp::Wrap { content } if ok => {
-                if let Some(fd) = v.pointer("/result/fd").and_then(Value::as_str) {
+                if let Some(fd) = result.fd.as_str() {
                     let Some(n) = fd.strip_prefix("fd:").and_then(|n| n.parse::<u64>().ok()) else {
                         return bad("a wrap named no fd");
                     };
@@ -195,8 +197,8 @@ impl World {
                     }
                     p.unchecked.push(n);
                 } else {
-                    let data = v.pointer("/result/data").and_then(Value::as_str).unwrap_or_default();
-                    if STANDARD.decode(data).ok().as_deref() != Some(content.as_slice()) {
+                    let data = result.data.as_str().unwrap_or_default();
+                    if STANDARD.decode(&*data).ok().as_deref() != Some(content.as_slice()) {
                         return bad("direct content differs from what was wrapped");
                     }
                 }
@@ -205,7 +207,7 @@ impl World {
                 if !ok && !lost {
                     return bad("a read of an fd the session holds failed");
                 }
-                let xml = v.pointer("/result/xml").and_then(Value::as_str).unwrap_or_default();
+                let xml = result.xml.as_str().unwrap_or_default();
                 if ok && !xml.starts_with(&format!("<fd_content fd=\"fd:{fd}\" page=\"1\"")) {
                     return bad("page 1 of a known fd is not its fd_content");
                 }

@@ -145,6 +145,11 @@ pub(super) struct ResultPart<'a> {
     pub eof: Member<'a>,
     #[serde(borrow, default)]
     pub written: Member<'a>,
+    /// The pager's answers: a wrap's fd, a page's text.
+    #[serde(borrow, default)]
+    pub fd: Member<'a>,
+    #[serde(borrow, default)]
+    pub xml: Member<'a>,
 }
 
 /// The answers the proxy writes, read without serde_json: plain members
@@ -210,6 +215,8 @@ mod scan {
                 b"data" => once(&mut r.data, Some(v)),
                 b"eof" => once(&mut r.eof, Some(v)),
                 b"written" => once(&mut r.written, Some(v)),
+                b"fd" => once(&mut r.fd, Some(v)),
+                b"xml" => once(&mut r.xml, Some(v)),
                 _ => None,
             }),
             b"error" => nested(c, payload, &mut top.error, |e: &mut ErrorPart<'_>, key, v| match key {
@@ -317,6 +324,8 @@ mod tests {
             data: r.get("data").and_then(Value::as_str).map(str::to_owned),
             eof: r.get("eof").and_then(Value::as_bool),
             written: r.get("written").and_then(Value::as_u64),
+            fd: r.get("fd").and_then(Value::as_str).map(str::to_owned),
+            xml: r.get("xml").and_then(Value::as_str).map(str::to_owned),
         });
         (
             v.get("ok").and_then(Value::as_bool),
@@ -333,6 +342,8 @@ mod tests {
         data: Option<String>,
         eof: Option<bool>,
         written: Option<u64>,
+        fd: Option<String>,
+        xml: Option<String>,
     }
 
     fn by_view(
@@ -348,6 +359,8 @@ mod tests {
             data: p.data.as_str().map(Cow::into_owned),
             eof: p.eof.as_bool(),
             written: p.written.as_u64(),
+            fd: p.fd.as_str().map(Cow::into_owned),
+            xml: p.xml.as_str().map(Cow::into_owned),
         });
         (r.ok(), r.code().into_owned(), r.message().into_owned(), id, result)
     }
@@ -379,7 +392,7 @@ mod tests {
                 proptest::option::of(scalar()),
                 proptest::option::of(scalar()),
                 proptest::option::of(member(&["code", "message", "x"])),
-                proptest::option::of(member(&["handle", "data", "eof", "written", "y"])),
+                proptest::option::of(member(&["handle", "data", "eof", "written", "fd", "xml", "y"])),
             )
                 .prop_map(|(id, ok, error, result)| {
                     let mut m = serde_json::Map::new();
