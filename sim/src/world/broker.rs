@@ -943,7 +943,7 @@ fn issue_llm_padded(c: &mut Client, pad: usize) {
     if pad > 0 {
         params["messages"] = json!([{ "role": "user", "content": "p".repeat(pad) }, { "role": "user", "content": id.clone() }]);
     }
-    let bytes = params["messages"].to_string().len() as u64;
+    let bytes = json_len(&params["messages"]);
     if let Some(m) = model {
         params["model"] = m.into();
     }
@@ -973,6 +973,24 @@ fn issue_llm_padded(c: &mut Client, pad: usize) {
     send(c, id.clone(), req(&id, "LLMCMD", params), Kind::Broker(BOp::Llm { known, bytes }), None);
     c.llm_tokens.insert(id.clone(), token);
     track(c, id);
+}
+
+/// The length of `v`'s compact text (what `v.to_string()` gives), counted
+/// as it is written rather than kept: a flood's messages run to kilobytes.
+fn json_len(v: &Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len() as u64;
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    let _ = serde_json::to_writer(&mut n, v);
+    n.0
 }
 
 /// Tokens of this client's `LLMCMD`s not yet answered.
@@ -1163,5 +1181,22 @@ impl World {
             issue_llm_padded(c, pad);
         }
         self.register_broker_requests(i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_len;
+    use serde_json::json;
+
+    #[test]
+    fn json_len_is_the_length_of_the_text() {
+        for v in [
+            json!([]),
+            json!([{ "role": "user", "content": "p".repeat(5000) }, { "role": "user", "content": "c1-2" }]),
+            json!({ "k": "é\"\\\n\u{1}", "n": [1, -2, 2.5, null, true] }),
+        ] {
+            assert_eq!(json_len(&v), v.to_string().len() as u64, "{v}");
+        }
     }
 }
