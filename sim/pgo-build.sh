@@ -3,7 +3,7 @@
 # fat LTO and one codegen unit) plus profile-guided optimization trained on
 # the simulator's own scenarios. Prints the binary's absolute path.
 #
-#   sim/pgo-build.sh            (13 to 19 minutes on 2 cores)
+#   sim/pgo-build.sh            (7 to 19 minutes on 2 cores)
 #
 # Needs the llvm-profdata of the LLVM that rustc was built with
 # (`rustc -vV`; on Debian, `apt-get install llvm-22` for LLVM 22), or its
