@@ -1085,6 +1085,11 @@ mod tests {
 
     /// A request frame built from pieces, valid or not: ops, fields in any
     /// order, duplicates, missing parts.
+    /// The params' keys the frame builders draw, and `extra`.
+    fn keys(extra: &[&'static str]) -> Vec<&'static str> {
+        ["h", "max", "data", "final", "path", "mode", "fd"].iter().chain(extra).copied().collect()
+    }
+
     fn request() -> impl Strategy<Value = String> {
         let op = prop_oneof![
             Just(r#""read""#),
@@ -1098,18 +1103,7 @@ mod tests {
             Just(r#""FD_NOPE""#),
             Just("7"),
         ];
-        let key = prop_oneof![
-            Just("h"),
-            Just("max"),
-            Just("data"),
-            Just("final"),
-            Just("path"),
-            Just("mode"),
-            Just("scope"),
-            Just("fd"),
-            Just("more"),
-            Just("other")
-        ];
+        let key = prop::sample::select(keys(&["scope", "more", "other"]));
         let params = proptest::collection::vec((key, field()), 0..7).prop_map(|kv| {
             let body: Vec<String> = kv.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
             format!("{{{}}}", body.join(","))
@@ -1181,16 +1175,7 @@ mod tests {
             )),
             Just(("FD_TO_FILE", vec![("fd", r#""fd:1""#), ("path", r#""o.txt""#), ("mode", "null")])),
         ];
-        let key = prop_oneof![
-            Just("h"),
-            Just("max"),
-            Just("data"),
-            Just("final"),
-            Just("path"),
-            Just("mode"),
-            Just("fd"),
-            Just(r"\u00e9")
-        ];
+        let key = prop::sample::select(keys(&[r"\u00e9"]));
         (op, any::<prop::sample::Index>(), 0..5u8, field(), key, any::<bool>()).prop_map(
             |((op, members), at, how, odd, extra, params_first)| {
                 let mut members: Vec<(String, String)> =
