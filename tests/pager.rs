@@ -390,6 +390,75 @@ out(r["result"]["xml"])
     run.assert_no_leaks();
 }
 
+/// Each fd op spelled as the request scanner reads it (a flat object of
+/// plain members) and again as only the tree reads it (an escaped key or
+/// value): the answers agree but for the id and a wrap's new fd. Numbers the tree alone reads, a repeated key, a
+/// nested or negative value: one answer each, and the session goes on.
+#[test]
+fn the_request_scanner_and_the_tree_answer_fd_ops_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), SMALL);
+    std::fs::write(dir.path().join("a.txt"), "hello\nworld\n".repeat(500)).unwrap();
+    let run = run_in(
+        dir.path(),
+        &["--config", &cfg, "--allow-rw", "."],
+        &python(
+            r#"
+import re
+def ask(n, op, params):
+    send_raw(b'{"id":"%s","op":"%s","params":%s}' % (n.encode(), op.encode(), params.encode()))
+    r = recv()
+    assert r["id"] == n, r
+    del r["id"]
+    return re.sub(r"fd:[0-9]+", "fd:N", json.dumps(r, sort_keys=True))
+pairs = [
+    ("FD_WRAP", '{"path":"a.txt"}', '{"p\\u0061th":"a.txt"}'),
+    ("FD_WRAP", '{"data":"aGk=","more":false,"offset":0,"source":"tool","stream":"s1"}',
+                '{"source":"tool","stream":"s\\u0031","offset":0,"more":false,"data":"aGk="}'),
+    ("FD_READ", '{"fd":"fd:1"}', '{"f\\u0064":"fd:1"}'),
+    ("FD_READ", '{"fd":"fd:1","page":3}', '{"page":3,"fd":"fd:\\u0031"}'),
+    ("FD_READ", '{"fd":"fd:999999"}', '{"fd":"fd:99999\\u0039"}'),
+    ("FD_READ", '{"fd":"fd:1","page":18446744073709551615}', '{"f\\u0064":"fd:1","page":18446744073709551615}'),
+    ("FD_SEARCH", '{"fd":"fd:1","query":"world","ignore_case":true}', '{"fd":"fd:1","query":"w\\u006frld","ignore_case":true}'),
+    ("FD_TO_FILE", '{"fd":"fd:1","path":"/etc/passwd","mode":"write"}', '{"fd":"fd:1","path":"\\/etc\\/passwd","mode":"write"}'),
+    ("FD_TO_FILE", '{"fd":"fd:1","path":"out.txt","mode":null}', '{"fd":"fd:1","path":"out\\u002etxt","mode":null}'),
+]
+for k, (op, plain, tree) in enumerate(pairs):
+    a, b = ask("a%d" % k, op, plain), ask("b%d" % k, op, tree)
+    out(k, a == b, json.loads(a)["ok"])
+for k, (op, params) in enumerate([
+    ("FD_READ", '{"fd":"fd:1","page":2.0}'),
+    ("FD_READ", '{"fd":"fd:1","page":18446744073709551616}'),
+    ("FD_READ", '{"fd":"fd:1","fd":"fd:2"}'),
+    ("FD_READ", '{"fd":"fd:1","x":[1]}'),
+    ("FD_READ", '{"fd":"fd:1","page":-1}'),
+    ("FD_READ", '{"fd":"fd:1","page":007}'),
+]):
+    send_raw(b'{"id":"c%d","op":"%s","params":%s}' % (k, op.encode(), params.encode()))
+    r = recv()
+    out(r["id"], code(r))
+"#,
+        ),
+    );
+    assert_eq!(run.code(), Some(0), "stderr: {}", run.stderr());
+    let l = run.lines();
+    assert_eq!(l.len(), 15, "{l:?}");
+    for (k, v) in l.iter().take(9).enumerate() {
+        assert_eq!(v[0], k);
+        assert_eq!(v[1], true, "pair {k} answered differently: {l:?}");
+    }
+    // The pairs that succeed, so the comparison is not only of refusals.
+    let succeeded: Vec<bool> = l.iter().take(9).map(|v| v[2] == true).collect();
+    assert_eq!(succeeded, [true, true, true, true, false, false, true, false, true], "{l:?}");
+    // One answer each, in order; `007` is not JSON, so its frame has no id.
+    let odd: Vec<&serde_json::Value> = l.iter().skip(9).collect();
+    for (k, v) in odd.iter().enumerate().take(5) {
+        assert_eq!(v[0], format!("c{k}"), "{l:?}");
+    }
+    assert_eq!(*odd[5], serde_json::json!([null, "E_ARG"]), "{l:?}");
+    run.assert_no_leaks();
+}
+
 #[test]
 fn a_page_round_trip_takes_a_few_milliseconds() {
     let dir = tempfile::tempdir().unwrap();
