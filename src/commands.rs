@@ -377,11 +377,10 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         });
         forward_signals(pid);
 
-        session.run_until(|_| status.lock().map(|g| g.is_some()).unwrap_or(true)).await;
-        // The child is gone: so is every session of its tree, including
+        // Once the child is gone, so is every session of its tree, including
         // processes that attached connections of their own and outlive it.
-        session.depart_all();
-        session.run_until(Session::all_finished).await;
+        let exited = status.clone();
+        let session = session.run_to_end(move |_| exited.lock().map(|g| g.is_some()).unwrap_or(true)).await?;
         let status = status.lock().ok().and_then(|g| *g);
         let code = status.map(exit_code).unwrap_or(1);
         use std::os::unix::process::ExitStatusExt;
@@ -439,9 +438,7 @@ pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
         // The client hitting EOF ends the session, as `run`'s child exiting
         // does: connections it attached go with it, even ones only airlock
         // itself still holds open (both ends of one socketpair).
-        session.run_until(|s| !s.serves(CHILD)).await;
-        session.depart_all();
-        session.run_until(Session::all_finished).await;
+        let session = session.run_to_end(|s| !s.serves(CHILD)).await?;
         args.close(session, report, None, None).await?;
         Ok(0)
     })

@@ -475,6 +475,27 @@ impl Session {
         }
     }
 
+    /// Handle events until `done` holds, then end every session still
+    /// open and handle events until all are finished.
+    ///
+    /// The loop runs as a task of its own, not in the future the runtime
+    /// blocks on: a connection's reader then wakes it onto the thread's run
+    /// queue, where waking the blocked-on future makes the scheduler poll
+    /// the reactor (an `epoll_wait`) before it runs, once per batch of
+    /// requests read.
+    pub async fn run_to_end(
+        mut self,
+        done: impl FnMut(&Session) -> bool + Send + 'static,
+    ) -> Result<Session, tokio::task::JoinError> {
+        tokio::spawn(async move {
+            self.run_until(done).await;
+            self.depart_all();
+            self.run_until(Session::all_finished).await;
+            self
+        })
+        .await
+    }
+
     /// Flush what is queued for the upstream proxy (cleanup closes must
     /// reach it before this process exits).
     pub async fn shutdown(mut self) -> (FsProxy, HostFs, Option<Box<dyn Observer>>) {
