@@ -108,6 +108,8 @@ pub struct BrokerShell {
 struct Conn {
     tx: mpsc::UnboundedSender<Vec<u8>>,
     backlog: Arc<Backlog>,
+    /// Told each time the loop has handled bytes this connection read.
+    handled: Arc<tokio::sync::Notify>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
 }
@@ -244,7 +246,7 @@ where
         }
         let _ = events.send(on_eof).await;
     });
-    Conn { tx, backlog, reader, writer }
+    Conn { tx, backlog, handled: Arc::default(), reader, writer }
 }
 
 /// Read what is there, with any descriptors passed alongside it.
@@ -271,6 +273,8 @@ fn spawn_unix_conn(stream: UnixStream, client: ClientId, events: mpsc::Sender<Ev
     let backlog = Arc::new(Backlog::new(MAX_UNSENT_BYTES));
     let (tx, writer) = spawn_writer(wr, backlog.clone());
     let bl = backlog.clone();
+    let handled = Arc::new(tokio::sync::Notify::new());
+    let handled_rx = handled.clone();
     let reader = tokio::spawn(async move {
         let mut buf = vec![0; READ_CHUNK];
         let sock: &UnixStream = rd.as_ref();
@@ -293,12 +297,17 @@ fn spawn_unix_conn(stream: UnixStream, client: ClientId, events: mpsc::Sender<Ev
                     if events.send(Event::Bytes(client, buf[..n].to_vec())).await.is_err() {
                         return;
                     }
+                    // Read again once the loop has answered these: the
+                    // client has had that long to send more, so the read
+                    // finds its next requests more often than an empty
+                    // socket (a system call and a reactor poll for nothing).
+                    handled_rx.notified().await;
                 }
             }
         }
         let _ = events.send(Event::Eof(client)).await;
     });
-    Conn { tx, backlog, reader, writer }
+    Conn { tx, backlog, handled, reader, writer }
 }
 
 impl Conn {
@@ -471,7 +480,16 @@ impl Session {
                     Input::ProviderDone { call, result }
                 }
             };
+            let read_by = match input {
+                Input::Bytes { client, .. } => Some(client),
+                _ => None,
+            };
             self.feed(input);
+            // Answered (queued for the writer, which runs first): the
+            // reader may read again.
+            if let Some(conn) = read_by.and_then(|c| self.conns.get(&c)) {
+                conn.handled.notify_one();
+            }
         }
     }
 
