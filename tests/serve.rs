@@ -85,3 +85,36 @@ fn serve_answers_each_spelling_of_a_request_as_its_json_means() {
     assert_eq!(stdout.lines().count(), 20, "{stdout}");
     assert!(stdout.ends_with("all answered as their JSON means; server exited 0\n"), "{stdout}");
 }
+
+/// Requests delivered every awkward way a socket allows, from a separate
+/// process against the real binary (`support/delivery_attack.py`): a flood
+/// past the queue bound in one write, a frame split around a passed
+/// descriptor, an out-of-band byte between frames, a frame a byte at a
+/// time. Every request is answered once and the server exits 0 at EOF: a
+/// connection's reader that stopped reading with bytes still queued (a
+/// read that stops short, an answer it waits for) would hang here.
+#[test]
+fn serve_answers_every_request_however_its_bytes_arrive() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new("python3")
+        .arg(support("delivery_attack.py"))
+        .arg(airlock())
+        .arg(dir.path())
+        .env_remove("AIRLOCK_FD")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert!(lines[0].starts_with("flood: 2000 answered, "), "{stdout}");
+    assert_eq!(
+        lines[1..],
+        [
+            "descriptor mid-frame: both answered",
+            "out-of-band byte: both answered",
+            "trickled: answered",
+            "server exited 0"
+        ]
+    );
+}
