@@ -4,6 +4,20 @@ mod common;
 
 use common::*;
 
+/// The stdout of python3 run with `args`, outside any airlock (no
+/// inherited proxy descriptor); fails the test unless it exits 0.
+fn python_ok(args: &[&std::ffi::OsStr], dir: Option<&std::path::Path>) -> String {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(args).env_remove("AIRLOCK_FD");
+    if let Some(dir) = dir {
+        cmd.current_dir(dir);
+    }
+    let output = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr));
+    stdout
+}
+
 #[test]
 fn serve_answers_on_the_given_descriptor_refuses_stdio_and_exits_on_eof() {
     let dir = tempfile::tempdir().unwrap();
@@ -31,15 +45,7 @@ out(p.wait(timeout=20))
         airlock = airlock(),
         report = report.display().to_string(),
     );
-    let output = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir.path())
-        .env_remove("AIRLOCK_FD")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr));
+    let stdout = python_ok(&["-c".as_ref(), script.as_ref()], Some(dir.path()));
     let lines: Vec<serde_json::Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(
         lines,
@@ -74,14 +80,7 @@ fn serve_refuses_a_descriptor_that_is_not_a_socket() {
 /// as its JSON means, the writes landed, and the server exits 0 at EOF.
 #[test]
 fn serve_answers_each_spelling_of_a_request_as_its_json_means() {
-    let output = std::process::Command::new("python3")
-        .arg(support("spellings_attack.py"))
-        .arg(airlock())
-        .env_remove("AIRLOCK_FD")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr));
+    let stdout = python_ok(&[support("spellings_attack.py").as_ref(), airlock().as_ref()], None);
     assert_eq!(stdout.lines().count(), 20, "{stdout}");
     assert!(stdout.ends_with("all answered as their JSON means; server exited 0\n"), "{stdout}");
 }
@@ -96,15 +95,8 @@ fn serve_answers_each_spelling_of_a_request_as_its_json_means() {
 #[test]
 fn serve_answers_every_request_however_its_bytes_arrive() {
     let dir = tempfile::tempdir().unwrap();
-    let output = std::process::Command::new("python3")
-        .arg(support("delivery_attack.py"))
-        .arg(airlock())
-        .arg(dir.path())
-        .env_remove("AIRLOCK_FD")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&output.stderr));
+    let stdout =
+        python_ok(&[support("delivery_attack.py").as_ref(), airlock().as_ref(), dir.path().as_ref()], None);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 5, "{stdout}");
     assert!(lines[0].starts_with("flood: 2000 answered, "), "{stdout}");
