@@ -108,7 +108,8 @@ pub struct BrokerShell {
 struct Conn {
     tx: mpsc::UnboundedSender<Vec<u8>>,
     backlog: Arc<Backlog>,
-    /// Told each time the loop has handled bytes this connection read.
+    /// Told each time the loop has handled bytes this connection read
+    /// (a Unix connection's reader waits for it before reading again).
     handled: Arc<tokio::sync::Notify>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
