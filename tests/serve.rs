@@ -81,7 +81,7 @@ fn serve_refuses_a_descriptor_that_is_not_a_socket() {
 #[test]
 fn serve_answers_each_spelling_of_a_request_as_its_json_means() {
     let stdout = python_ok(&[support("spellings_attack.py").as_ref(), airlock().as_ref()], None);
-    assert_eq!(stdout.lines().count(), 20, "{stdout}");
+    assert_eq!(stdout.lines().count(), 23, "{stdout}");
     assert!(stdout.ends_with("all answered as their JSON means; server exited 0\n"), "{stdout}");
 }
 

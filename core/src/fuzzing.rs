@@ -483,6 +483,16 @@ pub fn fsproxy_request(data: &[u8]) {
     if let Err(e) = crate::fsproxy::wire::fast_path_agrees(data) {
         panic!("{e}, for {:?}", String::from_utf8_lossy(data));
     }
+    // A frame the machine drops as a response must be one as the tree
+    // reads it: any other frame is answered.
+    let tree = match serde_json::from_slice::<Value>(data) {
+        Ok(Value::Object(o)) => {
+            !o.contains_key("op") && ["ok", "result", "error"].iter().any(|k| o.contains_key(*k))
+        }
+        _ => false,
+    };
+    let response = crate::fsproxy::bounds::is_response(data);
+    assert_eq!(response, tree, "is_response says {response} for {:?}", String::from_utf8_lossy(data));
 }
 
 pub fn frame_decoder(data: &[u8]) {

@@ -2,7 +2,9 @@
 # odd numbers, repeated and unknown members, bytes that are not UTF-8,
 # escaped quotes at the end of kilobytes of base64. Each must get the
 # answer its JSON means (or that JSON's refusal), the writes must land, and
-# the server must keep serving and exit 0 at EOF.
+# the server must keep serving and exit 0 at EOF. A frame shaped like a
+# response is dropped only when it is JSON: one that is not gets its
+# refusal like any other.
 #
 #   python3 spellings_attack.py AIRLOCK
 import base64, json, os, shutil, socket, struct, subprocess, sys, tempfile
@@ -12,6 +14,8 @@ open(os.path.join(root, "a.txt"), "wb").write(b"hello world")
 parent, child = socket.socketpair()
 p = subprocess.Popen([bin_, "serve", "--fd", str(child.fileno()), "--allow-rw", root], pass_fds=[child.fileno()])
 child.close()
+# A dropped frame fails the run instead of hanging it.
+parent.settimeout(20)
 def send(raw):
     parent.sendall(struct.pack(">I", len(raw)) + raw)
 def recv():
@@ -53,6 +57,11 @@ cases = [
     (b'{"id":"w17","op":"close","params":{"h":%d,"data":"V\x96VV"}}' % h, "E_ARG"),
     ('{"id":"w18","op":"read","params":{"h":%d,"max":1,"data":"a\x01b"}}' % h, "E_ARG"),
     ('{"id":"w19","op":"read","params":{"h":%d,"max":1,"data":"\\"}}' % h, "E_ARG"),
+    # Response-shaped (`ok` or `result`, no `op`) but not JSON: not UTF-8,
+    # a lone surrogate, a number out of range.
+    (b'{"id":"w20","ok":"write","params":{"data":"Wl\xdcQ"}}', "E_ARG"),
+    ('{"id":"w21","ok":true,"p":"\\ud800"}', "E_ARG"),
+    ('{"id":"w22","result":{"n":1e999}}', "E_ARG"),
 ]
 for frame, want in cases:
     r = ask(frame)
@@ -60,8 +69,10 @@ for frame, want in cases:
     frame_s = frame if isinstance(frame, str) else frame.decode("latin-1")
     print(f"{want:8} {got:8} {frame_s[:70]!r}")
     assert got == want, (frame_s[:200], r)
+# A response that is JSON is dropped: the next answer is the close's.
+send(b'{"id":"loop","ok":true,"result":{"data":"aGk="}}')
 r = ask('{"id":"last","op":"close","params":{"h":%d}}' % h)
-assert r["ok"], r
+assert r["ok"] and r["id"] == "last", r
 parent.close()
 assert p.wait(timeout=10) == 0
 # Read 5 ("hell", "o"), then "hi" and 60000 "z" written from there.

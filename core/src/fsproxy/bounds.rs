@@ -9,8 +9,9 @@
 
 use super::{Client, ErrorCode, Failure, FsProxy, Output, PlantedBug};
 use crate::handles::ClientId;
-use serde::de::IgnoredAny;
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use std::fmt;
 
 /// Bytes of queued requests one client may have waiting by default.
 pub const DEFAULT_MAX_QUEUED_BYTES: u64 = 4 << 20;
@@ -66,18 +67,127 @@ pub(crate) fn default_descriptor_reserve() -> usize {
 /// with `ok`, `result` or `error` and no `op`. A peer looping airlock's
 /// answers back (both ends of one socketpair attached) sends nothing
 /// else, and answering it would start the loop again.
+///
+/// It must be JSON as the request parse reads it, every member checked:
+/// a frame it refuses (a byte that is not UTF-8 in a string, a lone
+/// surrogate, a number out of range) is answered with that refusal, not
+/// dropped, or its sender would wait for an answer forever.
 pub fn is_response(payload: &[u8]) -> bool {
-    #[derive(Deserialize)]
-    struct Shape {
-        op: Option<IgnoredAny>,
-        ok: Option<IgnoredAny>,
-        result: Option<IgnoredAny>,
-        error: Option<IgnoredAny>,
-    }
-    // Fields are skipped, not built: a huge frame costs no tree.
     match serde_json::from_slice::<Shape>(payload) {
-        Ok(s) => s.op.is_none() && (s.ok.is_some() || s.result.is_some() || s.error.is_some()),
+        Ok(s) => !s.op && (s.ok || s.result || s.error),
         Err(_) => false,
+    }
+}
+
+/// Which of the members that tell a response from a request a frame has.
+#[derive(Default)]
+struct Shape {
+    op: bool,
+    ok: bool,
+    result: bool,
+    error: bool,
+}
+
+impl<'de> Deserialize<'de> for Shape {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> Visitor<'de> for Members {
+            type Value = Shape;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+                let mut s = Shape::default();
+                // A repeated key is JSON the tree reads (its last value
+                // wins): it is there either way.
+                while let Some(key) = map.next_key::<Key>()? {
+                    map.next_value::<Checked>()?;
+                    match key {
+                        Key::Op => s.op = true,
+                        Key::Ok => s.ok = true,
+                        Key::Result => s.result = true,
+                        Key::Error => s.error = true,
+                        Key::Other => {}
+                    }
+                }
+                Ok(s)
+            }
+        }
+        d.deserialize_map(Members)
+    }
+}
+
+enum Key {
+    Op,
+    Ok,
+    Result,
+    Error,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl Visitor<'_> for Name {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
+                Ok(match v {
+                    "op" => Key::Op,
+                    "ok" => Key::Ok,
+                    "result" => Key::Result,
+                    "error" => Key::Error,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_str(Name)
+    }
+}
+
+/// Any JSON value, read and checked as a `Value` would be but kept
+/// nowhere: a huge frame costs no tree. (serde's `IgnoredAny` skips a
+/// string's bytes and a number's range unchecked.)
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Any;
+        impl<'de> Visitor<'de> for Any {
+            type Value = Checked;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Checked, E> {
+                Ok(Checked)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+                while seq.next_element::<Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+                while map.next_entry::<Checked, Checked>()?.is_some() {}
+                Ok(Checked)
+            }
+        }
+        d.deserialize_any(Any)
     }
 }
 
@@ -214,6 +324,7 @@ impl FsProxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn responses_are_told_from_requests() {
@@ -225,6 +336,90 @@ mod tests {
         assert!(!is_response(b"not json"));
         assert!(!is_response(b"[1,2]"));
         assert!(!is_response(br#"{"id":"1"}"#));
+        // A repeated key is still JSON.
+        assert!(is_response(br#"{"ok":true,"ok":false}"#));
+    }
+
+    /// Frames the request parse refuses as JSON: each is answered, so none
+    /// may pass for a response however response-like its members.
+    #[test]
+    fn a_frame_that_is_not_json_is_no_response() {
+        let frames: [&[u8]; 6] = [
+            b"{\"id\":\"c1-236\",\"ok\":\"write\",\"params\":{\"data\":\"Wl\xdcQ\"}}",
+            br#"{"ok":true,"p":"\ud800"}"#,
+            br#"{"ok":true,"p":["\udc00x"]}"#,
+            br#"{"ok":true,"p":{"q":1e999}}"#,
+            b"{\"ok\":true,\"p\":{\"\xff\":1}}",
+            b"{\"ok\":true,\"p\":\"a\x01\"}",
+        ];
+        for f in frames {
+            assert!(serde_json::from_slice::<serde_json::Value>(f).is_err(), "{f:?} is not JSON");
+            assert!(!is_response(f), "{:?} passed for a response", String::from_utf8_lossy(f));
+        }
+    }
+
+    /// What the tree says a response is.
+    fn by_tree(frame: &[u8]) -> bool {
+        match serde_json::from_slice::<serde_json::Value>(frame) {
+            Ok(serde_json::Value::Object(o)) => {
+                !o.contains_key("op") && ["ok", "result", "error"].iter().any(|k| o.contains_key(*k))
+            }
+            _ => false,
+        }
+    }
+
+    /// Members a response might carry, some of them JSON the tree refuses.
+    fn member() -> impl Strategy<Value = Vec<u8>> {
+        let values: Vec<&'static [u8]> = vec![
+            b"true",
+            b"null",
+            br#""op""#,
+            br#"{"code":"E_ARG","message":"x"}"#,
+            br#"[1,-2.5e3,{"a":[]}]"#,
+            br#""\ud83d\ude00""#,
+            br#""\ud800""#,
+            br#""\udc00""#,
+            b"1e999",
+            b"-1e400",
+            b"\"\xc3\x28\"",
+            b"\"\xed\xa0\x80\"",
+            b"\"\x7f\x01\"",
+            br#""\q""#,
+        ];
+        let keys = prop::sample::select(vec!["id", "op", "ok", "result", "error", "params", "x"]);
+        (keys, prop::sample::select(values)).prop_map(|(k, v)| [format!("{k:?}:").as_bytes(), v].concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        /// Exactly the frames the tree reads as a response object are
+        /// responses: no frame it refuses, however it is broken.
+        #[test]
+        fn a_response_is_what_the_tree_reads_as_one(
+            members in prop::collection::vec(member(), 0..5),
+            nested in any::<bool>(),
+            flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+        ) {
+            let mut frame = b"{".to_vec();
+            for (i, m) in members.iter().enumerate() {
+                if i > 0 {
+                    frame.push(b',');
+                }
+                if nested && i == 0 {
+                    frame.extend_from_slice(b"\"result\":{");
+                    frame.extend_from_slice(m);
+                    frame.push(b'}');
+                } else {
+                    frame.extend_from_slice(m);
+                }
+            }
+            frame.push(b'}');
+            for (at, b) in flips {
+                let at = at.index(frame.len());
+                frame[at] = b;
+            }
+            prop_assert_eq!(is_response(&frame), by_tree(&frame), "frame {:?}", String::from_utf8_lossy(&frame));
+        }
     }
 
     #[test]
