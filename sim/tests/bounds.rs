@@ -60,6 +60,11 @@ fn answered_responses_are_found() {
 }
 
 #[test]
+fn responses_that_are_not_json_dropped_unanswered_are_found() {
+    check(PlantedBug::UncheckedResponseShape, FaultKind::SelfLoop, Scenario::Default, "liveness");
+}
+
+#[test]
 fn free_virtual_names_are_found() {
     check(PlantedBug::VirtualNamesFree, FaultKind::HugeNames, Scenario::Default, "bounded_virtual_bytes");
 }

@@ -9,7 +9,8 @@
 
 use super::{Client, ErrorCode, Failure, FsProxy, Output, PlantedBug};
 use crate::handles::ClientId;
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::Deserializer;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -73,7 +74,14 @@ pub(crate) fn default_descriptor_reserve() -> usize {
 /// surrogate, a number out of range) is answered with that refusal, not
 /// dropped, or its sender would wait for an answer forever.
 pub fn is_response(payload: &[u8]) -> bool {
-    match serde_json::from_slice::<Shape>(payload) {
+    shape(payload, true)
+}
+
+/// `is_response`, checking members only when `checked` (unchecked is
+/// `PlantedBug::UncheckedResponseShape`).
+pub(super) fn shape(payload: &[u8], checked: bool) -> bool {
+    let mut de = serde_json::Deserializer::from_slice(payload);
+    match de.deserialize_map(Members { checked }).and_then(|s| de.end().map(|()| s)) {
         Ok(s) => !s.op && (s.ok || s.result || s.error),
         Err(_) => false,
     }
@@ -88,32 +96,34 @@ struct Shape {
     error: bool,
 }
 
-impl<'de> Deserialize<'de> for Shape {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Members;
-        impl<'de> Visitor<'de> for Members {
-            type Value = Shape;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
+struct Members {
+    checked: bool,
+}
+
+impl<'de> Visitor<'de> for Members {
+    type Value = Shape;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+        let mut s = Shape::default();
+        // A repeated key is JSON the tree reads (its last value wins): it
+        // is there either way.
+        while let Some(key) = map.next_key::<Key>()? {
+            if self.checked {
+                map.next_value::<Checked>()?;
+            } else {
+                map.next_value::<de::IgnoredAny>()?;
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
-                let mut s = Shape::default();
-                // A repeated key is JSON the tree reads (its last value
-                // wins): it is there either way.
-                while let Some(key) = map.next_key::<Key>()? {
-                    map.next_value::<Checked>()?;
-                    match key {
-                        Key::Op => s.op = true,
-                        Key::Ok => s.ok = true,
-                        Key::Result => s.result = true,
-                        Key::Error => s.error = true,
-                        Key::Other => {}
-                    }
-                }
-                Ok(s)
+            match key {
+                Key::Op => s.op = true,
+                Key::Ok => s.ok = true,
+                Key::Result => s.result = true,
+                Key::Error => s.error = true,
+                Key::Other => {}
             }
         }
-        d.deserialize_map(Members)
+        Ok(s)
     }
 }
 

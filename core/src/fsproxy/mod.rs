@@ -168,6 +168,10 @@ pub enum PlantedBug {
     NoClientCap,
     /// A frame that is a response is answered like a request.
     AnswerResponses,
+    /// A frame is taken for a response on its top-level members alone,
+    /// their contents skipped unchecked: one that is not JSON is dropped
+    /// unanswered.
+    UncheckedResponseShape,
     /// Virtual names cost nothing against `max_virtual_bytes`.
     VirtualNamesFree,
     /// An oversized frame from upstream ends the link (as a child's does).
@@ -1107,8 +1111,9 @@ impl FsProxy {
                     let req = wire::parse_request(&payload, self.config.limits);
                     // A request that parses has an `op`, so it is no
                     // response: only a refused frame needs the second look.
+                    let checked = self.config.planted_bug != Some(PlantedBug::UncheckedResponseShape);
                     if req.is_err()
-                        && bounds::is_response(&payload)
+                        && bounds::shape(&payload, checked)
                         && self.config.planted_bug != Some(PlantedBug::AnswerResponses)
                     {
                         // Answering would loop: count it, drop it.

@@ -4,7 +4,7 @@
 //! burst of connections. Each is a swarm fault (`swarm::FLOODS`), on in
 //! every scenario but the broker's; `bounds` checks what they cost.
 
-use super::{frame, next_id, request, send, Class, FileModel, Kind, Loc, World};
+use super::{frame, next_id, request, send, send_raw, Class, FileModel, Kind, Loc, World};
 use crate::swarm::{FaultKind, PPM};
 use airlock_core::fsproxy::wire::Mode;
 use rand::Rng;
@@ -121,18 +121,31 @@ impl World {
     }
 
     /// Responses sent back as frames, as both ends of one socketpair
-    /// attached would: nothing may answer them.
+    /// attached would: nothing may answer them. Among them, frames shaped
+    /// like a response that are not JSON (a byte that is not UTF-8, a lone
+    /// surrogate, a number out of range, each where a lax skip would not
+    /// look): those must be refused like any frame that is not JSON.
     fn self_loop(&mut self, i: usize) -> bool {
         let c = &mut self.clients[i];
         let n = c.rng.gen_range(1..=6);
         for _ in 0..n {
             c.floods.next += 1;
             let id = format!("echo-{}-{}", c.idx, c.floods.next);
-            let v = match c.rng.gen_range(0..4) {
+            let v = match c.rng.gen_range(0..7) {
                 0 => json!({ "id": id, "ok": true }),
                 1 => json!({ "id": id, "ok": true, "result": { "handle": 3 } }),
                 2 => json!({ "id": id, "ok": false, "error": { "code": "E_ARG", "message": "loop" } }),
-                _ => json!({ "id": id, "ok": true, "result": { "data": "aGk=", "eof": false } }),
+                3 => json!({ "id": id, "ok": true, "result": { "data": "aGk=", "eof": false } }),
+                broken => {
+                    let bad: &[u8] = match broken {
+                        4 => b"\"aG\xffk=\"",
+                        5 => br#""\ud800""#,
+                        _ => b"1e999",
+                    };
+                    let head = format!(r#"{{"id":"{id}","ok":true,"result":{{"data":"#);
+                    send_raw(c, [head.as_bytes(), bad, b"}}"].concat());
+                    continue;
+                }
             };
             let payload = serde_json::to_vec(&v).unwrap_or_default();
             c.out.push(frame(payload));
