@@ -154,7 +154,9 @@ struct Tool {
     persona: Persona,
     alive: bool,
     exit_at: Option<Instant>,
-    exit_reported: bool,
+    /// When the host was told of the exit: a real shell learns of it on
+    /// reaping, which a jump of the clock may put long after `exit_at`.
+    exit_reported: Option<Instant>,
     /// Bytes written to stdout, not yet handed to the host.
     pipe: VecDeque<u8>,
     stdout_closed: bool,
@@ -273,7 +275,7 @@ impl ToolWorld {
             persona,
             alive: true,
             exit_at: None,
-            exit_reported: false,
+            exit_reported: None,
             pipe: VecDeque::new(),
             stdout_closed: false,
             eof_reported: false,
@@ -754,8 +756,8 @@ impl ToolWorld {
             self.tool.alive = false;
             self.tool.stdout_closed = true;
         }
-        if !self.tool.alive && !self.tool.exit_reported {
-            self.tool.exit_reported = true;
+        if !self.tool.alive && self.tool.exit_reported.is_none() {
+            self.tool.exit_reported = Some(self.now);
             self.handle(Input::ToolExited(ToolExit::Code(0)))?;
         }
         if self.tool.stdout_closed && self.tool.pipe.is_empty() && !self.tool.eof_reported {
@@ -807,7 +809,7 @@ impl ToolWorld {
                     self.on_tool_stdin(&bytes)?;
                 }
                 Output::CloseStdin => {
-                    self.closed_before_exit |= !self.tool.exit_reported;
+                    self.closed_before_exit |= self.tool.exit_reported.is_none();
                     self.tool.stdin_eof = true;
                     self.closed_at.get_or_insert(self.now);
                 }
@@ -1018,7 +1020,8 @@ impl ToolWorld {
                 ));
             }
         }
-        if let Some(t) = self.tool.exit_at.filter(|_| !self.tool.alive) {
+        // From when the host heard of the exit: it cannot act before.
+        if let Some(t) = self.tool.exit_reported {
             if self.now > t.saturating_add(self.cfg.kill_grace + Duration::from_secs(3)) {
                 return Err(violation("liveness", "the host did not finish after the tool's exit".into()));
             }
