@@ -370,13 +370,14 @@ impl Client {
 /// nothing up.
 #[derive(Debug)]
 struct Queued {
-    id: String,
+    /// None for a frame that is not JSON, answered with `id: null`.
+    id: Option<String>,
     /// Where its frame ends in the client's stream, and its payload's
     /// length (the bytes a machine holds while it waits); none for the
     /// attach an attached client's first frame answers.
     frame: Option<(u64, u64)>,
-    /// Served in order behind others (broker ops and attaches answer
-    /// elsewhere).
+    /// Holds the client's other requests while it is served (broker ops
+    /// and attaches answer elsewhere and do not).
     in_line: bool,
     /// A close: admitted past the bounds, as it only releases.
     close: bool,
@@ -977,7 +978,7 @@ impl World {
         let first = c
             .order
             .iter()
-            .filter_map(|q| c.outstanding.get(&q.id))
+            .filter_map(|q| c.outstanding.get(q.id.as_ref()?))
             .map(|s| &s.kind)
             .find(|k| !matches!(k, Kind::Invalid))
             .cloned();
@@ -1215,14 +1216,15 @@ impl World {
         let id = c
             .order
             .iter()
-            .find(|q| matches!(c.outstanding.get(&q.id), Some(Sent { kind: Kind::Attach { fd: true }, .. })))
-            .map(|q| q.id.clone())
+            .filter_map(|q| q.id.as_ref())
+            .find(|id| matches!(c.outstanding.get(*id), Some(Sent { kind: Kind::Attach { fd: true }, .. })))
+            .cloned()
             .ok_or_else(|| violation("no_attach_without_descriptor", format!("attach of {new} unasked")))?;
         c.answer(&id);
         let idx = self.clients.len() + 1;
         add_private_files(&mut self.files, idx, level);
         let mut c = Client::new(self.seed, idx, level, new, (self.swarm.ops_per_client / 2).max(1));
-        c.order.push_back(Queued { id: id.clone(), frame: None, in_line: false, close: false });
+        c.order.push_back(Queued { id: Some(id.clone()), frame: None, in_line: false, close: false });
         c.outstanding.insert(id.clone(), Sent { kind: Kind::Attached, must_fail: None });
         c.attach_wait = Some(id);
         self.clients.push(c);
@@ -1558,7 +1560,7 @@ impl World {
         // may end up in the file, acknowledged or not.
         let c = &self.clients[i];
         if let Some(Sent { kind: Kind::Write { h, data }, .. }) =
-            c.order.back().and_then(|q| c.outstanding.get(&q.id))
+            c.order.back().and_then(|q| c.outstanding.get(q.id.as_ref()?))
         {
             let key = c.handles.get(h).and_then(|hm| hm.key.as_ref());
             if let Some(mut f) = key.and_then(|k| self.files.get_mut(k)).filter(|f| f.class == Class::Log) {
@@ -1636,6 +1638,7 @@ impl World {
                     return Err(violation("one_response_per_request", format!("unexpected response {v}")));
                 }
                 c.null_expected -= 1;
+                c.order.remove_unnamed();
                 if ok {
                     return Err(violation("must_fail", format!("a frame without an id succeeded: {v}")));
                 }
@@ -1881,31 +1884,51 @@ fn cat(parts: &[&str]) -> String {
 }
 
 fn send(c: &mut Client, id: String, payload: Vec<u8>, kind: Kind, must_fail: Option<&'static str>) {
+    let in_line = !matches!(kind, Kind::Broker(_) | Kind::Attach { .. } | Kind::Attached);
+    send_held(c, id, payload, kind, must_fail, in_line);
+}
+
+/// `send`, saying whether the request holds the client's others while it
+/// is served.
+fn send_held(
+    c: &mut Client,
+    id: String,
+    payload: Vec<u8>,
+    kind: Kind,
+    must_fail: Option<&'static str>,
+    in_line: bool,
+) {
     let len = payload.len() as u64;
     c.out.push(frame(payload));
     if matches!(kind, Kind::Open { .. }) {
         c.pending_opens += 1;
     }
     c.order.push_back(Queued {
-        id: id.clone(),
+        id: Some(id.clone()),
         frame: Some((c.out.pushed, len)),
-        in_line: !matches!(kind, Kind::Broker(_) | Kind::Attach { .. } | Kind::Attached),
+        in_line,
         close: matches!(kind, Kind::Close { .. }),
     });
     c.outstanding.insert(id, Sent { kind, must_fail });
 }
 
-/// A frame whose answer only the oracle can tell; it must fail.
+/// A frame whose answer only the oracle can tell; it must fail. The
+/// machine holds it in line like any other until it is served and refused.
 fn send_raw(c: &mut Client, payload: Vec<u8>) {
-    match oracle_id(&payload) {
+    let len = payload.len() as u64;
+    let id = oracle_id(&payload);
+    c.out.push(frame(payload));
+    c.order.push_back(Queued {
+        id: id.clone(),
+        frame: Some((c.out.pushed, len)),
+        in_line: true,
+        close: false,
+    });
+    match id {
         Some(id) => {
-            c.out.push(frame(payload));
             c.outstanding.insert(id, Sent { kind: Kind::Invalid, must_fail: Some("must_fail") });
         }
-        None => {
-            c.out.push(frame(payload));
-            c.null_expected += 1;
-        }
+        None => c.null_expected += 1,
     }
 }
 
@@ -2117,7 +2140,11 @@ fn invalid(c: &mut Client, stdio_local: bool) {
         7 => {
             let op = *pick(&mut c.rng, &["stat", "QUOTA", "LLMCMD", "OPEN", ""]);
             let payload = req(&id, op, json!({}));
-            send(c, id, payload, Kind::Invalid, Some("must_fail"));
+            // A nested level passes `QUOTA` on to the top, where a
+            // session's broker is, and serves the client's next request
+            // meanwhile.
+            let passed_up = op == "QUOTA" && c.level > 0;
+            send_held(c, id, payload, Kind::Invalid, Some("must_fail"), !passed_up);
         }
         8 => {
             let payload = pick(

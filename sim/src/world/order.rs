@@ -26,7 +26,16 @@ impl Order {
 
     /// Takes the request `id` out, wherever it stands.
     pub fn remove(&mut self, id: &str) {
-        if let Some(p) = self.items.iter().position(|q| q.id == id) {
+        if let Some(p) = self.items.iter().position(|q| q.id.as_deref() == Some(id)) {
+            self.generation += 1;
+            self.items.remove(p);
+        }
+    }
+
+    /// Takes out the oldest frame without an id: a machine answers those
+    /// (`id: null`) in order, as it serves them.
+    pub fn remove_unnamed(&mut self) {
+        if let Some(p) = self.items.iter().position(|q| q.id.is_none()) {
             self.generation += 1;
             self.items.remove(p);
         }
@@ -53,19 +62,22 @@ impl Order {
         }
     }
 
-    /// Frames wholly delivered and not yet answered, less the oldest (the
-    /// one being served, whose bytes have moved on into an effect or
-    /// upstream). Only requests served in order count: broker ops and
-    /// attaches answer elsewhere. Closes are admitted past the bounds
-    /// (they only release), so they are not counted either.
+    /// Frames wholly delivered and not yet answered behind the oldest one
+    /// that holds the line (the one being served, whose bytes have moved
+    /// on into an effect or upstream): a machine serves a client's frames
+    /// in order and stops at the first that waits. Before it, every frame
+    /// was served: those unanswered there answer elsewhere (broker ops,
+    /// attaches). Behind it, every frame waits, whatever it is. Closes are
+    /// admitted past the bounds (they only release), so they are not
+    /// counted.
     pub fn queued_bytes_recounted(&self, taken: u64) -> u64 {
+        let delivered = |q: &Queued| q.frame.filter(|(end, _)| *end <= taken);
         self.items
             .iter()
-            .filter(|q| q.in_line)
-            .filter_map(|q| q.frame.filter(|(end, _)| *end <= taken).map(|(_, len)| (q.close, len)))
+            .skip_while(|q| !(q.in_line && delivered(q).is_some()))
             .skip(1)
-            .filter(|(close, _)| !close)
-            .map(|(_, len)| len)
+            .filter(|q| !q.close)
+            .filter_map(|q| delivered(q).map(|(_, len)| len))
             .sum()
     }
 
@@ -110,7 +122,7 @@ mod tests {
         let mut order = Order::default();
         for (k, end) in [(1, 10), (2, 20), (3, 30)] {
             order.push_back(Queued {
-                id: format!("r{k}"),
+                id: Some(format!("r{k}")),
                 frame: Some((end, 6)),
                 in_line: true,
                 close: false,
@@ -120,6 +132,39 @@ mod tests {
         assert_eq!(order.check_kept(), Ok(()));
         order.kept = order.kept.map(|(g, t, b)| (g, t, b + 1));
         assert!(order.check_kept().is_err());
+    }
+
+    fn q(id: Option<&str>, end: u64, len: u64, in_line: bool, close: bool) -> Queued {
+        Queued { id: id.map(str::to_owned), frame: Some((end, len)), in_line, close }
+    }
+
+    /// A `QUOTA` passed upstream was served and holds nothing: the read
+    /// behind it is the one in service, and what follows it waits,
+    /// whether it would hold the line or not; a close waits uncounted.
+    #[test]
+    fn what_waits_is_behind_the_first_request_that_holds_the_line() {
+        let mut order = Order::default();
+        order.push_back(q(Some("quota"), 10, 6, false, false));
+        order.push_back(q(Some("read"), 30, 16, true, false));
+        order.push_back(q(Some("quota2"), 60, 26, false, false));
+        order.push_back(q(None, 100, 36, true, false));
+        order.push_back(q(Some("close"), 150, 46, true, true));
+        order.push_back(q(Some("write"), 210, 56, true, false));
+        assert_eq!(order.queued_bytes_recounted(210), 26 + 36 + 56);
+        // Bytes not yet delivered wait nowhere.
+        assert_eq!(order.queued_bytes_recounted(120), 26 + 36);
+        // The read answered: the unnamed frame (not JSON) is served next,
+        // then the close, which waits on its effect.
+        order.remove("read");
+        assert_eq!(order.queued_bytes_recounted(210), 56);
+        order.remove_unnamed();
+        assert_eq!(order.queued_bytes_recounted(210), 56);
+        order.remove("close");
+        assert_eq!(order.queued_bytes_recounted(210), 0);
+        assert_eq!(
+            order.iter().filter_map(|q| q.id.as_deref()).collect::<Vec<_>>(),
+            ["quota", "quota2", "write"]
+        );
     }
 
     proptest! {
@@ -136,10 +181,10 @@ mod tests {
                             pushed += len + 4;
                             (pushed, len)
                         });
-                        order.push_back(Queued { id: format!("r{next}"), frame, in_line, close });
+                        order.push_back(Queued { id: Some(format!("r{next}")), frame, in_line, close });
                     }
                     Change::Answer(k) => {
-                        let id = order.iter().nth(k).map(|q| q.id.clone());
+                        let id = order.iter().nth(k).and_then(|q| q.id.clone());
                         if let Some(id) = id {
                             order.remove(&id);
                         }
