@@ -257,16 +257,17 @@ impl<'a> Response<'a> {
     }
 
     /// What [`Response::parse`] gives, every case read by serde_json.
+    /// The whole frame must be JSON as `Value` reads it: the members `Top`
+    /// skips, serde skips unchecked (a byte that is not UTF-8, a lone
+    /// surrogate, a number out of range would pass).
     fn parse_by_serde(payload: &'a [u8]) -> Result<Self, String> {
+        let v = serde_json::from_slice::<Value>(payload).map_err(|e| format!("response is not JSON: {e}"))?;
         match serde_json::from_slice::<Top<'a>>(payload) {
             Ok(mut top) => {
                 let error = top.error.0.take().unwrap_or_default();
                 Ok(Response { payload, top, error })
             }
-            Err(_) => match serde_json::from_slice::<Value>(payload) {
-                Err(e) => Err(format!("response is not JSON: {e}")),
-                Ok(v) => Err(format!("{v}")),
-            },
+            Err(_) => Err(format!("{v}")),
         }
     }
 
@@ -467,6 +468,25 @@ mod tests {
             br#"{"id":"1","ok":true,"result":[1]}"#,
         ] {
             assert!(scan::top(frame).is_none(), "{}", String::from_utf8_lossy(frame));
+        }
+    }
+
+    /// A member the checkers do not read is still part of the JSON: a
+    /// response with bytes there that are not JSON is refused, as
+    /// `Value` refuses it.
+    #[test]
+    fn a_response_that_is_not_json_anywhere_is_refused() {
+        for frame in [
+            &b"{\"id\":\"1\",\"ok\":true,\"extra\":\"\xff\"}"[..],
+            br#"{"id":"1","ok":true,"extra":"\ud800"}"#,
+            br#"{"id":"1","ok":true,"extra":1e999}"#,
+            br#"{"id":"1","ok":true,"result":{"y":["\udc00"]}}"#,
+            br#"{"id":"1","ok":false,"error":[1e400]}"#,
+            br#"{"id":"1","ok":true,"result":{"handle":1e999}}"#,
+        ] {
+            let e = serde_json::from_slice::<Value>(frame).expect_err("not JSON");
+            let shown = String::from_utf8_lossy(frame);
+            assert_eq!(Response::parse(frame).err(), Some(format!("response is not JSON: {e}")), "{shown}");
         }
     }
 
