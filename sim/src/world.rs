@@ -370,8 +370,7 @@ impl Client {
 /// nothing up.
 #[derive(Debug)]
 struct Queued {
-    /// None for a frame that is not JSON, answered with `id: null`.
-    id: Option<String>,
+    id: String,
     /// Where its frame ends in the client's stream, and its payload's
     /// length (the bytes a machine holds while it waits); none for the
     /// attach an attached client's first frame answers.
@@ -978,7 +977,7 @@ impl World {
         let first = c
             .order
             .iter()
-            .filter_map(|q| c.outstanding.get(q.id.as_ref()?))
+            .filter_map(|q| c.outstanding.get(&q.id))
             .map(|s| &s.kind)
             .find(|k| !matches!(k, Kind::Invalid))
             .cloned();
@@ -1216,15 +1215,14 @@ impl World {
         let id = c
             .order
             .iter()
-            .filter_map(|q| q.id.as_ref())
-            .find(|id| matches!(c.outstanding.get(*id), Some(Sent { kind: Kind::Attach { fd: true }, .. })))
-            .cloned()
+            .find(|q| matches!(c.outstanding.get(&q.id), Some(Sent { kind: Kind::Attach { fd: true }, .. })))
+            .map(|q| q.id.clone())
             .ok_or_else(|| violation("no_attach_without_descriptor", format!("attach of {new} unasked")))?;
         c.answer(&id);
         let idx = self.clients.len() + 1;
         add_private_files(&mut self.files, idx, level);
         let mut c = Client::new(self.seed, idx, level, new, (self.swarm.ops_per_client / 2).max(1));
-        c.order.push_back(Queued { id: Some(id.clone()), frame: None, in_line: false, close: false });
+        c.order.push_back(Queued { id: id.clone(), frame: None, in_line: false, close: false });
         c.outstanding.insert(id.clone(), Sent { kind: Kind::Attached, must_fail: None });
         c.attach_wait = Some(id);
         self.clients.push(c);
@@ -1560,7 +1558,7 @@ impl World {
         // may end up in the file, acknowledged or not.
         let c = &self.clients[i];
         if let Some(Sent { kind: Kind::Write { h, data }, .. }) =
-            c.order.back().and_then(|q| c.outstanding.get(q.id.as_ref()?))
+            c.order.back().and_then(|q| c.outstanding.get(&q.id))
         {
             let key = c.handles.get(h).and_then(|hm| hm.key.as_ref());
             if let Some(mut f) = key.and_then(|k| self.files.get_mut(k)).filter(|f| f.class == Class::Log) {
@@ -1638,7 +1636,6 @@ impl World {
                     return Err(violation("one_response_per_request", format!("unexpected response {v}")));
                 }
                 c.null_expected -= 1;
-                c.order.remove_unnamed();
                 if ok {
                     return Err(violation("must_fail", format!("a frame without an id succeeded: {v}")));
                 }
@@ -1904,7 +1901,7 @@ fn send_held(
         c.pending_opens += 1;
     }
     c.order.push_back(Queued {
-        id: Some(id.clone()),
+        id: id.clone(),
         frame: Some((c.out.pushed, len)),
         in_line,
         close: matches!(kind, Kind::Close { .. }),
@@ -1912,20 +1909,24 @@ fn send_held(
     c.outstanding.insert(id, Sent { kind, must_fail });
 }
 
-/// A frame whose answer only the oracle can tell; it must fail. The
-/// machine holds it in line like any other until it is served and refused.
+/// A frame whose answer only the oracle can tell; it must fail. With an
+/// id the oracle reads, the machine holds it in line like any other until
+/// it is served and refused. Without one, its `id: null` answer does not
+/// say which frame it answers: refused on arrival past a bound, or served
+/// in turn, so it is left out of `order` (its bytes uncounted, never
+/// miscounted).
 fn send_raw(c: &mut Client, payload: Vec<u8>) {
     let len = payload.len() as u64;
     let id = oracle_id(&payload);
     c.out.push(frame(payload));
-    c.order.push_back(Queued {
-        id: id.clone(),
-        frame: Some((c.out.pushed, len)),
-        in_line: true,
-        close: false,
-    });
     match id {
         Some(id) => {
+            c.order.push_back(Queued {
+                id: id.clone(),
+                frame: Some((c.out.pushed, len)),
+                in_line: true,
+                close: false,
+            });
             c.outstanding.insert(id, Sent { kind: Kind::Invalid, must_fail: Some("must_fail") });
         }
         None => c.null_expected += 1,

@@ -26,16 +26,7 @@ impl Order {
 
     /// Takes the request `id` out, wherever it stands.
     pub fn remove(&mut self, id: &str) {
-        if let Some(p) = self.items.iter().position(|q| q.id.as_deref() == Some(id)) {
-            self.generation += 1;
-            self.items.remove(p);
-        }
-    }
-
-    /// Takes out the oldest frame without an id: a machine answers those
-    /// (`id: null`) in order, as it serves them.
-    pub fn remove_unnamed(&mut self) {
-        if let Some(p) = self.items.iter().position(|q| q.id.is_none()) {
+        if let Some(p) = self.items.iter().position(|q| q.id == id) {
             self.generation += 1;
             self.items.remove(p);
         }
@@ -122,7 +113,7 @@ mod tests {
         let mut order = Order::default();
         for (k, end) in [(1, 10), (2, 20), (3, 30)] {
             order.push_back(Queued {
-                id: Some(format!("r{k}")),
+                id: format!("r{k}"),
                 frame: Some((end, 6)),
                 in_line: true,
                 close: false,
@@ -134,8 +125,8 @@ mod tests {
         assert!(order.check_kept().is_err());
     }
 
-    fn q(id: Option<&str>, end: u64, len: u64, in_line: bool, close: bool) -> Queued {
-        Queued { id: id.map(str::to_owned), frame: Some((end, len)), in_line, close }
+    fn q(id: &str, end: u64, len: u64, in_line: bool, close: bool) -> Queued {
+        Queued { id: id.to_owned(), frame: Some((end, len)), in_line, close }
     }
 
     /// A `QUOTA` passed upstream was served and holds nothing: the read
@@ -144,27 +135,24 @@ mod tests {
     #[test]
     fn what_waits_is_behind_the_first_request_that_holds_the_line() {
         let mut order = Order::default();
-        order.push_back(q(Some("quota"), 10, 6, false, false));
-        order.push_back(q(Some("read"), 30, 16, true, false));
-        order.push_back(q(Some("quota2"), 60, 26, false, false));
-        order.push_back(q(None, 100, 36, true, false));
-        order.push_back(q(Some("close"), 150, 46, true, true));
-        order.push_back(q(Some("write"), 210, 56, true, false));
+        order.push_back(q("quota", 10, 6, false, false));
+        order.push_back(q("read", 30, 16, true, false));
+        order.push_back(q("quota2", 60, 26, false, false));
+        order.push_back(q("refused", 100, 36, true, false));
+        order.push_back(q("close", 150, 46, true, true));
+        order.push_back(q("write", 210, 56, true, false));
         assert_eq!(order.queued_bytes_recounted(210), 26 + 36 + 56);
         // Bytes not yet delivered wait nowhere.
         assert_eq!(order.queued_bytes_recounted(120), 26 + 36);
-        // The read answered: the unnamed frame (not JSON) is served next,
+        // The read answered: the frame the machine refuses is served next,
         // then the close, which waits on its effect.
         order.remove("read");
         assert_eq!(order.queued_bytes_recounted(210), 56);
-        order.remove_unnamed();
+        order.remove("refused");
         assert_eq!(order.queued_bytes_recounted(210), 56);
         order.remove("close");
         assert_eq!(order.queued_bytes_recounted(210), 0);
-        assert_eq!(
-            order.iter().filter_map(|q| q.id.as_deref()).collect::<Vec<_>>(),
-            ["quota", "quota2", "write"]
-        );
+        assert_eq!(order.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(), ["quota", "quota2", "write"]);
     }
 
     proptest! {
@@ -181,10 +169,10 @@ mod tests {
                             pushed += len + 4;
                             (pushed, len)
                         });
-                        order.push_back(Queued { id: Some(format!("r{next}")), frame, in_line, close });
+                        order.push_back(Queued { id: format!("r{next}"), frame, in_line, close });
                     }
                     Change::Answer(k) => {
-                        let id = order.iter().nth(k).and_then(|q| q.id.clone());
+                        let id = order.iter().nth(k).map(|q| q.id.clone());
                         if let Some(id) = id {
                             order.remove(&id);
                         }
