@@ -81,6 +81,7 @@ impl World {
                 }
                 descriptors += 1 + c.fds_unclaimed;
             }
+            buffered += self.link_partial(level);
             if session_queued > b.max_session_queued_bytes {
                 return Err(at(
                     violation(
@@ -179,6 +180,15 @@ impl World {
         Ok(())
     }
 
+    /// The partial frame the top holds of the middle's connection: one of
+    /// the connections `max_buffered_bytes` bounds together.
+    fn link_partial(&self, level: usize) -> u64 {
+        match &self.link {
+            Some(link) if level == 0 && !self.gone.contains(&(0, MIDDLE_CONN)) => link.up.partial(),
+            _ => 0,
+        }
+    }
+
     /// The machine may end a connection holding a partial frame (one
     /// error, id null) only when the partial frames of all connections
     /// cross `max_buffered_bytes`, by the world's own count.
@@ -193,7 +203,8 @@ impl World {
             .iter()
             .filter(|c| c.level == level && !c.gone)
             .map(|c| c.floods.partial.map_or_else(|| c.out.partial(), |s| c.out.taken.saturating_sub(s)))
-            .sum();
+            .sum::<u64>()
+            + self.link_partial(level);
         if total <= self.swarm.bounds.max_buffered_bytes {
             return Err(violation(
                 "bounded_buffer",
