@@ -160,7 +160,8 @@ struct Tool {
     /// Bytes written to stdout, not yet handed to the host.
     pipe: VecDeque<u8>,
     stdout_closed: bool,
-    eof_reported: bool,
+    /// When the host was told stdout ended.
+    eof_reported: Option<Instant>,
     stdin_closed_by_tool: bool,
     stdin_eof: bool,
     got_cancel: bool,
@@ -278,7 +279,7 @@ impl ToolWorld {
             exit_reported: None,
             pipe: VecDeque::new(),
             stdout_closed: false,
-            eof_reported: false,
+            eof_reported: None,
             stdin_closed_by_tool: false,
             stdin_eof: false,
             got_cancel: false,
@@ -408,6 +409,9 @@ impl ToolWorld {
         if !self.user_signalled && self.chance(300) {
             self.user_signalled = true;
             let sig = [UserSignal::Int, UserSignal::Term, UserSignal::Hup][self.rng.gen_range(0..3)];
+            // The host decides to end the run here, whether or not it can
+            // still close the tool's stdin to show it.
+            self.closed_at.get_or_insert(self.now);
             self.handle(Input::UserSignal(sig))?;
         }
         self.tool_reads()?;
@@ -760,8 +764,8 @@ impl ToolWorld {
             self.tool.exit_reported = Some(self.now);
             self.handle(Input::ToolExited(ToolExit::Code(0)))?;
         }
-        if self.tool.stdout_closed && self.tool.pipe.is_empty() && !self.tool.eof_reported {
-            self.tool.eof_reported = true;
+        if self.tool.stdout_closed && self.tool.pipe.is_empty() && self.tool.eof_reported.is_none() {
+            self.tool.eof_reported = Some(self.now);
             self.handle(Input::ToolStdoutEof)?;
         }
         Ok(())
@@ -992,8 +996,13 @@ impl ToolWorld {
             }
         }
         // Nothing pending, or the host paused on a tool that does not read.
-        let idle = unanswered == 0 || self.tool.unread > self.cfg.max_stdin_backlog;
+        // Once stdout has ended with everything answered, the tool can say
+        // nothing more: the host ends the run by that, not by its silence
+        // (below).
+        let stalled = self.tool.unread > self.cfg.max_stdin_backlog;
+        let idle = unanswered == 0 || stalled;
         if self.closed_at.is_none()
+            && (self.tool.eof_reported.is_none() || stalled)
             && idle
             && self.held.is_empty()
             && self.tool.alive
@@ -1009,6 +1018,22 @@ impl ToolWorld {
                 return Err(violation(
                     "reaped",
                     format!("no SIGTERM {grace:?} after stdin closed at {}us", c.as_micros()),
+                ));
+            }
+        }
+        // Its stdout ended, the host reads and answers what is left, then
+        // gives the tool its grace before SIGTERM; with the tool's stdin
+        // already closed by the tool, nothing shows that decision before
+        // the signal. Every event that lets the host read on moves
+        // `last_activity`, so the grace runs from the later of the two.
+        if let Some(e) = self.tool.eof_reported {
+            let grace = self.cfg.cancel_grace.max(self.cfg.kill_grace);
+            let by = e.max(self.last_activity).saturating_add(grace);
+            let done = unanswered == 0 && !stalled && self.held.is_empty();
+            if done && self.tool.alive && self.term_sent_at.is_none() && self.now >= by {
+                return Err(violation(
+                    "reaped",
+                    format!("no SIGTERM by {}us, its stdout ended at {}us", by.as_micros(), e.as_micros()),
                 ));
             }
         }
