@@ -485,14 +485,20 @@ pub fn fsproxy_request(data: &[u8]) {
     }
     // A frame the machine drops as a response must be one as the tree
     // reads it: any other frame is answered.
-    let tree = match serde_json::from_slice::<Value>(data) {
+    let response = crate::fsproxy::bounds::is_response(data);
+    let tree = response_by_tree(data);
+    assert_eq!(response, tree, "is_response says {response} for {:?}", String::from_utf8_lossy(data));
+}
+
+/// Whether a frame is a response as a `Value` tree reads it: a JSON object
+/// with `ok`, `result` or `error` and no `op`.
+pub fn response_by_tree(data: &[u8]) -> bool {
+    match serde_json::from_slice::<Value>(data) {
         Ok(Value::Object(o)) => {
             !o.contains_key("op") && ["ok", "result", "error"].iter().any(|k| o.contains_key(*k))
         }
         _ => false,
-    };
-    let response = crate::fsproxy::bounds::is_response(data);
-    assert_eq!(response, tree, "is_response says {response} for {:?}", String::from_utf8_lossy(data));
+    }
 }
 
 pub fn frame_decoder(data: &[u8]) {

@@ -368,16 +368,6 @@ mod tests {
         }
     }
 
-    /// What the tree says a response is.
-    fn by_tree(frame: &[u8]) -> bool {
-        match serde_json::from_slice::<serde_json::Value>(frame) {
-            Ok(serde_json::Value::Object(o)) => {
-                !o.contains_key("op") && ["ok", "result", "error"].iter().any(|k| o.contains_key(*k))
-            }
-            _ => false,
-        }
-    }
-
     /// Members a response might carry, some of them JSON the tree refuses.
     fn member() -> impl Strategy<Value = Vec<u8>> {
         let values: Vec<&'static [u8]> = vec![
@@ -428,7 +418,8 @@ mod tests {
                 let at = at.index(frame.len());
                 frame[at] = b;
             }
-            prop_assert_eq!(is_response(&frame), by_tree(&frame), "frame {:?}", String::from_utf8_lossy(&frame));
+            let tree = crate::fuzzing::response_by_tree(&frame);
+            prop_assert_eq!(is_response(&frame), tree, "frame {:?}", String::from_utf8_lossy(&frame));
         }
     }
 
