@@ -53,15 +53,3 @@ fn a_tool_exiting_behind_a_full_window_loses_no_byte() {
     let res = airlock_sim::run_seed(414, &opts(414..415));
     assert!(res.passed(), "{:?}", res.failure);
 }
-
-/// Seeds 4719 and 15756: the tool exits with its last kilobytes in the
-/// pipe and each read of them is slow. No read waits a whole grace, but
-/// together they did: the grace now starts over whenever a read brings
-/// bytes, so the answer ends with all of them.
-#[test]
-fn slow_reads_after_the_exit_lose_no_byte() {
-    for seed in [4719, 15756] {
-        let res = airlock_sim::run_seed(seed, &opts(seed..seed + 1));
-        assert!(res.passed(), "seed {seed}: {:?}", res.failure);
-    }
-}

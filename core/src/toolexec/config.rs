@@ -21,11 +21,6 @@ pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const STREAM_WINDOW: u64 = 256 * 1024;
 /// Largest single read from a tool's pipe.
 pub const READ_CHUNK: usize = 64 * 1024;
-/// Bytes read after the tool's exit that give the drain grace back: the
-/// most a pipe holds (Linux's default `fs.pipe-max-size`), so the tool's
-/// own last output is never cut for being read slowly, while a grandchild
-/// that escaped the group and keeps writing still meets the grace.
-pub const DRAIN_FREE_BYTES: u64 = 1 << 20;
 /// `X-Exit-Code` of every error answer (the shim exits with it).
 pub const EXIT_CODE_ERROR: i32 = 86;
 /// `X-Exit-Code` after a timeout.

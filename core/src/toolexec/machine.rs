@@ -192,8 +192,6 @@ pub struct Exchange {
     /// last bytes may still be in the pipe, and a slow reader must not
     /// lose them (the clock runs only while airlock waits on the pipe).
     drain_paused: Option<Duration>,
-    /// Bytes read since the tool's exit.
-    drained: u64,
     /// The body must be complete by then (a slow body holds a connection
     /// permit like a slow head).
     body_deadline: Option<Instant>,
@@ -239,7 +237,6 @@ impl Exchange {
             deadline: None,
             drain_deadline: None,
             drain_paused: None,
-            drained: 0,
             body_deadline: None,
             kill: Kill::None,
             timed_out: false,
@@ -526,9 +523,7 @@ impl Exchange {
 
     /// After the tool's exit, the drain grace runs only while a read of
     /// the pipe is outstanding; while reading is held back for the
-    /// client's window it is paused, and resumes with what was left. So it
-    /// measures how long the pipe stays silent: a read that brings bytes
-    /// starts it over (`on_output`).
+    /// client's window it is paused, and resumes with what was left.
     fn drain_clock(&mut self) {
         if self.exited.is_none() || self.eof {
             return;
@@ -567,17 +562,6 @@ impl Exchange {
         if bytes.is_empty() {
             self.eof = true;
             return self.maybe_finish();
-        }
-        if self.exited.is_some() {
-            // The pipe was not silent: the grace starts over (the next
-            // read resumes it), up to what a pipe can hold. A clock summed
-            // over reads would cut the tool's last output whenever the
-            // reads themselves were slow.
-            self.drained = self.drained.saturating_add(bytes.len() as u64);
-            if self.drained <= DRAIN_FREE_BYTES {
-                self.drain_deadline = None;
-                self.drain_paused = Some(self.config.kill_grace);
-            }
         }
         if self.client_gone || self.responded {
             // Drained so the tool never blocks on a full pipe; nobody reads it.

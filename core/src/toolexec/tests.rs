@@ -321,57 +321,6 @@ fn a_tool_exiting_behind_a_full_window_loses_no_byte() {
     assert!(drain(&mut x).contains(&Output::Finish { exit_code: 0 }));
 }
 
-fn at_ms(ms: u64) -> Instant {
-    Instant::from_micros(ms * 1_000)
-}
-
-/// After the exit, each read of the tool's last output takes most of the
-/// grace (a loaded host): the pipe is never silent for a whole grace, so
-/// nothing is cut, however long the reads take together.
-#[test]
-fn slow_reads_after_the_exit_lose_no_byte() {
-    let mut x = run_to_spawn("2", true);
-    drain(&mut x);
-    x.handle(at(1), Input::ToolExited(ExitStatus::Code(0)));
-    drain(&mut x);
-    let mut now = 1_000;
-    for _ in 0..10 {
-        now += 1_500;
-        x.handle(at_ms(now), Input::ToolOutput(b"tail".to_vec()));
-        x.handle(at_ms(now), Input::ClientTook(4));
-        let outs = drain(&mut x);
-        assert!(outs.contains(&Output::SendChunk(b"tail".to_vec())), "{outs:?}");
-        assert!(!outs.iter().any(|o| matches!(o, Output::Finish { .. })), "cut after {now} ms");
-    }
-    x.handle(at_ms(now), Input::ToolEof);
-    assert!(drain(&mut x).contains(&Output::Finish { exit_code: 0 }));
-}
-
-/// A grandchild that left the group keeps writing after the exit: past
-/// what a pipe can hold, its reads no longer give the grace back, so the
-/// answer still ends.
-#[test]
-fn an_escaped_writer_still_meets_the_grace() {
-    let mut x = run_to_spawn("1", false);
-    drain(&mut x);
-    x.handle(at(1), Input::ToolExited(ExitStatus::Code(0)));
-    drain(&mut x);
-    let chunk = vec![b'g'; READ_CHUNK];
-    let mut now = 1_000;
-    let mut read = 0u64;
-    let finished = loop {
-        now += 500;
-        x.handle_timeout(at_ms(now));
-        if drain(&mut x).iter().any(|o| matches!(o, Output::Respond(_))) {
-            break true;
-        }
-        assert!(read <= DRAIN_FREE_BYTES + 8 * READ_CHUNK as u64, "still reading after {read} bytes");
-        x.handle(at_ms(now), Input::ToolOutput(chunk.clone()));
-        read += chunk.len() as u64;
-    };
-    assert!(finished && read > DRAIN_FREE_BYTES, "ended after {read} bytes");
-}
-
 #[test]
 fn spawn_errors_map_to_statuses() {
     for (e, want) in [
