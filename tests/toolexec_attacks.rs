@@ -353,6 +353,36 @@ assert 2.3 < took < 6.5, took
     );
 }
 
+/// A server stalled (SIGSTOP) across the whole drain grace wakes to an
+/// expired timer and a readable pipe at once: what the pipe holds then is
+/// still read into the answer, whichever it handles first.
+#[test]
+fn a_server_stalled_past_the_drain_grace_still_reads_the_pipe() {
+    let s = Server::start(&["--kill-grace", "1"]);
+    s.attack(
+        r#"
+import signal, threading
+work = os.environ["WORK"]
+pid = int(os.environ["SERVER_PID"])
+def stall():
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(2.0)
+    os.kill(pid, signal.SIGCONT)
+for n in range(3):
+    th = threading.Thread(target=stall)
+    th.start()
+    # The writer has left the group before the tool exits (a group kill
+    # would take it), and writes while the server is stopped.
+    script = 'setsid sh -c "sleep 1; printf late; exec sleep 5" & echo $! > esc; sleep 0.2; echo hi'
+    st, _, body, tr = exchange(request(form("sh", "-c", script), proto="1"))
+    th.join()
+    os.kill(int(open(os.path.join(work, "esc")).read()), 9)
+    assert (st, body) == (200, b"hi\nlate"), (n, st, body)
+"#,
+    );
+}
+
 #[test]
 fn sigterm_ends_streams_and_exits_zero() {
     let dir = tempfile::tempdir().expect("tempdir");

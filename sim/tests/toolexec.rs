@@ -53,3 +53,15 @@ fn a_tool_exiting_behind_a_full_window_loses_no_byte() {
     let res = airlock_sim::run_seed(414, &opts(414..415));
     assert!(res.passed(), "{:?}", res.failure);
 }
+
+/// Seeds where the drain grace after the tool's exit runs out with the
+/// tool's last bytes still in the pipe: slow reads used the grace up, or a
+/// clock jump fired the timer before the pending read. What the pipe holds
+/// then is read at once, never cut; 31303 holds the answer's deadline.
+#[test]
+fn a_drain_grace_that_runs_out_still_reads_what_the_pipe_holds() {
+    for seed in [4719, 15756, 27466, 31303, 33707, 35096, 35489, 37078, 43907, 57321, 59031] {
+        let res = airlock_sim::run_seed(seed, &opts(seed..seed + 1));
+        assert!(res.passed(), "seed {seed}: {:?}", res.failure);
+    }
+}

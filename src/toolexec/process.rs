@@ -136,6 +136,20 @@ impl OutputPipe {
         let n = self.pipe.read(&mut self.buf[..max]).await?;
         Ok(self.buf[..n].to_vec())
     }
+
+    /// At most `max` bytes the pipe holds now; empty at EOF or when it
+    /// holds nothing. A plain read of the non-blocking fd: tokio's
+    /// readiness cache may not know yet of bytes that arrived while this
+    /// process was not running.
+    pub fn read_now(&mut self, max: usize) -> std::io::Result<Vec<u8>> {
+        let max = max.max(1);
+        self.buf.resize(max, 0);
+        match rustix::io::read(&self.pipe, &mut self.buf[..max]) {
+            Ok(n) => Ok(self.buf[..n].to_vec()),
+            Err(rustix::io::Errno::AGAIN) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 impl Running {
@@ -198,5 +212,9 @@ impl ToolProcess for Running {
 impl ToolOutput for OutputPipe {
     async fn read(&mut self, max: usize) -> std::io::Result<Vec<u8>> {
         OutputPipe::read(self, max).await
+    }
+
+    fn read_now(&mut self, max: usize) -> std::io::Result<Vec<u8>> {
+        OutputPipe::read_now(self, max)
     }
 }

@@ -39,6 +39,9 @@ pub trait ToolProcess: Send + 'static {
 pub trait ToolOutput: Send + 'static {
     /// One read of at most `max` bytes; empty at EOF.
     fn read(&mut self, max: usize) -> impl Future<Output = std::io::Result<Vec<u8>>> + Send;
+    /// At most `max` bytes of what the pipe holds now, without waiting;
+    /// empty at EOF or when it holds nothing.
+    fn read_now(&mut self, max: usize) -> std::io::Result<Vec<u8>>;
 }
 
 /// Everything a connection needs: the core's config, the runner, the
@@ -212,6 +215,27 @@ async fn drive<R: Runner>(
                     x.handle(shared.now(), Input::Spawned(result));
                 }
                 Output::ReadOutput { max } => read_credit = Some(max),
+                Output::ReadNow { max } => {
+                    // Replaces the waiting read (dropping its future loses
+                    // nothing: bytes are taken only by a completed read).
+                    read_credit = None;
+                    let read = match pipe.as_mut() {
+                        Some(p) => p.read_now(max),
+                        None => Ok(Vec::new()),
+                    };
+                    match read {
+                        Ok(bytes) if !bytes.is_empty() => x.handle(shared.now(), Input::ToolOutput(bytes)),
+                        Ok(_) => {
+                            pipe = None;
+                            x.handle(shared.now(), Input::ToolEof);
+                        }
+                        Err(e) => {
+                            tracing::warn!("toolexec: reading tool output: {e}");
+                            pipe = None;
+                            x.handle(shared.now(), Input::ToolEof);
+                        }
+                    }
+                }
                 Output::SendHead(r) => {
                     let (body, f) = ChanBody::channel();
                     frames = Some(f);

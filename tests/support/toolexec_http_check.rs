@@ -130,6 +130,11 @@ impl ToolOutput for FakeOutput {
         let chunk = std::mem::replace(&mut self.left, rest);
         async move { Ok(chunk) }
     }
+
+    fn read_now(&mut self, max: usize) -> std::io::Result<Vec<u8>> {
+        let rest = self.left.split_off(max.min(self.left.len()));
+        Ok(std::mem::replace(&mut self.left, rest))
+    }
 }
 
 fn config() -> Config {

@@ -72,6 +72,8 @@ struct Seen {
     answers: u32,
     done: bool,
     read_max: Option<usize>,
+    /// Bytes fed since the first `ReadNow`: the final drain is bounded.
+    final_fed: Option<u64>,
     streamed: Vec<u8>,
     fed: Vec<u8>,
     authorized: bool,
@@ -93,6 +95,7 @@ pub fn toolexec_events(data: &[u8]) {
     config.max_buffered = 512;
     config.stream_window = 256;
     config.read_chunk = 64;
+    config.final_drain = 300;
     let config = Arc::new(config);
     let mut now = 0u64;
     let mut ex = Exchange::new(config.clone(), Instant::from_micros(now));
@@ -124,6 +127,9 @@ pub fn toolexec_events(data: &[u8]) {
                 let n = usize::from(arg).min(max).max(1);
                 let bytes = b.take(n).to_vec();
                 seen.fed.extend_from_slice(&bytes);
+                if let Some(f) = seen.final_fed.as_mut() {
+                    *f += bytes.len() as u64;
+                }
                 Input::ToolOutput(bytes)
             }),
             6 => seen.read_max.take().map(|_| Input::ToolEof),
@@ -168,6 +174,13 @@ fn drain(ex: &mut Exchange, config: &Config, seen: &mut Seen) {
             Output::ReadOutput { max } => {
                 assert!(seen.read_max.is_none(), "a second read while one is outstanding");
                 assert!(max > 0 && max <= config.read_chunk, "read of {max}");
+                seen.read_max = Some(max);
+            }
+            Output::ReadNow { max } => {
+                // Replaces a waiting read, if one is outstanding.
+                assert!(max > 0 && max <= config.read_chunk, "read of {max}");
+                let fed = *seen.final_fed.get_or_insert(0);
+                assert!(fed + max as u64 <= config.final_drain, "final drain past {}", config.final_drain);
                 seen.read_max = Some(max);
             }
             Output::SendChunk(bytes) => {

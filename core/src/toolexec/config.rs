@@ -21,6 +21,12 @@ pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const STREAM_WINDOW: u64 = 256 * 1024;
 /// Largest single read from a tool's pipe.
 pub const READ_CHUNK: usize = 64 * 1024;
+/// Bytes read without waiting once the drain grace after the tool's exit
+/// has run out: the most an unprivileged process's pipe can hold
+/// (`/proc/sys/fs/pipe-max-size`), so every byte the tool wrote before it
+/// exited fits, and an escaped grandchild that keeps writing cannot keep
+/// the answer open.
+pub const FINAL_DRAIN: u64 = 1024 * 1024;
 /// `X-Exit-Code` of every error answer (the shim exits with it).
 pub const EXIT_CODE_ERROR: i32 = 86;
 /// `X-Exit-Code` after a timeout.
@@ -59,6 +65,7 @@ pub struct Config {
     pub header_timeout: Duration,
     pub stream_window: u64,
     pub read_chunk: usize,
+    pub final_drain: u64,
 }
 
 impl Config {
@@ -75,6 +82,7 @@ impl Config {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             stream_window: STREAM_WINDOW,
             read_chunk: READ_CHUNK,
+            final_drain: FINAL_DRAIN,
         }
     }
 

@@ -114,7 +114,9 @@ pub enum Input {
     BodyEnd,
     Spawned(Result<(), SpawnError>),
     /// Bytes read from the tool's pipe (stdout and stderr share it), after
-    /// an [`Output::ReadOutput`]; never more than its `max`.
+    /// an [`Output::ReadOutput`] or [`Output::ReadNow`]; never more than its
+    /// `max`. After a `ReadNow`, [`Input::ToolEof`] also means "nothing
+    /// there now".
     ToolOutput(Vec<u8>),
     ToolEof,
     ToolExited(ExitStatus),
@@ -138,6 +140,12 @@ pub enum Output {
     Spawn(SpawnRequest),
     /// Read once from the tool's pipe, at most `max` bytes.
     ReadOutput {
+        max: usize,
+    },
+    /// The drain grace after the tool's exit has run out: give up the
+    /// waiting read, and read at most `max` bytes of what the pipe holds
+    /// now without waiting; report [`Input::ToolEof`] if it holds nothing.
+    ReadNow {
         max: usize,
     },
     /// Send the streaming head (200, chunked, `Trailer: X-Exit-Code`).
@@ -192,6 +200,10 @@ pub struct Exchange {
     /// last bytes may still be in the pipe, and a slow reader must not
     /// lose them (the clock runs only while airlock waits on the pipe).
     drain_paused: Option<Duration>,
+    /// Bytes the final drain may still read, once the drain grace has run
+    /// out: what the pipe holds is the tool's output and is read without
+    /// waiting for more.
+    final_drain: Option<u64>,
     /// The body must be complete by then (a slow body holds a connection
     /// permit like a slow head).
     body_deadline: Option<Instant>,
@@ -237,6 +249,7 @@ impl Exchange {
             deadline: None,
             drain_deadline: None,
             drain_paused: None,
+            final_drain: None,
             body_deadline: None,
             kill: Kill::None,
             timed_out: false,
@@ -299,6 +312,13 @@ impl Exchange {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.timers(now, true);
+    }
+
+    /// `drain`: whether the drain grace may end here. It may not just
+    /// before a read's result is applied: that read has completed, and
+    /// withdrawing it would make two reads outstanding.
+    fn timers(&mut self, now: Instant, drain: bool) {
         self.advance(now);
         if self.phase == Phase::Body && self.body_deadline.is_some_and(|d| d <= self.now) {
             let secs = self.config.header_timeout.as_secs();
@@ -322,16 +342,20 @@ impl Exchange {
                     self.out.push_back(Output::Signal(Signal::Kill));
                 }
             }
-        } else if !self.eof && self.drain_deadline.is_some_and(|d| d <= now) {
-            // An escaped grandchild holds the pipe: stop waiting for it.
-            self.eof = true;
-            self.maybe_finish();
+        } else if drain && !self.eof && self.drain_deadline.is_some_and(|d| d <= now) {
+            // An escaped grandchild holds the pipe: stop waiting for it. What
+            // the pipe already holds is the tool's and is read out now (a
+            // late timer, after a stall of this process, must not cut it).
+            self.drain_deadline = None;
+            self.final_drain = Some(self.config.final_drain);
+            self.read_outstanding = false;
+            self.try_read();
         }
     }
 
     pub fn handle(&mut self, now: Instant, input: Input) {
-        self.advance(now);
-        self.handle_timeout(self.now);
+        let read_result = matches!(input, Input::ToolOutput(_) | Input::ToolEof);
+        self.timers(now, !read_result);
         match input {
             Input::Head(head) => self.on_head(&head),
             Input::Body(bytes) => self.on_body(&bytes),
@@ -352,6 +376,9 @@ impl Exchange {
             }
             Input::ClientGone => self.on_client_gone(),
             Input::Shutdown => self.on_shutdown(),
+        }
+        if read_result {
+            self.timers(self.now, true);
         }
     }
 
@@ -548,9 +575,21 @@ impl Exchange {
             let room = self.config.stream_window.saturating_sub(self.waiting);
             usize::try_from(room).unwrap_or(usize::MAX).min(chunk)
         };
+        let Some(left) = self.final_drain else {
+            if max > 0 {
+                self.read_outstanding = true;
+                self.out.push_back(Output::ReadOutput { max });
+            }
+            return;
+        };
+        if left == 0 {
+            self.eof = true;
+            return self.maybe_finish();
+        }
+        let max = usize::try_from(left).unwrap_or(usize::MAX).min(max);
         if max > 0 {
             self.read_outstanding = true;
-            self.out.push_back(Output::ReadOutput { max });
+            self.out.push_back(Output::ReadNow { max });
         }
     }
 
@@ -562,6 +601,9 @@ impl Exchange {
         if bytes.is_empty() {
             self.eof = true;
             return self.maybe_finish();
+        }
+        if let Some(left) = self.final_drain.as_mut() {
+            *left = left.saturating_sub(bytes.len() as u64);
         }
         if self.client_gone || self.responded {
             // Drained so the tool never blocks on a full pipe; nobody reads it.

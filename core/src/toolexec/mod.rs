@@ -36,8 +36,9 @@
 //! 5. [`Input::ToolExited`] kills the tool's process group
 //!    ([`Output::Signal`] `Kill`: leftovers die, the pipe closes). Once the
 //!    tool has exited and its pipe is at EOF (or [`Config::kill_grace`]
-//!    after exit, if an escaped grandchild keeps the pipe open), the answer
-//!    ends: v1 `Respond` 200 with `X-Exit-Code`; v2 [`Output::Finish`] with
+//!    after exit, if an escaped grandchild keeps the pipe open: then
+//!    [`Output::ReadNow`] reads what the pipe holds without waiting, up to
+//!    [`Config::final_drain`] bytes), the answer ends: v1 `Respond` 200 with `X-Exit-Code`; v2 [`Output::Finish`] with
 //!    the exit code for the trailer. Then `Done`.
 //!
 //! Timeout ([`Config::timeout`] from spawn): `Signal(Term)` to the group,

@@ -288,9 +288,101 @@ fn escaped_grandchild_does_not_hang_the_answer() {
     let mut x = run_to_spawn("1", false);
     drain(&mut x);
     x.handle(at(1), Input::ToolExited(ExitStatus::Code(0)));
+    assert_eq!(drain(&mut x), vec![Output::Signal(Signal::Kill)]);
     assert_eq!(x.poll_timeout(), Some(at(3)));
     x.handle_timeout(at(3));
+    // The waiting read is given up for one that does not wait.
+    assert_eq!(drain(&mut x), vec![Output::ReadNow { max: READ_CHUNK }]);
+    assert_eq!(x.poll_timeout(), None);
+    x.handle(at(3), Input::ToolEof);
     assert_eq!(status_of(&drain(&mut x)), Some(200));
+}
+
+/// The drain grace ran out (slow reads used it up, or this process was
+/// not running when its timer fired) while the tool's last bytes were in
+/// the pipe: they are read without waiting, and the answer holds them.
+#[test]
+fn a_drain_grace_that_runs_out_reads_what_the_pipe_holds() {
+    let mut x = run_to_spawn("1", false);
+    drain(&mut x);
+    x.handle(at(1), Input::ToolOutput(b"first ".to_vec()));
+    x.handle(at(1), Input::ToolExited(ExitStatus::Code(3)));
+    drain(&mut x);
+    x.handle_timeout(at(9));
+    assert_eq!(drain(&mut x), vec![Output::ReadNow { max: READ_CHUNK }]);
+    x.handle(at(9), Input::ToolOutput(b"last".to_vec()));
+    assert_eq!(drain(&mut x), vec![Output::ReadNow { max: READ_CHUNK }]);
+    x.handle(at(9), Input::ToolEof);
+    let outs = drain(&mut x);
+    let Some(Output::Respond(r)) = outs.first() else { panic!("{outs:?}") };
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"first last"[..]));
+    assert!(r.headers.contains(&("X-Exit-Code", "3".to_owned())));
+}
+
+/// The read that was waiting completes after the grace ran out, in the
+/// same wake-up: its bytes count, and only then is the read that does not
+/// wait asked for, so two reads are never outstanding.
+#[test]
+fn a_read_completing_after_the_grace_is_kept() {
+    let mut x = run_to_spawn("1", false);
+    drain(&mut x);
+    x.handle(at(1), Input::ToolExited(ExitStatus::Code(0)));
+    drain(&mut x);
+    x.handle(at(9), Input::ToolOutput(b"late".to_vec()));
+    assert_eq!(
+        drain(&mut x),
+        vec![Output::ReadOutput { max: READ_CHUNK }, Output::ReadNow { max: READ_CHUNK }]
+    );
+    x.handle(at(9), Input::ToolEof);
+    let outs = drain(&mut x);
+    let Some(Output::Respond(r)) = outs.first() else { panic!("{outs:?}") };
+    assert_eq!(r.body, b"late");
+}
+
+/// An escaped grandchild that keeps the pipe full cannot keep the answer
+/// open: the final drain reads at most `final_drain` bytes.
+#[test]
+fn the_final_drain_is_bounded() {
+    let mut c = config();
+    c.final_drain = 10;
+    c.read_chunk = 4;
+    let (mut x, _) = request(c, good_head("1", false), b"tool=echo");
+    x.handle(at(0), Input::Spawned(Ok(())));
+    drain(&mut x);
+    x.handle(at(1), Input::ToolExited(ExitStatus::Code(0)));
+    drain(&mut x);
+    x.handle_timeout(at(3));
+    let mut maxes = Vec::new();
+    let mut outs = drain(&mut x);
+    while let [Output::ReadNow { max }] = outs.as_slice() {
+        maxes.push(*max);
+        x.handle(at(3), Input::ToolOutput(vec![b'g'; *max]));
+        outs = drain(&mut x);
+    }
+    assert_eq!(maxes, vec![4, 4, 2]);
+    assert_eq!(status_of(&outs), Some(200));
+}
+
+/// Streaming: the final drain still keeps to the client's window.
+#[test]
+fn the_final_drain_keeps_to_the_window() {
+    let mut x = run_to_spawn("2", true);
+    drain(&mut x);
+    x.handle(at(1), Input::ToolExited(ExitStatus::Code(0)));
+    drain(&mut x);
+    x.handle_timeout(at(3));
+    assert_eq!(drain(&mut x), vec![Output::ReadNow { max: READ_CHUNK }]);
+    let mut outs = Vec::new();
+    for _ in 0..4 {
+        x.handle(at(3), Input::ToolOutput(vec![b'x'; READ_CHUNK]));
+        outs = drain(&mut x);
+    }
+    assert_eq!(x.waiting_bytes(), STREAM_WINDOW);
+    assert!(!outs.iter().any(|o| matches!(o, Output::ReadNow { .. } | Output::Finish { .. })), "{outs:?}");
+    x.handle(at(50), Input::ClientTook(10));
+    assert_eq!(drain(&mut x), vec![Output::ReadNow { max: 10 }]);
+    x.handle(at(50), Input::ToolEof);
+    assert!(drain(&mut x).contains(&Output::Finish { exit_code: 0 }));
 }
 
 #[test]
@@ -428,8 +520,11 @@ mod props {
 
     #[derive(Clone, Debug)]
     enum Step {
-        /// The tool has this many more bytes for the next credited read.
+        /// The tool writes this many bytes (as far as the pipe has room),
+        /// and a credited read returns what the pipe holds.
         Read(usize),
+        /// The tool writes, and no read returns yet.
+        Write(usize),
         Take(u64),
         Advance(u64),
         Exit(i32),
@@ -442,6 +537,7 @@ mod props {
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
             6 => (1usize..100_000).prop_map(Step::Read),
+            2 => (1usize..100_000).prop_map(Step::Write),
             4 => (1u64..200_000).prop_map(Step::Take),
             2 => (0u64..4_000_000).prop_map(Step::Advance),
             1 => (0i32..3).prop_map(Step::Exit),
@@ -458,7 +554,11 @@ mod props {
         x: Exchange,
         now: u64,
         credit: Option<usize>,
+        /// A `ReadNow` to answer at once.
+        read_now: Option<usize>,
+        /// Every byte the tool wrote; `read` of them left the pipe.
         produced: Vec<u8>,
+        read: usize,
         sent: Vec<u8>,
         in_flight: u64,
         responses: usize,
@@ -472,15 +572,59 @@ mod props {
         window: u64,
     }
 
+    /// A pipe holds this much; a writer blocks on a full one.
+    const PIPE: usize = 65_536;
+
     impl Driver {
+        fn write(&mut self, n: usize) {
+            if self.exited || self.eof {
+                return;
+            }
+            let n = n.min(PIPE - (self.produced.len() - self.read));
+            let start = self.produced.len();
+            self.produced.extend((start..start + n).map(|i| (i % 251) as u8));
+        }
+
+        /// What a read of at most `max` gets now: `None` at EOF.
+        fn take_pipe(&mut self, max: usize) -> Option<Vec<u8>> {
+            let n = max.min(self.produced.len() - self.read);
+            if n == 0 {
+                return None;
+            }
+            self.read += n;
+            Some(self.produced[self.read - n..self.read].to_vec())
+        }
+
         fn pump(&mut self) {
+            loop {
+                self.pump_once();
+                let Some(max) = self.read_now.take() else { return };
+                let now = at(0).saturating_add(Duration::from_micros(self.now));
+                match self.take_pipe(max) {
+                    Some(bytes) => self.x.handle(now, Input::ToolOutput(bytes)),
+                    None => self.x.handle(now, Input::ToolEof),
+                }
+            }
+        }
+
+        fn pump_once(&mut self) {
             while let Some(o) = self.x.poll_output() {
                 assert!(!self.done, "output after Done: {o:?}");
                 match o {
                     Output::ReadOutput { max } => {
-                        assert!(self.credit.is_none(), "two reads credited at once");
+                        assert!(
+                            self.credit.is_none() && self.read_now.is_none(),
+                            "two reads credited at once"
+                        );
                         assert!(max > 0);
                         self.credit = Some(max);
+                    }
+                    Output::ReadNow { max } => {
+                        assert!(self.read_now.is_none(), "two reads credited at once");
+                        assert!(max > 0);
+                        // Replaces the waiting read.
+                        self.credit = None;
+                        self.read_now = Some(max);
                     }
                     Output::SendHead(r) => {
                         self.responses += 1;
@@ -519,14 +663,15 @@ mod props {
             let now = at(0).saturating_add(Duration::from_micros(self.now));
             match *s {
                 Step::Read(n) => {
-                    if let Some(max) = self.credit.take() {
-                        let n = n.min(max);
-                        let start = self.produced.len();
-                        let bytes: Vec<u8> = (start..start + n).map(|i| (i % 251) as u8).collect();
-                        self.produced.extend_from_slice(&bytes);
-                        self.x.handle(now, Input::ToolOutput(bytes));
+                    self.write(n);
+                    if let Some(max) = self.credit {
+                        if let Some(bytes) = self.take_pipe(max) {
+                            self.credit = None;
+                            self.x.handle(now, Input::ToolOutput(bytes));
+                        }
                     }
                 }
+                Step::Write(n) => self.write(n),
                 Step::Take(n) => {
                     let n = n.min(self.in_flight);
                     if n > 0 && !self.gone {
@@ -549,10 +694,14 @@ mod props {
                     self.exited = true;
                     self.x.handle(now, Input::ToolExited(ExitStatus::Signal(n)));
                 }
-                Step::Eof if !self.eof && self.credit.is_some() => {
-                    self.credit = None;
+                // The write end closes; a read gets what the pipe holds first.
+                Step::Eof if self.credit.is_some() => {
                     self.eof = true;
-                    self.x.handle(now, Input::ToolEof);
+                    let max = self.credit.take().unwrap_or(1);
+                    match self.take_pipe(max) {
+                        Some(bytes) => self.x.handle(now, Input::ToolOutput(bytes)),
+                        None => self.x.handle(now, Input::ToolEof),
+                    }
                 }
                 Step::Gone if !self.gone => {
                     self.gone = true;
@@ -574,7 +723,7 @@ mod props {
             let (mut x, _) = request(c, good_head(if streaming { "2" } else { "1" }, true), b"tool=echo");
             x.handle(at(0), Input::Spawned(Ok(())));
             let mut d = Driver {
-                x, now: 0, credit: None, produced: Vec::new(), sent: Vec::new(), in_flight: 0, responses: 0,
+                x, now: 0, credit: None, read_now: None, produced: Vec::new(), read: 0, sent: Vec::new(), in_flight: 0, responses: 0,
                 status: None, exit_code: None, done: false, gone: false, exited: false, eof: false, terms: 0, window,
             };
             d.pump();

@@ -852,6 +852,17 @@ impl ToolexecWorld {
                 }
                 self.conns[i].read_max = Some(max);
             }
+            Output::ReadNow { max } => {
+                // Replaces the waiting read: what the pipe holds now, at once.
+                self.conns[i].read_max = None;
+                let Some(tool) = self.conns[i].tool.as_mut() else {
+                    return Err(fail("one_read", step, Some(i), "a read before the spawn".into()));
+                };
+                let n = max.min(tool.pipe.len());
+                let input =
+                    if n == 0 { Input::ToolEof } else { Input::ToolOutput(tool.pipe.drain(..n).collect()) };
+                self.feed(i, input)?;
+            }
             Output::SendHead(r) => {
                 let now = self.now;
                 let s = &mut self.conns[i].seen;
