@@ -845,6 +845,21 @@ fn a_grandchild_holding_stdout_does_not_keep_airlock_alive() {
     assert_group_gone(read_pgid(&f, "pgid"));
 }
 
+/// A tool that closes both of its pipes and lives on can say nothing
+/// more: the run ends by the grace (SIGTERM), not by `--timeout`'s silence.
+#[test]
+fn a_tool_that_closes_its_pipes_and_lives_on_is_stopped_by_the_grace() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--timeout", "30", "--kill-grace", "0.3"],
+        &f.py("note(NOTES + '/pgid', str(os.getpgid(0)))\nos.close(0)\nos.close(1)\ntime.sleep(60)"),
+    );
+    let j = out.expect("no_result", 3);
+    assert_eq!(j["tool_exit"], json!({"signal": 15}), "{j}");
+    assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
+    assert_group_gone(read_pgid(&f, "pgid"));
+}
+
 #[test]
 fn a_grandchild_that_left_the_group_is_still_not_waited_for() {
     // A tool that starts a new session for a grandchild escapes the group

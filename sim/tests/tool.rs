@@ -114,6 +114,14 @@ fn planted_reading_past_max_pending_is_found() {
     planted(PlantedBug::ToolReadsPastPending, "bounded");
 }
 
+/// The host ends the run when the tool's stdout ends with everything
+/// answered; with its stdin already closed by the tool, only the SIGTERM
+/// shows that decision, and the `reaped` check expects it by the grace.
+#[test]
+fn planted_stdout_end_ignored_is_found() {
+    planted(PlantedBug::ToolStdoutEndIgnored, "reaped");
+}
+
 /// The worlds reach every outcome of the table (so every ending path is
 /// under the checkers), and exercise the tool's own cancel, the host's
 /// pause on a full queue, and refusals.

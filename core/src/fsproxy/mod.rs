@@ -207,6 +207,9 @@ pub enum PlantedBug {
     ToolNoOpTimeout,
     /// VFS host: reading goes on past `max_pending` unanswered requests.
     ToolReadsPastPending,
+    /// VFS host: the end of the tool's stdout never begins the finish, so
+    /// a tool that closed both pipes runs on until its silence times out.
+    ToolStdoutEndIgnored,
 }
 
 impl PlantedBug {

@@ -446,7 +446,10 @@ impl Host {
             Ok(None) => {}
             Err(e) => self.protocol_error(format!("tool stdout: {e}")),
         }
-        if matches!(self.phase, Phase::Running) && self.exited.is_none() {
+        if matches!(self.phase, Phase::Running)
+            && self.exited.is_none()
+            && !self.bug(PlantedBug::ToolStdoutEndIgnored)
+        {
             self.begin_finish(OutcomeKind::NoResult, None, self.cfg.kill_grace, false);
         }
     }
