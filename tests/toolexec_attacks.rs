@@ -383,6 +383,39 @@ for n in range(3):
     );
 }
 
+/// Grandchildren that left the group and flood the pipe cannot keep the
+/// answer open: once the drain grace is over, the read that does not wait
+/// ends it, with its trailer. (That this read stops after `FINAL_DRAIN`
+/// bytes even if the pipe never runs dry is the core's unit test: here the
+/// server drains faster than the writers fill.)
+#[test]
+fn a_flooding_escaped_grandchild_cannot_hold_the_answer_open() {
+    let s = Server::start(&["--kill-grace", "1"]);
+    s.attack(
+        r#"
+work = os.environ["WORK"]
+c = connect()
+# Four writers in a session of their own keep the pipe from ever running dry.
+flood = 'setsid sh -c "yes flood & yes flood & yes flood & exec yes flood" & echo $! > esc; sleep 0.3; echo hi'
+c.sendall(request(form("sh", "-c", flood)))
+c.settimeout(30)
+t = time.monotonic()
+total, tail = 0, b""
+while True:
+    b = c.recv(1 << 20)
+    if not b:
+        break
+    total += len(b)
+    tail = (tail + b)[-4096:]
+took = time.monotonic() - t
+os.killpg(int(open(os.path.join(work, "esc")).read()), 9)
+assert tail.endswith(b"0\r\nX-Exit-Code: 0\r\n\r\n"), tail[-200:]
+assert took < 6, took
+print(total)
+"#,
+    );
+}
+
 #[test]
 fn sigterm_ends_streams_and_exits_zero() {
     let dir = tempfile::tempdir().expect("tempdir");
