@@ -78,6 +78,23 @@ impl<R: Runner> Service<R> {
     }
 }
 
+/// What a read of the tool's pipe tells the core. At its end (or on an
+/// error, logged) the pipe is dropped.
+fn read_input<P>(read: std::io::Result<Vec<u8>>, pipe: &mut Option<P>) -> Input {
+    match read {
+        Ok(bytes) if !bytes.is_empty() => Input::ToolOutput(bytes),
+        Ok(_) => {
+            *pipe = None;
+            Input::ToolEof
+        }
+        Err(e) => {
+            tracing::warn!("toolexec: reading tool output: {e}");
+            *pipe = None;
+            Input::ToolEof
+        }
+    }
+}
+
 async fn serve_connection<IO, R>(io: IO, shared: Arc<Service<R>>)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -223,18 +240,7 @@ async fn drive<R: Runner>(
                         Some(p) => p.read_now(max),
                         None => Ok(Vec::new()),
                     };
-                    match read {
-                        Ok(bytes) if !bytes.is_empty() => x.handle(shared.now(), Input::ToolOutput(bytes)),
-                        Ok(_) => {
-                            pipe = None;
-                            x.handle(shared.now(), Input::ToolEof);
-                        }
-                        Err(e) => {
-                            tracing::warn!("toolexec: reading tool output: {e}");
-                            pipe = None;
-                            x.handle(shared.now(), Input::ToolEof);
-                        }
-                    }
+                    x.handle(shared.now(), read_input(read, &mut pipe));
                 }
                 Output::SendHead(r) => {
                     let (body, f) = ChanBody::channel();
@@ -285,18 +291,7 @@ async fn drive<R: Runner>(
             }
             read = async { pipe.as_mut().expect("pipe while reading").read(read_credit.unwrap_or(1)).await }, if read_credit.is_some() && pipe.is_some() => {
                 read_credit = None;
-                match read {
-                    Ok(bytes) if bytes.is_empty() => {
-                        pipe = None;
-                        x.handle(shared.now(), Input::ToolEof);
-                    }
-                    Ok(bytes) => x.handle(shared.now(), Input::ToolOutput(bytes)),
-                    Err(e) => {
-                        tracing::warn!("toolexec: reading tool output: {e}");
-                        pipe = None;
-                        x.handle(shared.now(), Input::ToolEof);
-                    }
-                }
+                x.handle(shared.now(), read_input(read, &mut pipe));
             }
             status = async { running.as_mut().expect("running while waiting").wait().await }, if running.is_some() && !exited => {
                 exited = true;
