@@ -115,9 +115,10 @@ pub enum Input {
     Spawned(Result<(), SpawnError>),
     /// Bytes read from the tool's pipe (stdout and stderr share it), after
     /// an [`Output::ReadOutput`] or [`Output::ReadNow`]; never more than its
-    /// `max`. After a `ReadNow`, [`Input::ToolEof`] also means "nothing
-    /// there now".
+    /// `max`.
     ToolOutput(Vec<u8>),
+    /// The pipe is at EOF; after a [`Output::ReadNow`], also that it held
+    /// nothing then.
     ToolEof,
     ToolExited(ExitStatus),
     /// The client's side took this many streamed bytes.
