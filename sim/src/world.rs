@@ -291,9 +291,9 @@ struct Client {
     next_req: u64,
     out: Pipe,
     frames: Frames,
-    outstanding: BTreeMap<String, Sent>,
-    /// The unanswered requests, in the order they were sent.
-    order: Order,
+    /// The unanswered requests, in the order they were sent, each with
+    /// what its answer is checked against.
+    order: Order<Sent>,
     null_expected: usize,
     handles: Held,
     closed: Vec<u64>,
@@ -335,7 +335,6 @@ impl Client {
             next_req: 0,
             out: Pipe::default(),
             frames: Frames::default(),
-            outstanding: BTreeMap::new(),
             order: Order::default(),
             null_expected: 0,
             handles: Held::default(),
@@ -354,14 +353,11 @@ impl Client {
         }
     }
 
-    /// Request `id` is answered: it leaves `outstanding` and `order`.
-    /// `order` holds only unanswered requests, so the checkers that walk
-    /// it every step cost what is outstanding, not what was ever sent.
-    /// Answers mostly come in order, so the id is found near the front.
+    /// Request `id` is answered: it leaves `order`, which holds only
+    /// unanswered requests, so the checkers that walk it every step cost
+    /// what is outstanding, not what was ever sent.
     fn answer(&mut self, id: &str) -> Option<Sent> {
-        let sent = self.outstanding.remove(id)?;
-        self.order.remove(id);
-        Some(sent)
+        self.order.remove(id)
     }
 }
 
@@ -713,13 +709,13 @@ impl World {
             let usable = c.handles.any_usable();
             let wants =
                 !c.stream_ended && c.attach_wait.is_none() && (c.ops_left > 0 && !wind || c.tidy && usable);
-            if wants && c.outstanding.len() + c.null_expected < self.swarm.pipeline {
+            if wants && c.order.len() + c.null_expected < self.swarm.pipeline {
                 self.actions.push(Action::Issue(i));
             }
             if !wants
                 && (!c.stream_ended || c.floods.partial.is_some())
                 && c.out.is_empty()
-                && c.outstanding.is_empty()
+                && c.order.is_empty()
                 && c.null_expected == 0
             {
                 self.actions.push(Action::Exit(i));
@@ -974,13 +970,7 @@ impl World {
         // nothing, and one answered with no readable id (a corrupt frame)
         // stays outstanding here for good, though the machine has long
         // moved on to the requests behind it.
-        let first = c
-            .order
-            .iter()
-            .filter_map(|q| c.outstanding.get(&q.id))
-            .map(|s| &s.kind)
-            .find(|k| !matches!(k, Kind::Invalid))
-            .cloned();
+        let first = c.order.records().map(|s| &s.kind).find(|k| !matches!(k, Kind::Invalid)).cloned();
         let handles = std::mem::take(&mut c.handles);
         let (level, client) = (c.level, c.id);
         match first {
@@ -1215,15 +1205,17 @@ impl World {
         let id = c
             .order
             .iter()
-            .find(|q| matches!(c.outstanding.get(&q.id), Some(Sent { kind: Kind::Attach { fd: true }, .. })))
-            .map(|q| q.id.clone())
+            .find(|(_, s)| matches!(s, Sent { kind: Kind::Attach { fd: true }, .. }))
+            .map(|(q, _)| q.id.clone())
             .ok_or_else(|| violation("no_attach_without_descriptor", format!("attach of {new} unasked")))?;
         c.answer(&id);
         let idx = self.clients.len() + 1;
         add_private_files(&mut self.files, idx, level);
         let mut c = Client::new(self.seed, idx, level, new, (self.swarm.ops_per_client / 2).max(1));
-        c.order.push_back(Queued { id: id.clone(), frame: None, in_line: false, close: false });
-        c.outstanding.insert(id.clone(), Sent { kind: Kind::Attached, must_fail: None });
+        c.order.push_back(
+            Queued { id: id.clone(), frame: None, in_line: false, close: false },
+            Sent { kind: Kind::Attached, must_fail: None },
+        );
         c.attach_wait = Some(id);
         self.clients.push(c);
         Ok(())
@@ -1305,14 +1297,18 @@ impl World {
             return Ok(());
         }
         for c in &self.clients {
-            if !c.gone && (!c.outstanding.is_empty() || c.null_expected > 0) {
-                let ids: Vec<&String> = c.outstanding.keys().take(5).collect();
+            if !c.gone && (!c.order.is_empty() || c.null_expected > 0) {
+                // The first five by id, as they were named when a map
+                // sorted by id held them.
+                let mut ids: Vec<&String> = c.order.iter().map(|(q, _)| &q.id).collect();
+                ids.sort_unstable();
+                ids.truncate(5);
                 return Err(at(
                     violation(
                         "liveness",
                         format!(
                             "world is quiet but {} requests are unanswered (ids {ids:?}, {} without id)",
-                            c.outstanding.len(),
+                            c.order.len(),
                             c.null_expected
                         ),
                     ),
@@ -1557,9 +1553,7 @@ impl World {
         // Log chunks are known from the moment they are sent: any of them
         // may end up in the file, acknowledged or not.
         let c = &self.clients[i];
-        if let Some(Sent { kind: Kind::Write { h, data }, .. }) =
-            c.order.back().and_then(|q| c.outstanding.get(&q.id))
-        {
+        if let Some((_, Sent { kind: Kind::Write { h, data }, .. })) = c.order.back() {
             let key = c.handles.get(h).and_then(|hm| hm.key.as_ref());
             if let Some(mut f) = key.and_then(|k| self.files.get_mut(k)).filter(|f| f.class == Class::Log) {
                 f.log.send(data.clone());
@@ -1576,7 +1570,7 @@ impl World {
         let c = &mut self.clients[i];
         let with_fd = budget > 0 && c.rng.gen_bool(0.8);
         let (mut has_fd, mut has_bare) = (false, false);
-        for s in c.outstanding.values() {
+        for s in c.order.records() {
             match s.kind {
                 Kind::Attach { fd: true } => has_fd = true,
                 Kind::Attach { fd: false } => has_bare = true,
@@ -1628,7 +1622,7 @@ impl World {
         let level = self.clients[i].level;
         let c = &mut self.clients[i];
         let id = match v.id() {
-            Id::Str(s) => s.into_owned(),
+            Id::Str(s) => s,
             Id::None if self.buffered_closure(i, &v)? => return Ok(()),
             Id::None => {
                 let c = &mut self.clients[i];
@@ -1663,7 +1657,7 @@ impl World {
             }
         }
         if let Kind::Broker(op) = sent.kind {
-            c.llm_tokens.remove(&id);
+            c.llm_tokens.remove(id.as_ref());
             return self.on_broker_response(i, &id, op, &v.value());
         }
         if let Kind::Pager(op) = sent.kind {
@@ -1900,13 +1894,9 @@ fn send_held(
     if matches!(kind, Kind::Open { .. }) {
         c.pending_opens += 1;
     }
-    c.order.push_back(Queued {
-        id: id.clone(),
-        frame: Some((c.out.pushed, len)),
-        in_line,
-        close: matches!(kind, Kind::Close { .. }),
-    });
-    c.outstanding.insert(id, Sent { kind, must_fail });
+    let close = matches!(kind, Kind::Close { .. });
+    c.order
+        .push_back(Queued { id, frame: Some((c.out.pushed, len)), in_line, close }, Sent { kind, must_fail });
 }
 
 /// A frame whose answer only the oracle can tell; it must fail. With an
@@ -1921,13 +1911,10 @@ fn send_raw(c: &mut Client, payload: Vec<u8>) {
     c.out.push(frame(payload));
     match id {
         Some(id) => {
-            c.order.push_back(Queued {
-                id: id.clone(),
-                frame: Some((c.out.pushed, len)),
-                in_line: true,
-                close: false,
-            });
-            c.outstanding.insert(id, Sent { kind: Kind::Invalid, must_fail: Some("must_fail") });
+            c.order.push_back(
+                Queued { id, frame: Some((c.out.pushed, len)), in_line: true, close: false },
+                Sent { kind: Kind::Invalid, must_fail: Some("must_fail") },
+            );
         }
         None => c.null_expected += 1,
     }

@@ -923,7 +923,7 @@ fn b_rt(b: &Option<BrokerSim>) -> u64 {
 
 /// Note request `id` (just sent) for the broker checkers.
 fn track(c: &mut Client, id: String) {
-    if let Some(Kind::Broker(op)) = c.outstanding.get(&id).map(|s| s.kind.clone()) {
+    if let Some(Kind::Broker(op)) = c.order.get(&id).map(|s| s.kind.clone()) {
         c.bpending.push_back((c.out.pushed, id.clone()));
         c.bnew.push((id, op));
     }

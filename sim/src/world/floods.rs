@@ -173,7 +173,7 @@ impl World {
     /// `max_clients` allows.
     fn attach_flood(&mut self, i: usize) -> bool {
         let c = &self.clients[i];
-        let bare = c.outstanding.values().any(|s| matches!(s.kind, Kind::Attach { fd: false }));
+        let bare = c.order.records().any(|s| matches!(s.kind, Kind::Attach { fd: false }));
         if bare || self.floods.attach_budget == 0 {
             return false;
         }

@@ -5,39 +5,70 @@
 //! recomputed only when one of them moved, so a step costs the clients it
 //! touched, not all of them. [`Order::queued_bytes_recounted`] is the
 //! full walk, which the checkers compare it with.
+//!
+//! It is also where a request's record (`S`: what the checkers expect of
+//! its answer) waits for that answer: a client's request ids are unique,
+//! answers mostly come in order, so the id is found near the front, and
+//! one list does what a map keyed by id beside it did, without a second
+//! copy of each id or a search of the map for every answer.
 
 use super::Queued;
 use std::collections::VecDeque;
 
-#[derive(Debug, Default)]
-pub(super) struct Order {
-    items: VecDeque<Queued>,
+#[derive(Debug)]
+pub(super) struct Order<S> {
+    items: VecDeque<(Queued, S)>,
     /// Bumped by every change to `items`.
     generation: u64,
     /// (generation, bytes delivered) → queued bytes.
     kept: Option<(u64, u64, u64)>,
 }
 
-impl Order {
-    pub fn push_back(&mut self, q: Queued) {
+impl<S> Default for Order<S> {
+    fn default() -> Self {
+        Order { items: VecDeque::new(), generation: 0, kept: None }
+    }
+}
+
+impl<S> Order<S> {
+    /// A request just sent, with its record. Ids are unique per client.
+    pub fn push_back(&mut self, q: Queued, sent: S) {
+        debug_assert!(self.get(&q.id).is_none(), "request id {} sent twice", q.id);
         self.generation += 1;
-        self.items.push_back(q);
+        self.items.push_back((q, sent));
     }
 
-    /// Takes the request `id` out, wherever it stands.
-    pub fn remove(&mut self, id: &str) {
-        if let Some(p) = self.items.iter().position(|q| q.id == id) {
-            self.generation += 1;
-            self.items.remove(p);
-        }
+    /// Takes the request `id` out, wherever it stands, with its record.
+    pub fn remove(&mut self, id: &str) -> Option<S> {
+        let p = self.items.iter().position(|(q, _)| q.id == id)?;
+        self.generation += 1;
+        self.items.remove(p).map(|(_, s)| s)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Queued> {
-        self.items.iter()
+    /// The record of request `id`, if it is unanswered. Searched from the
+    /// newest: it is asked of requests just sent.
+    pub fn get(&self, id: &str) -> Option<&S> {
+        self.items.iter().rev().find(|(q, _)| q.id == id).map(|(_, s)| s)
     }
 
-    pub fn back(&self) -> Option<&Queued> {
-        self.items.back()
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&Queued, &S)> {
+        self.items.iter().map(|(q, s)| (q, s))
+    }
+
+    pub fn records(&self) -> impl Iterator<Item = &S> {
+        self.items.iter().map(|(_, s)| s)
+    }
+
+    pub fn back(&self) -> Option<(&Queued, &S)> {
+        self.items.back().map(|(q, s)| (q, s))
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
     }
 
     /// The bytes of requests the machine holds waiting once `taken` bytes
@@ -65,6 +96,7 @@ impl Order {
         let delivered = |q: &Queued| q.frame.filter(|(end, _)| *end <= taken);
         self.items
             .iter()
+            .map(|(q, _)| q)
             .skip_while(|q| !(q.in_line && delivered(q).is_some()))
             .skip(1)
             .filter(|q| !q.close)
@@ -112,12 +144,10 @@ mod tests {
     fn a_kept_answer_that_drifted_is_caught() {
         let mut order = Order::default();
         for (k, end) in [(1, 10), (2, 20), (3, 30)] {
-            order.push_back(Queued {
-                id: format!("r{k}"),
-                frame: Some((end, 6)),
-                in_line: true,
-                close: false,
-            });
+            order.push_back(
+                Queued { id: format!("r{k}"), frame: Some((end, 6)), in_line: true, close: false },
+                (),
+            );
         }
         assert_eq!(order.queued_bytes(30), 12);
         assert_eq!(order.check_kept(), Ok(()));
@@ -135,24 +165,30 @@ mod tests {
     #[test]
     fn what_waits_is_behind_the_first_request_that_holds_the_line() {
         let mut order = Order::default();
-        order.push_back(q("quota", 10, 6, false, false));
-        order.push_back(q("read", 30, 16, true, false));
-        order.push_back(q("quota2", 60, 26, false, false));
-        order.push_back(q("refused", 100, 36, true, false));
-        order.push_back(q("close", 150, 46, true, true));
-        order.push_back(q("write", 210, 56, true, false));
+        order.push_back(q("quota", 10, 6, false, false), 1);
+        order.push_back(q("read", 30, 16, true, false), 2);
+        order.push_back(q("quota2", 60, 26, false, false), 3);
+        order.push_back(q("refused", 100, 36, true, false), 4);
+        order.push_back(q("close", 150, 46, true, true), 5);
+        order.push_back(q("write", 210, 56, true, false), 6);
         assert_eq!(order.queued_bytes_recounted(210), 26 + 36 + 56);
         // Bytes not yet delivered wait nowhere.
         assert_eq!(order.queued_bytes_recounted(120), 26 + 36);
         // The read answered: the frame the machine refuses is served next,
         // then the close, which waits on its effect.
-        order.remove("read");
+        assert_eq!(order.remove("read"), Some(2));
         assert_eq!(order.queued_bytes_recounted(210), 56);
-        order.remove("refused");
+        assert_eq!(order.remove("refused"), Some(4));
+        assert_eq!(order.remove("refused"), None);
         assert_eq!(order.queued_bytes_recounted(210), 56);
-        order.remove("close");
+        assert_eq!(order.get("close"), Some(&5));
+        assert_eq!(order.remove("close"), Some(5));
         assert_eq!(order.queued_bytes_recounted(210), 0);
-        assert_eq!(order.iter().map(|q| q.id.as_str()).collect::<Vec<_>>(), ["quota", "quota2", "write"]);
+        assert_eq!(
+            order.iter().map(|(q, _)| q.id.as_str()).collect::<Vec<_>>(),
+            ["quota", "quota2", "write"]
+        );
+        assert_eq!(order.records().copied().collect::<Vec<_>>(), [1, 3, 6]);
     }
 
     proptest! {
@@ -169,10 +205,10 @@ mod tests {
                             pushed += len + 4;
                             (pushed, len)
                         });
-                        order.push_back(Queued { id: format!("r{next}"), frame, in_line, close });
+                        order.push_back(Queued { id: format!("r{next}"), frame, in_line, close }, ());
                     }
                     Change::Answer(k) => {
-                        let id = order.iter().nth(k).map(|q| q.id.clone());
+                        let id = order.iter().nth(k).map(|(q, _)| q.id.clone());
                         if let Some(id) = id {
                             order.remove(&id);
                         }
