@@ -1412,10 +1412,7 @@ impl World {
         }
         let levels = &self.levels;
         let fs = &self.fs;
-        self.files.for_each_mut(|key, f| {
-            if !f.dirty {
-                return Ok(());
-            }
+        self.files.for_each_mut(|f| f.dirty, |key, f| {
             f.dirty = false;
             let actual = match &f.loc {
                 Loc::Host(p) => fs.get(p),

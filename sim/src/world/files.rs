@@ -83,14 +83,18 @@ impl Files {
         self.map.iter().map(|(k, f)| (k.as_str(), f))
     }
 
-    /// Each file in key order, to change as it is visited.
+    /// Each file `wanted` picks, in key order, to change as it is visited
+    /// (the others are passed over unguarded: they do not change).
     pub fn for_each_mut<E>(
         &mut self,
+        wanted: impl Fn(&FileModel) -> bool,
         mut visit: impl FnMut(&str, &mut FileMut<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
         for (key, f) in &mut self.map {
-            let mut f = FileMut::new(f, &mut self.usage);
-            visit(key, &mut f)?;
+            if wanted(f) {
+                let mut f = FileMut::new(f, &mut self.usage);
+                visit(key, &mut f)?;
+            }
         }
         Ok(())
     }
@@ -227,7 +231,7 @@ mod tests {
                         f.alt = b.then(|| (true, Vec::new()));
                     },
                     Change::Visit(exists) => {
-                        let _ = files.for_each_mut(|_, f| -> Result<(), ()> {
+                        let _ = files.for_each_mut(|f| f.exists != exists, |_, f| -> Result<(), ()> {
                             f.exists = exists;
                             Ok(())
                         });
