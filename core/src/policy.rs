@@ -144,6 +144,33 @@ impl Policy {
     /// Decide what `path` names for a request that does (`write`) or does
     /// not write.
     pub fn resolve(&self, path: &str, write: bool) -> Result<Resolved, Denied> {
+        match self.locate(path, write)? {
+            Located::Host { index, abs, root, spelled } => {
+                let rel = match (spelled, self.counts[index]) {
+                    (true, Some(_)) => bytes::strip_spelled(&abs, bytes::bytes(&root.path)),
+                    _ => bytes::strip_prefix(&abs, bytes::bytes(&root.path)).unwrap_or_default(),
+                };
+                Ok(Resolved::Host { root: RootId(index), rel: PathBuf::from(bytes::os(rel)) })
+            }
+            Located::Virtual { norm } => {
+                let name = std::str::from_utf8(&norm).map_err(|_| Denied::Nul)?;
+                if name.is_empty() {
+                    // "." names the working directory itself, not a file.
+                    return Err(Denied::Empty);
+                }
+                Ok(Resolved::Virtual { name: name.to_owned() })
+            }
+        }
+    }
+
+    /// Whether [`Policy::resolve`] gives a host file for `path`: the same
+    /// decision, without building the path relative to its root.
+    pub fn reaches_host(&self, path: &str, write: bool) -> bool {
+        matches!(self.locate(path, write), Ok(Located::Host { .. }))
+    }
+
+    /// What [`Policy::resolve`] decides before it builds its answer.
+    fn locate<'p>(&self, path: &'p str, write: bool) -> Result<Located<'_, 'p>, Denied> {
         if path.is_empty() {
             return Err(Denied::Empty);
         }
@@ -152,33 +179,33 @@ impl Policy {
         }
         let relative = !bytes::is_absolute(path.as_bytes());
         // Split at `/` only, so every name stays valid UTF-8.
-        let norm = bytes::normalize(path.as_bytes()).ok_or(Denied::Escape)?;
-        let abs: Cow<'_, [u8]> = if relative {
-            Cow::Owned(bytes::join(bytes::bytes(&self.cwd), &norm))
+        let norm = bytes::normalized(path.as_bytes()).ok_or(Denied::Escape)?;
+        let (abs, spelled, norm) = if relative {
+            let abs = bytes::join(bytes::bytes(&self.cwd), &norm);
+            let spelled = bytes::is_canonical(&abs);
+            (Cow::Owned(abs), spelled, Some(norm))
         } else {
-            Cow::Borrowed(&norm)
+            // A normalized absolute path is spelled canonically.
+            (norm, true, None)
         };
         let roots = self.roots.iter().zip(self.counts.iter().copied());
-        let best = bytes::deepest_counted(&abs, roots, |r| &r.path);
-        match (best, relative) {
-            (Some((i, root)), _) => {
+        match (bytes::deepest_spelled(&abs, spelled, roots, |r| &r.path), norm) {
+            (Some((index, root, _)), _) => {
                 if write && root.access == Access::ReadOnly {
                     return Err(Denied::ReadOnly { root: root.path.clone() });
                 }
-                let rel = bytes::strip_prefix(&abs, bytes::bytes(&root.path)).unwrap_or_default();
-                Ok(Resolved::Host { root: RootId(i), rel: PathBuf::from(bytes::os(rel)) })
+                Ok(Located::Host { index, abs, root, spelled })
             }
-            (None, true) => {
-                let name = std::str::from_utf8(&norm).map_err(|_| Denied::Nul)?;
-                if name.is_empty() {
-                    // "." names the working directory itself, not a file.
-                    return Err(Denied::Empty);
-                }
-                Ok(Resolved::Virtual { name: name.to_owned() })
-            }
-            (None, false) => Err(Denied::OutsideRoots),
+            (None, Some(norm)) => Ok(Located::Virtual { norm }),
+            (None, None) => Err(Denied::OutsideRoots),
         }
     }
+}
+
+/// What a path names, as [`Policy::locate`] finds it.
+enum Located<'a, 'p> {
+    Host { index: usize, abs: Cow<'p, [u8]>, root: &'a Root, spelled: bool },
+    Virtual { norm: Cow<'p, [u8]> },
 }
 
 #[cfg(test)]

@@ -245,7 +245,14 @@ where
 /// number of components of a base spelled canonically (and not empty),
 /// `None` for any other base.
 pub fn spelled_count(base: &[u8]) -> Option<usize> {
-    (!base.is_empty() && is_canonical(base)).then(|| canonical_count(base))
+    // `canonical_count` of a canonical base, counted as it is checked: the
+    // root or a leading `.` is a component before the names.
+    match base {
+        [] | [b'.', b'/'] => None,
+        [b'/'] | [b'.'] => Some(1),
+        [b'/', body @ ..] | [b'.', b'/', body @ ..] => names(body, true).map(|n| n + 1),
+        _ => names(base, true),
+    }
 }
 
 /// [`deepest`] over items given with their [`spelled_count`], kept by a
@@ -261,7 +268,22 @@ where
     // Between two canonical spellings, components match exactly when the
     // bytes do up to a separator: one check of `path` spares splitting it
     // against every item.
-    let spelled = is_canonical(path);
+    deepest_spelled(path, is_canonical(path), items, of).map(|(i, item, _)| (i, item))
+}
+
+/// [`deepest_counted`] for a caller that knows whether `path` is
+/// canonical: `spelled` must be `is_canonical(path)`. Returns the depth of
+/// the item found too, `of(item).components().count()`.
+pub fn deepest_spelled<'a, T>(
+    path: &[u8],
+    spelled: bool,
+    items: impl IntoIterator<Item = (&'a T, Option<usize>)>,
+    of: impl Fn(&T) -> &Path,
+) -> Option<(usize, &'a T, usize)>
+where
+    T: 'a,
+{
+    debug_assert_eq!(spelled, is_canonical(path));
     let mut best: Option<(usize, &'a T, usize)> = None;
     for (i, (item, count)) in items.into_iter().enumerate() {
         let base = bytes(of(item));
@@ -275,12 +297,22 @@ where
             }
         }
     }
-    best.map(|(i, item, _)| (i, item))
+    best
 }
 
 /// `path.components().count()`.
 pub fn count(path: &[u8]) -> usize {
     comps(path).count()
+}
+
+/// `Path::strip_prefix` of a canonical `path` by a base whose
+/// [`spelled_count`] is a number and which `path` begins with up to a
+/// separator (as [`deepest_spelled`] found it): what follows the base,
+/// without the separator.
+pub fn strip_spelled<'a>(path: &'a [u8], base: &[u8]) -> &'a [u8] {
+    debug_assert!(is_canonical(path) && spelled_prefix(path, base));
+    let rest = &path[base.len()..];
+    rest.strip_prefix(b"/").unwrap_or(rest)
 }
 
 /// `Path::strip_prefix`, as bytes of `path`.
@@ -356,7 +388,104 @@ pub fn is_canonical(path: &[u8]) -> bool {
         [b'/', rest @ ..] | [b'.', b'/', rest @ ..] => rest,
         _ => path,
     };
-    body.split(|&b| b == b'/').all(|s| !s.is_empty() && s != b".")
+    names(body, true).is_some()
+}
+
+/// The number of `/`-separated names of `body` when every one is a name
+/// the canonical (or, without `dotdot`, the normal) spelling keeps: not
+/// empty, not `.`, and `..` only with `dotdot`. One pass over the bytes,
+/// as every file request asks it of a path or two.
+fn names(body: &[u8], dotdot: bool) -> Option<usize> {
+    let kept = |name: &[u8]| match name {
+        b"" | b"." => false,
+        b".." => dotdot,
+        _ => true,
+    };
+    let (mut start, mut n) = (0, 1);
+    let all = each_slash(body, |i| {
+        let ok = kept(&body[start..i]);
+        start = i + 1;
+        n += 1;
+        ok
+    });
+    (all && kept(&body[start..])).then_some(n)
+}
+
+/// Call `f` with the offset of every `/` in `path`, in order, while it
+/// returns true; whether it always did. Paths are mostly short, where a
+/// call into `memchr` per separator costs more than the bytes: eight bytes
+/// are looked at a time, in a word.
+fn each_slash(path: &[u8], mut f: impl FnMut(usize) -> bool) -> bool {
+    if path.len() >= 128 {
+        return memchr::memchr_iter(b'/', path).all(f);
+    }
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    const SLASHES: u64 = 0x2f2f_2f2f_2f2f_2f2f;
+    let mut chunks = path.chunks_exact(8);
+    let mut base = 0;
+    for c in &mut chunks {
+        let word = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        // The high bit of each byte that is `/`, exactly (no carries).
+        let v = word ^ SLASHES;
+        let mut hits = !(((v & LOW7) + LOW7) | v | LOW7);
+        while hits != 0 {
+            if !f(base + (hits.trailing_zeros() / 8) as usize) {
+                return false;
+            }
+            hits &= hits - 1;
+        }
+        base += 8;
+    }
+    for (i, &b) in chunks.remainder().iter().enumerate() {
+        if b == b'/' && !f(base + i) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether [`normalize`] returns `path` as it is: no empty, `.` or `..`
+/// names, no trailing `/` (the root alone aside). Such a path is
+/// canonical too.
+pub fn is_normal(path: &[u8]) -> bool {
+    match path {
+        [b'/'] => true,
+        [b'/', body @ ..] => names(body, false).is_some(),
+        _ => names(path, false).is_some(),
+    }
+}
+
+/// Where each name of `path` ends, when `path` is absolute and normal
+/// ([`is_normal`]): the offsets of its separators but the first, and its
+/// length (none for the root alone).
+pub fn normal_ends(path: &[u8]) -> Option<Vec<usize>> {
+    let [b'/', body @ ..] = path else { return None };
+    let mut ends = Vec::with_capacity(8);
+    if body.is_empty() {
+        return Some(ends);
+    }
+    let normal = |name: &[u8]| !matches!(name, b"" | b"." | b"..");
+    let mut start = 0;
+    let all = each_slash(body, |i| {
+        let ok = normal(&body[start..i]);
+        start = i + 1;
+        // Offsets in `path`, one byte on.
+        ends.push(i + 1);
+        ok
+    });
+    if !all || !normal(&body[start..]) {
+        return None;
+    }
+    ends.push(path.len());
+    Some(ends)
+}
+
+/// [`normalize`], borrowing `path` when it is normal already.
+pub fn normalized(path: &[u8]) -> Option<Cow<'_, [u8]>> {
+    if is_normal(path) {
+        return Some(Cow::Borrowed(path));
+    }
+    normalize(path).map(Cow::Owned)
 }
 
 /// One spelling per path: two paths have the same components exactly when

@@ -421,6 +421,35 @@ proptest! {
                 .map(|(i, _)| i);
             prop_assert_eq!(ours, std);
         }
+        // What the policy and the walk ask of paths they know canonical.
+        let norm = bytes::normalize(&p);
+        prop_assert_eq!(bytes::normalized(&p).map(|n| n.into_owned()), norm.clone());
+        let counted = (!p.is_empty() && bytes::is_canonical(&p)).then(|| pp.components().count());
+        prop_assert_eq!(bytes::spelled_count(&p), counted);
+        prop_assert_eq!(bytes::normal_ends(&p).is_some(), bytes::is_absolute(&p) && bytes::is_normal(&p));
+        if bytes::is_normal(&p) {
+            prop_assert_eq!(norm.as_deref(), Some(&p[..]));
+            prop_assert!(bytes::is_canonical(&p));
+        }
+        for path in [p.clone(), bytes::canonical(&p).into_owned(), [&canon[..], b"/", &p[..]].concat(), bytes::canonical(&[&canon[..], b"/", &p[..]].concat()).into_owned()] {
+            let spelled = bytes::is_canonical(&path);
+            let counted = bases.iter().map(|b| (b, bytes::spelled_count(bytes::bytes(b))));
+            let found = bytes::deepest_spelled(&path, spelled, counted, PathBuf::as_path);
+            let std = bases
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| os(&path).starts_with(b))
+                .max_by_key(|(_, b)| b.components().count())
+                .map(|(i, b)| (i, b.components().count()));
+            prop_assert_eq!(found.map(|(i, _, depth)| (i, depth)), std);
+            if let Some((_, b, _)) = found.filter(|_| spelled) {
+                let b = bytes::bytes(b);
+                if bytes::spelled_count(b).is_some() {
+                    let std = os(&path).strip_prefix(os(b)).ok().map(|r| r.as_os_str().as_bytes().to_vec());
+                    prop_assert_eq!(Some(bytes::strip_spelled(&path, b).to_vec()), std);
+                }
+            }
+        }
         let ours = bytes::join(&base, &p);
         prop_assert_eq!(ours, bp.join(pp).into_os_string().into_vec());
         let canon = bytes::canonical(&p);
@@ -456,6 +485,7 @@ proptest! {
         let text = utf8(p);
         let ours = policy.resolve(&text, write);
         let old = old_resolve(&policy, &text, write);
+        prop_assert_eq!(policy.reaches_host(&text, write), matches!(old, Ok(Resolved::Host { .. })));
         // `PathBuf` compares by components: hold the bytes to each other too.
         let raw = |r: &Result<Resolved, Denied>| match r {
             Ok(Resolved::Host { rel, .. }) => Some(rel.as_os_str().as_bytes().to_vec()),
@@ -478,6 +508,13 @@ proptest! {
         let raw: Scope = serde_json::from_value(serde_json::to_value(&sent).unwrap()).unwrap();
         prop_assert_eq!(raw.rules(), sent.as_slice());
         prop_assert_eq!(raw.rule_for(path), old_rule_for(raw.rules(), path));
+        // Written, read and shown as its rules alone.
+        prop_assert_eq!(serde_json::to_value(&raw).unwrap(), serde_json::to_value(&sent).unwrap());
+        prop_assert_eq!(format!("{raw:?}"), format!("Scope {{ rules: {sent:?} }}"));
+        prop_assert_eq!(format!("{raw:#?}"), format!("Scope {{\n    rules: {},\n}}", format!("{sent:#?}").replace('\n', "\n    ")));
+        let copy = scope.clone();
+        prop_assert_eq!(copy.rule_for(path), old_rule_for(scope.rules(), path));
+        prop_assert_eq!(copy, scope);
     }
 }
 
