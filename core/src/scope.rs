@@ -18,6 +18,7 @@ use crate::policy::{bytes, normalize, Access, Root};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Rules a scope sent over the wire (`narrow`, or an open's `scope`) may
 /// hold; the frame size bounds their bytes.
@@ -31,11 +32,40 @@ pub struct Rule {
     pub access: Option<Access>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
+/// Written and read as its rules alone, and shown as them: the kept counts
+/// are the rules'. Shared, as every host open's effect carries the scope it
+/// is decided under.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Scope {
+    rules: Arc<Rules>,
+}
+
+#[derive(Default, PartialEq, Eq)]
+struct Rules {
     /// Sorted by path, one rule per path, none redundant.
     rules: Vec<Rule>,
+    /// Each rule's [`bytes::spelled_count`], which every lookup would
+    /// otherwise derive again.
+    counts: Vec<Option<usize>>,
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope").field("rules", &self.rules.rules).finish()
+    }
+}
+
+impl Serialize for Scope {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.rules.rules.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Scope {
+    /// Taken as written, unsorted and unsimplified.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<Rule>::deserialize(d).map(Scope::kept)
+    }
 }
 
 /// Why a scope from the wire was refused.
@@ -51,7 +81,13 @@ impl fmt::Display for ScopeError {
 impl Scope {
     /// Everything, read-write: the identity of [`Scope::intersect`].
     pub fn everything() -> Self {
-        Scope { rules: vec![Rule { path: PathBuf::from("/"), access: Some(Access::ReadWrite) }] }
+        Scope::kept(vec![Rule { path: PathBuf::from("/"), access: Some(Access::ReadWrite) }])
+    }
+
+    /// A scope of `rules` as they are.
+    fn kept(rules: Vec<Rule>) -> Self {
+        let counts = rules.iter().map(|r| bytes::spelled_count(bytes::bytes(&r.path))).collect();
+        Scope { rules: Arc::new(Rules { rules, counts }) }
     }
 
     /// Nothing at all.
@@ -77,11 +113,11 @@ impl Scope {
                 _ => out.push(r),
             }
         }
-        Scope { rules: out }.simplified()
+        simplified(out)
     }
 
     pub fn rules(&self) -> &[Rule] {
-        &self.rules
+        &self.rules.rules
     }
 
     /// The access the most specific rule containing `path` gives.
@@ -91,7 +127,16 @@ impl Scope {
 
     /// The rule that decides `path`: the deepest one containing it.
     pub fn rule_for(&self, path: &Path) -> Option<&Rule> {
-        bytes::deepest(bytes::bytes(path), &self.rules, |r| &r.path).map(|(_, r)| r)
+        let path = bytes::bytes(path);
+        self.rule_for_spelled(path, bytes::is_canonical(path))
+    }
+
+    /// [`Scope::rule_for`] the bytes of a path, `spelled` being whether
+    /// they are canonical ([`bytes::is_canonical`]), which the caller knows.
+    pub fn rule_for_spelled(&self, path: &[u8], spelled: bool) -> Option<&Rule> {
+        let Rules { rules, counts } = &*self.rules;
+        bytes::deepest_spelled(path, spelled, rules.iter().zip(counts.iter().copied()), |r| &r.path)
+            .map(|(_, r, _)| r)
     }
 
     /// Whether `path` may be opened for reading, or writing when `write`.
@@ -113,35 +158,20 @@ impl Scope {
     /// two accesses at that path therefore gives every path its lesser one.
     pub fn intersect(&self, other: &Scope) -> Scope {
         let rules = self
-            .rules
+            .rules()
             .iter()
-            .chain(&other.rules)
+            .chain(other.rules())
             .map(|r| Rule { path: r.path.clone(), access: self.access(&r.path).min(other.access(&r.path)) });
         let mut v: Vec<Rule> = rules.collect();
         v.sort();
         v.dedup();
-        Scope { rules: v }.simplified()
-    }
-
-    /// Drop rules that give what their nearest enclosing rule (or, at the
-    /// top, the default: nothing) already gives. `rules` is sorted, so a
-    /// rule's ancestors come before it.
-    fn simplified(self) -> Scope {
-        let mut kept: Vec<Rule> = Vec::with_capacity(self.rules.len());
-        for r in self.rules {
-            let inherited =
-                bytes::deepest(bytes::bytes(&r.path), &kept, |k| &k.path).and_then(|(_, k)| k.access);
-            if inherited != r.access {
-                kept.push(r);
-            }
-        }
-        Scope { rules: kept }
+        simplified(v)
     }
 
     /// The wire form: `{"rules":[{"path":"/a","access":"r"|"rw"|"none"}]}`.
     pub fn to_wire(&self) -> serde_json::Value {
         let rules: Vec<serde_json::Value> = self
-            .rules
+            .rules()
             .iter()
             .map(|r| {
                 let access = match r.access {
@@ -182,6 +212,20 @@ impl Scope {
         }
         Ok(Scope::from_rules(out))
     }
+}
+
+/// Drop rules that give what their nearest enclosing rule (or, at the
+/// top, the default: nothing) already gives. `rules` is sorted, so a
+/// rule's ancestors come before it.
+fn simplified(rules: Vec<Rule>) -> Scope {
+    let mut kept: Vec<Rule> = Vec::with_capacity(rules.len());
+    for r in rules {
+        let inherited = bytes::deepest(bytes::bytes(&r.path), &kept, |k| &k.path).and_then(|(_, k)| k.access);
+        if inherited != r.access {
+            kept.push(r);
+        }
+    }
+    Scope::kept(kept)
 }
 
 #[cfg(test)]
