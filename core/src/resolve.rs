@@ -171,6 +171,16 @@ struct Walked {
 impl Walked {
     /// The normal names of `path`; anything else in it is skipped.
     fn of(path: &Path) -> Self {
+        let b = bytes::bytes(path);
+        if let Some(ends) = bytes::normal_ends(b) {
+            // Nothing to skip: the names end where the separators are.
+            return Walked { buf: b.to_vec(), ends };
+        }
+        Walked::of_comps(path)
+    }
+
+    /// [`Walked::of`], component by component.
+    fn of_comps(path: &Path) -> Self {
         let mut w = Walked::root(path.as_os_str().len());
         for c in bytes::comps(bytes::bytes(path)) {
             if let Comp::Normal(n) = c {
@@ -263,9 +273,12 @@ pub fn open<N: Namespace>(
     let mut hops = 0;
     // The first symlink followed: what a refusal names.
     let mut via: Option<Via> = None;
+    // Every path the walk builds is spelled canonically: a root and
+    // normal names.
+    let rule_for = |p: &[u8]| scope.rule_for_spelled(p, true);
     let note = |link: PathBuf, via: &mut Option<Via>| {
         if via.is_none() {
-            let root = scope.rule_for(&link).filter(|r| r.access.is_some()).map(|r| r.path.clone());
+            let root = rule_for(bytes::bytes(&link)).filter(|r| r.access.is_some()).map(|r| r.path.clone());
             *via = Some(Via { link, root });
         }
     };
@@ -275,10 +288,13 @@ pub fn open<N: Namespace>(
         };
         let parent_path = parts.prefix(parent);
         // The deepest anchor containing the directory the file is in.
-        let Some((index, anchor)) = bytes::deepest(parent_path, anchors, PathBuf::as_path) else {
-            return Err(outside(scope.rule_for(Path::new(bytes::os(&parts.buf))), path_of(&parts.buf), via));
+        let counted = anchors.iter().map(|a| (a, bytes::spelled_count(bytes::bytes(a))));
+        // The depth found is the anchor's number of components.
+        let Some((index, _, depth)) = bytes::deepest_spelled(parent_path, true, counted, PathBuf::as_path)
+        else {
+            return Err(outside(rule_for(&parts.buf), path_of(&parts.buf), via));
         };
-        let depth = bytes::count(bytes::bytes(anchor)) - 1;
+        let depth = depth - 1;
         let mut dir = ns.anchor(index)?;
         for i in depth..parent {
             match ns.lookup(&dir, bytes::os(parts.name(i)))? {
@@ -298,7 +314,7 @@ pub fn open<N: Namespace>(
         }
         let full = path_of(&parts.buf);
         // One rule decides both the read and the write question.
-        let rule = scope.rule_for(&full);
+        let rule = rule_for(&parts.buf);
         match rule.and_then(|r| r.access) {
             None => return Err(outside(rule, full, via)),
             Some(Access::ReadOnly) if mode.writable() => {
@@ -397,6 +413,25 @@ mod tests {
         m.nodes.insert("/d/a/sub/ok".into(), Node::Link("../sub/../sub/f".into()));
         m.nodes.insert("/d/a/sub/f".into(), Node::File);
         m
+    }
+
+    proptest::proptest! {
+        /// A normal absolute path is split where its separators are, as
+        /// its components say.
+        #[test]
+        fn walked_of_a_normal_path_is_its_components(
+            names in proptest::collection::vec(
+                proptest::sample::select(vec!["a", "bc", "..", ".", "", "...", ".x", "data"]),
+                0..6,
+            ),
+            absolute in proptest::bool::ANY,
+        ) {
+            let text = format!("{}{}", if absolute { "/" } else { "" }, names.join("/"));
+            let path = Path::new(&text);
+            let (fast, slow) = (Walked::of(path), Walked::of_comps(path));
+            proptest::prop_assert_eq!(&fast.buf, &slow.buf);
+            proptest::prop_assert_eq!(&fast.ends, &slow.ends);
+        }
     }
 
     fn scope(rules: &[(&str, Option<Access>)]) -> Scope {
