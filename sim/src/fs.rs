@@ -52,30 +52,37 @@ fn path_of(b: Vec<u8>) -> PathBuf {
     PathBuf::from(OsString::from_vec(b))
 }
 
+/// `base.join(rel)`, byte for byte, without std's component-aware push.
+pub fn joined(base: &Path, rel: &Path) -> PathBuf {
+    path_of(bytes::join(bytes::bytes(base), bytes::bytes(rel)))
+}
+
 /// The in-memory tree as the walk's namespace: a "descriptor" is the
-/// directory's physical path (spelled as the walk reached it), which stays
-/// valid because the simulator never renames directories.
+/// directory's physical path (spelled as the walk reached it, an anchor's
+/// borrowed), which stays valid because the simulator never renames
+/// directories.
 struct Walk<'a> {
     fs: &'a mut HostFs,
     anchors: &'a [PathBuf],
 }
 
-impl Namespace for Walk<'_> {
-    type Dir = Vec<u8>;
-    type File = PathBuf;
+impl<'a> Namespace for Walk<'a> {
+    type Dir = Cow<'a, [u8]>;
+    /// The file's path, and its key in `files`.
+    type File = (PathBuf, Vec<u8>);
 
-    fn anchor(&mut self, index: usize) -> Result<Vec<u8>, Refusal> {
+    fn anchor(&mut self, index: usize) -> Result<Cow<'a, [u8]>, Refusal> {
         self.anchors
             .get(index)
-            .map(|a| bytes::bytes(a).to_vec())
+            .map(|a| Cow::Borrowed(bytes::bytes(a)))
             .ok_or_else(|| Refusal::Fs("unknown anchor".into()))
     }
 
-    fn lookup(&mut self, dir: &Vec<u8>, name: &OsStr) -> Result<Entry<Vec<u8>>, Refusal> {
+    fn lookup(&mut self, dir: &Cow<'a, [u8]>, name: &OsStr) -> Result<Entry<Cow<'a, [u8]>>, Refusal> {
         let p = bytes::join(dir, name.as_bytes());
         let k = bytes::canonical(&p);
         Ok(if self.fs.dirs.contains(k.as_ref()) {
-            Entry::Dir(p)
+            Entry::Dir(Cow::Owned(p))
         } else if let Some(t) = self.fs.links.get(k.as_ref()) {
             Entry::Symlink(t.clone())
         } else if self.fs.files.contains_key(k.as_ref()) {
@@ -87,11 +94,11 @@ impl Namespace for Walk<'_> {
 
     fn open_final(
         &mut self,
-        dir: &Vec<u8>,
+        dir: &Cow<'a, [u8]>,
         name: &OsStr,
         _: &Path,
         mode: Mode,
-    ) -> Result<Final<PathBuf>, Refusal> {
+    ) -> Result<Final<(PathBuf, Vec<u8>)>, Refusal> {
         let p = bytes::join(dir, name.as_bytes());
         let k = bytes::canonical(&p);
         if let Some(t) = self.fs.links.get(k.as_ref()) {
@@ -103,23 +110,19 @@ impl Namespace for Walk<'_> {
         let created = match mode {
             Mode::Read if !self.fs.files.contains_key(k.as_ref()) => return Err(Refusal::NotFound),
             Mode::Read => false,
-            Mode::Write => {
-                self.fs.files.insert(k.into_owned(), Vec::new());
-                true
-            }
-            Mode::Append | Mode::ReadWrite => {
-                let absent = !self.fs.files.contains_key(k.as_ref());
-                if absent {
-                    self.fs.files.insert(k.into_owned(), Vec::new());
-                }
-                absent
-            }
+            Mode::Write => true,
+            Mode::Append | Mode::ReadWrite => !self.fs.files.contains_key(k.as_ref()),
         };
+        // A write truncates: `created` for it whether or not it was there.
+        let k = k.into_owned();
+        if created {
+            self.fs.files.insert(k.clone(), Vec::new());
+        }
         let p = path_of(p);
         if created {
             self.fs.dirty.push(p.clone());
         }
-        Ok(Final::File(p))
+        Ok(Final::File((p, k)))
     }
 }
 
@@ -140,7 +143,11 @@ impl HostFs {
     /// Make `path` a symlink to `target`, replacing whatever file or link
     /// was there (an attacker swapping names between requests).
     pub fn set_link(&mut self, path: PathBuf, target: PathBuf) {
-        let k = key(&path).into_owned();
+        // A path spelled as its key is its key.
+        let k = match key(&path) {
+            Cow::Borrowed(_) => path.into_os_string().into_vec(),
+            Cow::Owned(k) => k,
+        };
         self.files.remove(&k);
         self.links.insert(k, target);
     }
@@ -180,8 +187,7 @@ impl HostFs {
         }
         let mut walk = Walk { fs: self, anchors };
         match resolve::open(&mut walk, anchors, path, mode, scope) {
-            Ok((p, _)) => {
-                let key = key(&p).into_owned();
+            Ok(((p, key), _)) => {
                 self.open.insert(
                     (level, file),
                     OpenFile { path: p.clone(), key, pos: 0, append: mode == Mode::Append },

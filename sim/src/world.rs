@@ -1124,7 +1124,7 @@ impl World {
                             format!("{mode:?} open under read-only {:?}", r.path),
                         ));
                     }
-                    let named = r.path.join(rel);
+                    let named = crate::fs::joined(&r.path, rel);
                     self.check_confined(&named, *mode, false)?;
                 }
                 self.effect_seq += 1;
@@ -1242,7 +1242,7 @@ impl World {
                 let Some(r) = self.levels[level].m.config().policy.root(root) else {
                     return Err(violation("policy", format!("unknown root {root:?}")));
                 };
-                let path = r.path.join(rel);
+                let path = crate::fs::joined(&r.path, &rel);
                 if mode != Mode::Write && self.fires(FaultKind::FsError) {
                     self.count(FaultKind::FsError);
                     EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }

@@ -14,7 +14,7 @@ use super::{invalid, next_id, pick, request, send, violation, Check, Kind, World
 use crate::fs::HostFs;
 use crate::swarm::FaultKind;
 use airlock_core::fsproxy::wire::Mode;
-use airlock_core::policy::{Access, Policy, Resolved, Root};
+use airlock_core::policy::{Access, Policy, Root};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
@@ -145,7 +145,7 @@ impl World {
         let invalid_ppm = self.swarm.invalid_ppm;
         let level = self.clients[i].level;
         let stdio_local = self.levels[level].m.config().stdio == airlock_core::fsproxy::StdioRole::Local;
-        let policy = self.policies[level].clone();
+        let policy = &self.policies[level];
         let c = &mut self.clients[i];
         if c.rng.gen_range(0..crate::swarm::PPM) < invalid_ppm {
             return invalid(c, stdio_local);
@@ -157,7 +157,7 @@ impl World {
             let mode = *pick(&mut c.rng, &MODES);
             // A host file (at the top, through this level) if this level
             // sends it on at all; otherwise one of its virtual files.
-            let host = matches!(policy.resolve(path, mode.writable()), Ok(Resolved::Host { .. }));
+            let host = policy.reaches_host(path, mode.writable());
             let payload = request::open(&id, path, mode.as_str());
             return send(c, id, payload, Kind::Open { key: None, mode, host }, None);
         }
@@ -184,9 +184,9 @@ impl World {
         // Top-level clients' effects cannot be told from the intermediate's,
         // so the intermediate's policy is held to only when the top has none.
         let levels = if self.nested && self.swarm.top_clients == 0 { 0..2 } else { 0..1 };
+        let text = path.to_string_lossy();
         for level in levels {
-            let text = path.to_string_lossy();
-            if !matches!(self.policies[level].resolve(&text, mode.writable()), Ok(Resolved::Host { .. })) {
+            if !self.policies[level].reaches_host(&text, mode.writable()) {
                 let how = if resolved { "resolves to" } else { "names" };
                 return Err(violation(
                     "confinement",
