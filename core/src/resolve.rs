@@ -269,6 +269,32 @@ pub fn open<N: Namespace>(
     mode: Mode,
     scope: &Scope,
 ) -> Result<(N::File, PathBuf), Refusal> {
+    walk(ns, anchors, &[], path, mode, scope)
+}
+
+/// [`open`], given each anchor's [`bytes::spelled_count`] (`counts[i]`
+/// for `anchors[i]`; one not given is counted here), for a caller that
+/// opens again and again from the same anchors.
+pub fn open_counted<N: Namespace>(
+    ns: &mut N,
+    anchors: &[PathBuf],
+    counts: &[Option<usize>],
+    path: &Path,
+    mode: Mode,
+    scope: &Scope,
+) -> Result<(N::File, PathBuf), Refusal> {
+    debug_assert!(counts.iter().zip(anchors).all(|(c, a)| *c == bytes::spelled_count(bytes::bytes(a))));
+    walk(ns, anchors, counts, path, mode, scope)
+}
+
+fn walk<N: Namespace>(
+    ns: &mut N,
+    anchors: &[PathBuf],
+    counts: &[Option<usize>],
+    path: &Path,
+    mode: Mode,
+    scope: &Scope,
+) -> Result<(N::File, PathBuf), Refusal> {
     let mut parts = Walked::of(path);
     let mut hops = 0;
     // The first symlink followed: what a refusal names.
@@ -288,7 +314,10 @@ pub fn open<N: Namespace>(
         };
         let parent_path = parts.prefix(parent);
         // The deepest anchor containing the directory the file is in.
-        let counted = anchors.iter().map(|a| (a, bytes::spelled_count(bytes::bytes(a))));
+        let count = |i: usize, a: &PathBuf| {
+            counts.get(i).copied().unwrap_or_else(|| bytes::spelled_count(bytes::bytes(a)))
+        };
+        let counted = anchors.iter().enumerate().map(|(i, a)| (a, count(i, a)));
         // The depth found is the anchor's number of components.
         let Some((index, _, depth)) = bytes::deepest_spelled(parent_path, true, counted, PathBuf::as_path)
         else {
