@@ -42,6 +42,11 @@ pub struct HostFs {
     /// a set of paths compared component by component was most of a
     /// write's cost.
     dirty: Vec<PathBuf>,
+    /// The anchors last opened from (the world's, which never change) and
+    /// each one's `bytes::spelled_count`, kept rather than counted again
+    /// on every open.
+    anchors_seen: Vec<PathBuf>,
+    anchor_counts: Vec<Option<usize>>,
 }
 
 fn key(path: &Path) -> Cow<'_, [u8]> {
@@ -60,29 +65,47 @@ pub fn joined(base: &Path, rel: &Path) -> PathBuf {
 /// The in-memory tree as the walk's namespace: a "descriptor" is the
 /// directory's physical path (spelled as the walk reached it, an anchor's
 /// borrowed), which stays valid because the simulator never renames
-/// directories.
+/// directories, and whether that path is spelled canonically.
 struct Walk<'a> {
     fs: &'a mut HostFs,
     anchors: &'a [PathBuf],
+    /// Each anchor's `bytes::spelled_count`: a number for a canonical one.
+    counts: &'a [Option<usize>],
+}
+
+/// `dir` joined with `name`, and its key: the joined path itself when
+/// `dir` is canonical (`canonical`) and `name` one name, as a walk's are.
+fn join_key(dir: &[u8], canonical: bool, name: &OsStr) -> (Vec<u8>, bool) {
+    let name = name.as_bytes();
+    let p = bytes::join(dir, name);
+    let spelled = canonical && !matches!(name, b"" | b".") && !name.contains(&b'/');
+    debug_assert!(!spelled || bytes::is_canonical(&p));
+    (p, spelled)
 }
 
 impl<'a> Namespace for Walk<'a> {
-    type Dir = Cow<'a, [u8]>;
+    type Dir = (Cow<'a, [u8]>, bool);
     /// The file's path, and its key in `files`.
     type File = (PathBuf, Vec<u8>);
 
-    fn anchor(&mut self, index: usize) -> Result<Cow<'a, [u8]>, Refusal> {
+    fn anchor(&mut self, index: usize) -> Result<(Cow<'a, [u8]>, bool), Refusal> {
+        let canonical = self.counts.get(index).is_some_and(Option::is_some);
         self.anchors
             .get(index)
-            .map(|a| Cow::Borrowed(bytes::bytes(a)))
+            .map(|a| (Cow::Borrowed(bytes::bytes(a)), canonical))
             .ok_or_else(|| Refusal::Fs("unknown anchor".into()))
     }
 
-    fn lookup(&mut self, dir: &Cow<'a, [u8]>, name: &OsStr) -> Result<Entry<Cow<'a, [u8]>>, Refusal> {
-        let p = bytes::join(dir, name.as_bytes());
-        let k = bytes::canonical(&p);
+    fn lookup(
+        &mut self,
+        (dir, canonical): &(Cow<'a, [u8]>, bool),
+        name: &OsStr,
+    ) -> Result<Entry<(Cow<'a, [u8]>, bool)>, Refusal> {
+        let (p, spelled) = join_key(dir, *canonical, name);
+        let k = if spelled { Cow::Borrowed(&p[..]) } else { bytes::canonical(&p) };
         Ok(if self.fs.dirs.contains(k.as_ref()) {
-            Entry::Dir(Cow::Owned(p))
+            let spelled = matches!(k, Cow::Borrowed(_));
+            Entry::Dir((Cow::Owned(p), spelled))
         } else if let Some(t) = self.fs.links.get(k.as_ref()) {
             Entry::Symlink(t.clone())
         } else if self.fs.files.contains_key(k.as_ref()) {
@@ -94,13 +117,13 @@ impl<'a> Namespace for Walk<'a> {
 
     fn open_final(
         &mut self,
-        dir: &Cow<'a, [u8]>,
+        (dir, canonical): &(Cow<'a, [u8]>, bool),
         name: &OsStr,
         _: &Path,
         mode: Mode,
     ) -> Result<Final<(PathBuf, Vec<u8>)>, Refusal> {
-        let p = bytes::join(dir, name.as_bytes());
-        let k = bytes::canonical(&p);
+        let (p, spelled) = join_key(dir, *canonical, name);
+        let k = if spelled { Cow::Borrowed(&p[..]) } else { bytes::canonical(&p) };
         if let Some(t) = self.fs.links.get(k.as_ref()) {
             return Ok(Final::Symlink(t.clone()));
         }
@@ -185,8 +208,17 @@ impl HostFs {
         if self.open.contains_key(&(level, file)) {
             return Err(format!("level {level} opened file {file:?} twice"));
         }
-        let mut walk = Walk { fs: self, anchors };
-        match resolve::open(&mut walk, anchors, path, mode, scope) {
+        let seen = self.anchors_seen.len() == anchors.len()
+            && self.anchors_seen.iter().zip(anchors).all(|(a, b)| a.as_os_str() == b.as_os_str());
+        if !seen {
+            self.anchors_seen = anchors.to_vec();
+            self.anchor_counts = anchors.iter().map(|a| bytes::spelled_count(bytes::bytes(a))).collect();
+        }
+        let counts = std::mem::take(&mut self.anchor_counts);
+        let mut walk = Walk { fs: self, anchors, counts: &counts };
+        let opened = resolve::open_counted(&mut walk, anchors, &counts, path, mode, scope);
+        self.anchor_counts = counts;
+        match opened {
             Ok(((p, key), _)) => {
                 self.open.insert(
                     (level, file),
