@@ -1412,42 +1412,47 @@ impl World {
         }
         let levels = &self.levels;
         let fs = &self.fs;
-        self.files.for_each_mut(|f| f.dirty, |key, f| {
-            f.dirty = false;
-            let actual = match &f.loc {
-                Loc::Host(p) => fs.get(p),
-                Loc::Virtual(name, level) => levels[*level].m.virtual_file(name),
-            };
-            match f.class {
-                Class::Private if !f.unknown => {
-                    let is = |exists: bool, content: &[u8]| {
-                        if exists {
-                            actual == Some(content)
-                        } else {
-                            actual.is_none()
+        self.files.for_each_mut(
+            |f| f.dirty,
+            |key, f| {
+                f.dirty = false;
+                let actual = match &f.loc {
+                    Loc::Host(p) => fs.get(p),
+                    Loc::Virtual(name, level) => levels[*level].m.virtual_file(name),
+                };
+                match f.class {
+                    Class::Private if !f.unknown => {
+                        let is = |exists: bool, content: &[u8]| {
+                            if exists {
+                                actual == Some(content)
+                            } else {
+                                actual.is_none()
+                            }
+                        };
+                        if !is(f.exists, &f.content) && !f.alt.as_ref().is_some_and(|(e, c)| is(*e, c)) {
+                            return Err(violation(
+                                "no_data_loss",
+                                format!(
+                                    "{key}: holds {:?} bytes, acknowledged requests leave {} bytes{}",
+                                    actual.map(<[u8]>::len),
+                                    f.content.len(),
+                                    f.alt
+                                        .as_ref()
+                                        .map_or(String::new(), |(_, c)| format!(" (or {})", c.len()))
+                                ),
+                            ));
                         }
-                    };
-                    if !is(f.exists, &f.content) && !f.alt.as_ref().is_some_and(|(e, c)| is(*e, c)) {
-                        return Err(violation(
-                            "no_data_loss",
-                            format!(
-                                "{key}: holds {:?} bytes, acknowledged requests leave {} bytes{}",
-                                actual.map(<[u8]>::len),
-                                f.content.len(),
-                                f.alt.as_ref().map_or(String::new(), |(_, c)| format!(" (or {})", c.len()))
-                            ),
-                        ));
                     }
+                    Class::Log => {
+                        f.log
+                            .check(actual.unwrap_or_default())
+                            .map_err(|m| violation("no_data_loss", format!("{key}: {m}")))?;
+                    }
+                    _ => {}
                 }
-                Class::Log => {
-                    f.log
-                        .check(actual.unwrap_or_default())
-                        .map_err(|m| violation("no_data_loss", format!("{key}: {m}")))?;
-                }
-                _ => {}
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
     }
 
     /// At the end of a seed: each log's kept check gives the verdict of a

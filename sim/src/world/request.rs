@@ -91,13 +91,23 @@ fn data_member(out: &mut Vec<u8>, data: &[u8]) {
 
 /// `{"id":…,"op":…,"params":`, in a buffer with room for `params` bytes
 /// more (a request's buffer is sized once, not grown as it is written).
+/// The builders' own ops are plain words, written as they are; any other
+/// op is escaped as serde_json escapes it.
 fn head(id: &str, op: &str, params: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + id.len() + params);
     out.extend_from_slice(b"{\"id\":");
     string(&mut out, id);
-    out.extend_from_slice(b",\"op\":");
-    string(&mut out, op);
-    out.extend_from_slice(b",\"params\":");
+    match op {
+        "open" => out.extend_from_slice(b",\"op\":\"open\",\"params\":"),
+        "read" => out.extend_from_slice(b",\"op\":\"read\",\"params\":"),
+        "write" => out.extend_from_slice(b",\"op\":\"write\",\"params\":"),
+        "close" => out.extend_from_slice(b",\"op\":\"close\",\"params\":"),
+        _ => {
+            out.extend_from_slice(b",\"op\":");
+            string(&mut out, op);
+            out.extend_from_slice(b",\"params\":");
+        }
+    }
     out
 }
 
@@ -139,6 +149,10 @@ mod tests {
             ("a\"b\\", "open", json!({ "path": "x/é\n", "mode": "r" })),
             ("", "QUOTA", json!({})),
             ("c2-9", "write", json!(null)),
+            ("c3-1", "close", json!({ "h": 4 })),
+            ("c3-2", "open", json!({})),
+            ("c3-3", "OPEN", json!({})),
+            ("c3-4", "re\"ad", json!({})),
         ] {
             assert_eq!(req(id, op, params.clone()), want(id, op, params));
         }
