@@ -48,6 +48,25 @@ impl fmt::Display for FrameError {
 
 impl std::error::Error for FrameError {}
 
+/// A payload from [`FrameDecoder::next_from`]: borrowed from the input it
+/// was given when the whole frame was there, else taken from the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Payload<'d> {
+    Input(&'d [u8]),
+    Buffered(Vec<u8>),
+}
+
+impl std::ops::Deref for Payload<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Payload::Input(b) => b,
+            Payload::Buffered(v) => v,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct FrameDecoder {
     buf: Vec<u8>,
@@ -120,11 +139,7 @@ impl FrameDecoder {
             return Err(FrameError::Skipped { len: u64::from(len), max: self.max, head });
         }
         if u64::from(len) > self.max as u64 {
-            let err = FrameError::Oversized { len: u64::from(len), max: self.max };
-            self.failed = Some(err.clone());
-            self.buf = Vec::new();
-            self.start = 0;
-            return Err(err);
+            return Err(self.fail_oversized(len));
         }
         let len = len as usize;
         if avail.len() < HEADER_LEN + len {
@@ -134,6 +149,88 @@ impl FrameDecoder {
         self.start += HEADER_LEN + len;
         self.release();
         Ok(Some(payload))
+    }
+
+    /// What [`FrameDecoder::push`] of `input` and then
+    /// [`FrameDecoder::next_frame`] would give, taking from `input` only
+    /// what that frame needs: a frame wholly in `input` is handed out as a
+    /// slice of it, not copied, and `input` is advanced past it; a frame
+    /// begun in an earlier push is completed from `input` and handed out
+    /// from the buffer. So only a frame not yet complete is ever buffered,
+    /// and [`FrameDecoder::buffered`] counts just its bytes. Once this
+    /// gives `Ok(None)` or an error, all of `input` has been taken (as
+    /// `push` would have taken it): call it until then before giving it
+    /// more. Frames, errors, and what is buffered once `input` is spent
+    /// are those of `push` and `next_frame` for every chunking.
+    pub fn next_from<'d>(&mut self, input: &mut &'d [u8]) -> Result<Option<Payload<'d>>, FrameError> {
+        if self.skips || self.failed.is_some() {
+            self.push(std::mem::take(input));
+            return Ok(self.next_frame()?.map(Payload::Buffered));
+        }
+        if self.start < self.buf.len() {
+            self.complete_from(input);
+            let next = self.next_frame();
+            if !matches!(next, Ok(Some(_))) {
+                // Incomplete, so all of `input` went into the buffer; or
+                // failed, and what `push` would have buffered is gone.
+                *input = &[];
+            }
+            return Ok(next?.map(Payload::Buffered));
+        }
+        let bytes: &'d [u8] = input;
+        let Some(header) = bytes.first_chunk::<HEADER_LEN>() else {
+            if !bytes.is_empty() {
+                self.push(std::mem::take(input));
+            }
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes(*header);
+        if u64::from(len) > self.max as u64 {
+            *input = &[];
+            return Err(self.fail_oversized(len));
+        }
+        let end = HEADER_LEN + len as usize;
+        let Some(payload) = bytes.get(HEADER_LEN..end) else {
+            self.push(std::mem::take(input));
+            return Ok(None);
+        };
+        *input = &bytes[end..];
+        Ok(Some(Payload::Input(payload)))
+    }
+
+    /// Move from `input` into the buffer what the first buffered frame
+    /// still lacks: its header's missing bytes, then its payload's, and
+    /// nothing for a frame above the maximum (refused as it stands).
+    fn complete_from(&mut self, input: &mut &[u8]) {
+        loop {
+            let avail = &self.buf[self.start..];
+            let want = match avail.first_chunk::<HEADER_LEN>() {
+                None => HEADER_LEN - avail.len(),
+                Some(header) => {
+                    let len = u32::from_be_bytes(*header);
+                    if u64::from(len) > self.max as u64 {
+                        return;
+                    }
+                    (HEADER_LEN + len as usize).saturating_sub(avail.len())
+                }
+            };
+            if want == 0 || input.is_empty() {
+                return;
+            }
+            let (now, later) = input.split_at(want.min(input.len()));
+            self.push(now);
+            *input = later;
+        }
+    }
+
+    /// The stream announced a frame above the maximum: fail for good and
+    /// let go of what is buffered.
+    fn fail_oversized(&mut self, len: u32) -> FrameError {
+        let err = FrameError::Oversized { len: u64::from(len), max: self.max };
+        self.failed = Some(err.clone());
+        self.buf = Vec::new();
+        self.start = 0;
+        err
     }
 
     /// Drop consumed bytes once nothing is left after them, and give back
@@ -288,6 +385,67 @@ mod tests {
                 got.extend(decode_all(&mut dec).unwrap());
             }
             prop_assert_eq!(got, payloads);
+        }
+
+        /// `next_from` on any chunking gives what `push` then
+        /// `next_frame` give: the same frames and errors in the same
+        /// order, and the same bytes buffered once each chunk is spent;
+        /// and it never buffers a frame that was whole in its chunk.
+        #[test]
+        fn reading_from_the_input_is_pushing_then_decoding(
+            frames in proptest::collection::vec((0u32..40, any::<u8>(), any::<bool>()), 0..12),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..40),
+            max in 0usize..40,
+            skipping in any::<bool>(),
+            garbage in proptest::collection::vec(any::<u8>(), 0..6),
+        ) {
+            let mut stream = Vec::new();
+            for &(len, fill, fake) in &frames {
+                if fake {
+                    // A header that lies about what follows.
+                    stream.extend_from_slice(&(len * 1000).to_be_bytes());
+                }
+                encode_into(&vec![fill; len as usize], &mut stream);
+            }
+            stream.extend_from_slice(&garbage);
+            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(stream.len() + 1)).collect();
+            points.extend([0, stream.len()]);
+            points.sort_unstable();
+            let new = |max| if skipping { FrameDecoder::skipping(max) } else { FrameDecoder::new(max) };
+            let (mut old, mut dec) = (new(max), new(max));
+            for w in points.windows(2) {
+                let chunk = &stream[w[0]..w[1]];
+                old.push(chunk);
+                let mut want = Vec::new();
+                loop {
+                    let next = old.next_frame();
+                    let end = !matches!(next, Ok(Some(_)) | Err(FrameError::Skipped { .. }));
+                    want.push(next);
+                    if end {
+                        break;
+                    }
+                }
+                let mut got = Vec::new();
+                let mut rest = chunk;
+                loop {
+                    let whole = dec.buffered() == 0;
+                    let next = dec.next_from(&mut rest);
+                    if let Ok(Some(Payload::Input(p))) = &next {
+                        prop_assert!(whole && !skipping && p.len() <= max);
+                    }
+                    let next = next.map(|f| f.map(|p| p.to_vec()));
+                    let end = !matches!(next, Ok(Some(_)) | Err(FrameError::Skipped { .. }));
+                    got.push(next);
+                    if end {
+                        break;
+                    }
+                }
+                prop_assert!(rest.is_empty());
+                prop_assert_eq!(&got, &want);
+                prop_assert_eq!(dec.buffered(), old.buffered());
+                prop_assert_eq!(dec.has_partial(), old.has_partial());
+                prop_assert!(dec.held() <= old.held().max(KEEP_CAPACITY));
+            }
         }
 
         #[test]

@@ -602,7 +602,7 @@ enum Held {
 }
 
 impl Held {
-    fn new(payload: Vec<u8>, req: Result<Request, Rejection>) -> Self {
+    fn new(payload: &[u8], req: Result<Request, Rejection>) -> Self {
         let small = match &req {
             Err(_) => true,
             Ok(Request { op, .. }) => matches!(
@@ -617,7 +617,7 @@ impl Held {
         if small {
             Held::Parsed(req)
         } else {
-            Held::Frame(payload)
+            Held::Frame(payload.to_vec())
         }
     }
 
@@ -1097,17 +1097,19 @@ impl FsProxy {
     }
 
     fn on_bytes(&mut self, client: ClientId, data: &[u8]) {
-        let Some(c) = self.clients.get_mut(&client) else { return };
-        if !c.alive {
-            return;
-        }
-        let before = c.decoder.buffered() as u64;
-        c.decoder.push(data);
-        self.buffered_total = self.buffered_total - before + c.decoder.buffered() as u64;
+        // Frames wholly in `data` are read where they lie; only a frame
+        // not yet complete is copied into the decoder (and counted in
+        // `buffered_total`).
+        let mut rest = data;
         loop {
             let Some(c) = self.clients.get_mut(&client) else { return };
+            if !c.alive {
+                // Departed (perhaps answering a frame of this very
+                // chunk): what is left of it is dropped with its decoder.
+                return;
+            }
             let before = c.decoder.buffered() as u64;
-            let next = c.decoder.next_frame();
+            let next = c.decoder.next_from(&mut rest);
             self.buffered_total = self.buffered_total - before + c.decoder.buffered() as u64;
             match next {
                 Ok(Some(payload)) => {
@@ -1124,7 +1126,7 @@ impl FsProxy {
                         continue;
                     }
                     self.stats.requests += 1;
-                    self.enqueue(client, payload, req);
+                    self.enqueue(client, &payload, req);
                     // Serve as each frame arrives, so what a client may have
                     // queued, and what it hears before a framing error, does
                     // not depend on how its bytes were chunked.
@@ -1141,7 +1143,7 @@ impl FsProxy {
         }
     }
 
-    fn enqueue(&mut self, client: ClientId, payload: Vec<u8>, req: Result<Request, Rejection>) {
+    fn enqueue(&mut self, client: ClientId, payload: &[u8], req: Result<Request, Rejection>) {
         let limit = self.config.max_queued_requests;
         // Closing a handle the client owns only ever releases resources, and
         // an intermediate proxy may send many at once (cleaning up after a
