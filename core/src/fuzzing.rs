@@ -488,17 +488,18 @@ pub fn fsproxy_request(data: &[u8]) {
     let response = crate::fsproxy::bounds::is_response(data);
     let tree = response_by_tree(data);
     assert_eq!(response, tree, "is_response says {response} for {:?}", String::from_utf8_lossy(data));
+    // The machine reads it off the request parse's tree: the same answer
+    // wherever the parse refuses the frame.
+    let limits = crate::fsproxy::wire::Limits::default();
+    let (req, seen) = crate::fsproxy::wire::parse_request_or_response(data, limits);
+    assert_eq!(req, crate::fsproxy::wire::parse_request(data, limits));
+    assert!(req.is_ok() || seen == response, "the parse says {seen} for {:?}", String::from_utf8_lossy(data));
 }
 
 /// Whether a frame is a response as a `Value` tree reads it: a JSON object
 /// with `ok`, `result` or `error` and no `op`.
 pub fn response_by_tree(data: &[u8]) -> bool {
-    match serde_json::from_slice::<Value>(data) {
-        Ok(Value::Object(o)) => {
-            !o.contains_key("op") && ["ok", "result", "error"].iter().any(|k| o.contains_key(*k))
-        }
-        _ => false,
-    }
+    serde_json::from_slice::<Value>(data).is_ok_and(|v| crate::fsproxy::wire::responds(&v))
 }
 
 pub fn frame_decoder(data: &[u8]) {

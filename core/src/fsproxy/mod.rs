@@ -1113,12 +1113,14 @@ impl FsProxy {
             self.buffered_total = self.buffered_total - before + c.decoder.buffered() as u64;
             match next {
                 Ok(Some(payload)) => {
-                    let req = wire::parse_request(&payload, self.config.limits);
+                    let (req, response) = wire::parse_request_or_response(&payload, self.config.limits);
                     // A request that parses has an `op`, so it is no
-                    // response: only a refused frame needs the second look.
+                    // response: only a refused frame needs the second look,
+                    // which the parse's tree gives (`bounds::is_response`
+                    // would say the same).
                     let checked = self.config.planted_bug != Some(PlantedBug::UncheckedResponseShape);
                     if req.is_err()
-                        && bounds::shape(&payload, checked)
+                        && (if checked { response } else { bounds::shape(&payload, false) })
                         && self.config.planted_bug != Some(PlantedBug::AnswerResponses)
                     {
                         // Answering would loop: count it, drop it.

@@ -306,11 +306,51 @@ pub(crate) fn fast_path_agrees(payload: &[u8]) -> Result<(), String> {
     }
 }
 
+/// [`parse_request`], and whether a frame refused as a request is a
+/// response as its `Value` tree reads it ([`responds`]): what
+/// `bounds::is_response` says of it (the fuzz target `fsproxy_request`
+/// holds them equal), read off the tree the parse built rather than by
+/// parsing the frame again.
+pub(crate) fn parse_request_or_response(
+    payload: &[u8],
+    limits: Limits,
+) -> (Result<Request, Rejection>, bool) {
+    // The fast path answers only a frame with an `op`: no response.
+    if let Some(req) = fast::parse(payload, limits) {
+        return (req, false);
+    }
+    match serde_json::from_slice::<Value>(payload) {
+        Ok(value) => {
+            let response = responds(&value);
+            (request_from_tree(value, limits), response)
+        }
+        Err(e) => (Err(not_json(&e)), false),
+    }
+}
+
+/// Whether a frame's `Value` tree is a response: a JSON object with `ok`,
+/// `result` or `error` and no `op`.
+pub(crate) fn responds(value: &Value) -> bool {
+    match value {
+        Value::Object(o) => {
+            !o.contains_key("op") && ["ok", "result", "error"].iter().any(|k| o.contains_key(*k))
+        }
+        _ => false,
+    }
+}
+
+fn not_json(e: &serde_json::Error) -> Rejection {
+    reject(None, ErrorCode::Arg, format!("frame is not JSON: {e}"))
+}
+
 /// Decode one request frame through a `Value` tree: every case, with the
 /// message for each way a request can be wrong.
 fn parse_request_tree(payload: &[u8], limits: Limits) -> Result<Request, Rejection> {
-    let value: Value = serde_json::from_slice(payload)
-        .map_err(|e| reject(None, ErrorCode::Arg, format!("frame is not JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(payload).map_err(|e| not_json(&e))?;
+    request_from_tree(value, limits)
+}
+
+fn request_from_tree(value: Value, limits: Limits) -> Result<Request, Rejection> {
     let Value::Object(mut obj) = value else {
         return Err(reject(None, ErrorCode::Arg, "request is not a JSON object"));
     };
@@ -1288,6 +1328,33 @@ mod tests {
             let limits = Limits::default();
             let response = crate::fsproxy::bounds::is_response(frame.as_bytes());
             prop_assert!(!(response && parse_request(frame.as_bytes(), limits).is_ok()), "frame {}", frame);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+        /// The machine reads whether a refused frame is a response off the
+        /// request parse: the parse is `parse_request`'s and, where it
+        /// refuses, the answer `is_response`'s, for frames of every shape
+        /// and with any bytes changed.
+        #[test]
+        fn the_parse_tells_a_response_as_is_response_does(
+            frame in response_or_request(),
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+        ) {
+            let mut frame = frame.into_bytes();
+            for (at, b) in edits {
+                if !frame.is_empty() {
+                    let i = at.index(frame.len());
+                    frame[i] = b;
+                }
+            }
+            let limits = Limits::default();
+            let (req, response) = parse_request_or_response(&frame, limits);
+            prop_assert_eq!(&req, &parse_request(&frame, limits));
+            if req.is_err() {
+                prop_assert_eq!(response, crate::fsproxy::bounds::is_response(&frame));
+            }
         }
     }
 
