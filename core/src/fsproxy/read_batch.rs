@@ -105,6 +105,10 @@ impl FsProxy {
     /// Ask the host for the reads served during the input just handled,
     /// each joined by the reads of its handle queued behind it meanwhile.
     pub(super) fn flush_reads(&mut self) {
+        // After most inputs there is none: leave the list as it is.
+        if self.starting_reads.is_empty() {
+            return;
+        }
         for Starting { client, file, h, read } in std::mem::take(&mut self.starting_reads) {
             let max = read.max;
             let mut reads = vec![read];
