@@ -506,6 +506,9 @@ pub fn frame_decoder(data: &[u8]) {
     let Some((&max_byte, rest)) = data.split_first() else { return };
     let max = usize::from(max_byte) * 4;
     let mut dec = FrameDecoder::new(max);
+    // Reads the same chunks where they lie (what the proxy does): it must
+    // give what `push` then `next_frame` give.
+    let mut direct = FrameDecoder::new(max);
     let mut stream: Vec<u8> = Vec::new();
     let mut reencoded: Vec<u8> = Vec::new();
     let mut failed = false;
@@ -516,8 +519,16 @@ pub fn frame_decoder(data: &[u8]) {
         input = tail;
         stream.extend_from_slice(chunk);
         dec.push(chunk);
+        let mut unread = chunk;
         loop {
-            match dec.next_frame() {
+            let next = dec.next_frame();
+            let read = direct.next_from(&mut unread).map(|p| p.map(|p| p.to_vec()));
+            assert_eq!(read, next, "reading where the bytes lie differs");
+            if !matches!(next, Ok(Some(_))) {
+                assert!(unread.is_empty(), "bytes left unread");
+                assert_eq!(direct.buffered(), dec.buffered(), "buffered differently");
+            }
+            match next {
                 Ok(Some(payload)) => {
                     assert!(!failed, "a frame came out after a refusal");
                     assert!(payload.len() <= max, "frame of {} bytes over max {max}", payload.len());
