@@ -269,7 +269,7 @@ pub fn open<N: Namespace>(
     mode: Mode,
     scope: &Scope,
 ) -> Result<(N::File, PathBuf), Refusal> {
-    walk(ns, anchors, &[], path, mode, scope)
+    open_counted(ns, anchors, &[], path, mode, scope)
 }
 
 /// [`open`], given each anchor's [`bytes::spelled_count`] (`counts[i]`
@@ -284,17 +284,6 @@ pub fn open_counted<N: Namespace>(
     scope: &Scope,
 ) -> Result<(N::File, PathBuf), Refusal> {
     debug_assert!(counts.iter().zip(anchors).all(|(c, a)| *c == bytes::spelled_count(bytes::bytes(a))));
-    walk(ns, anchors, counts, path, mode, scope)
-}
-
-fn walk<N: Namespace>(
-    ns: &mut N,
-    anchors: &[PathBuf],
-    counts: &[Option<usize>],
-    path: &Path,
-    mode: Mode,
-    scope: &Scope,
-) -> Result<(N::File, PathBuf), Refusal> {
     let mut parts = Walked::of(path);
     let mut hops = 0;
     // The first symlink followed: what a refusal names.
