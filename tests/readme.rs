@@ -1,5 +1,6 @@
-//! The commands of README.md, fuzz/README.md and traces/README.md, run as a
-//! user pastes them on a fresh clone.
+//! The commands of README.md, of its guides under docs/ (run, pager,
+//! broker, tool, toolexec, simulator), of fuzz/README.md and of
+//! traces/README.md, run as a user pastes them on a fresh clone.
 //!
 //! THE RULE, for every fenced block in those files:
 //!
@@ -35,7 +36,17 @@ use std::process::Command;
 /// A block running longer fails (exit 124 from `timeout`).
 const BLOCK_TIMEOUT_SECS: u64 = 300;
 
-const FILES: &[&str] = &["README.md", "fuzz/README.md", "traces/README.md"];
+const FILES: &[&str] = &[
+    "README.md",
+    "docs/run.md",
+    "docs/pager.md",
+    "docs/broker.md",
+    "docs/tool.md",
+    "docs/toolexec.md",
+    "docs/simulator.md",
+    "fuzz/README.md",
+    "traces/README.md",
+];
 
 #[derive(Debug)]
 enum Action {

@@ -1341,10 +1341,10 @@ fn http_policy_limits_and_timeouts() {
 
 // ---------------------------------------------------------------- README and SDK
 
-/// The README's Python tool, extracted verbatim.
+/// The Python tool of docs/tool.md, extracted verbatim.
 fn readme_python_tool() -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let start = readme.find("<!-- tool-example -->").expect("README marks its Python tool");
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/tool.md")).unwrap();
+    let start = readme.find("<!-- tool-example -->").expect("docs/tool.md marks its Python tool");
     let rest = &readme[start..];
     let code = rest.split("```python\n").nth(1).expect("a python block follows the mark");
     code.split("```").next().unwrap().to_owned()
@@ -1354,7 +1354,7 @@ fn readme_python_tool() -> String {
 fn the_readme_python_tool_works_when_pasted() {
     let f = Fixture::new();
     let code = readme_python_tool();
-    assert!(code.lines().count() <= 12, "the README promises a ten-line tool:\n{code}");
+    assert!(code.lines().count() <= 12, "docs/tool.md promises a ten-line tool:\n{code}");
     let path = f.scratch.path().join("count_lines.py");
     std::fs::write(&path, &code).unwrap();
     f.file("notes.txt", "a\nb\nc\n");
