@@ -5,18 +5,29 @@
 #
 #   sim/pgo-build.sh            (7 to 19 minutes on 2 cores)
 #
-# Needs the llvm-profdata of the LLVM that rustc was built with
-# (`rustc -vV`; on Debian, `apt-get install llvm-22` for LLVM 22), or its
-# path in LLVM_PROFDATA. The worlds are the same as any other build's: the
+# Needs the llvm-profdata of the LLVM that rustc was built with: `rustup
+# component add llvm-tools` installs it in the toolchain's sysroot
+# ($(rustc --print sysroot)/lib/rustlib/HOST/bin/llvm-profdata), where it is
+# looked for first; then llvm-profdata-N and /usr/lib/llvm-N for rustc's LLVM
+# N (`rustc -vV`), as a distribution packages it; or its path in
+# LLVM_PROFDATA. The worlds are the same as any other build's: the
 # simulator is deterministic, and only its speed depends on the build. It
 # trains on seeds from 1,000,000 on, apart from the ones usually measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 host="$(rustc -vV | sed -n 's/^host: //p')"
 llvm="$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')"
-profdata="${LLVM_PROFDATA:-$(command -v "llvm-profdata-$llvm" || echo "/usr/lib/llvm-$llvm/bin/llvm-profdata")}"
+sysroot_profdata="$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata"
+if [ -n "${LLVM_PROFDATA:-}" ]; then
+    profdata="$LLVM_PROFDATA"
+elif [ -x "$sysroot_profdata" ]; then
+    profdata="$sysroot_profdata"
+else
+    profdata="$(command -v "llvm-profdata-$llvm" || echo "/usr/lib/llvm-$llvm/bin/llvm-profdata")"
+fi
 if [ ! -x "$profdata" ]; then
-    echo "pgo-build: needs llvm-profdata for LLVM $llvm (apt-get install llvm-$llvm, or set LLVM_PROFDATA)" >&2
+    echo "pgo-build: needs llvm-profdata for LLVM $llvm: run \`rustup component add llvm-tools\`" \
+        "(it installs $sysroot_profdata), or set LLVM_PROFDATA to one for LLVM $llvm" >&2
     exit 1
 fi
 target="${CARGO_TARGET_DIR:-target}/pgo"
