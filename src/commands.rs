@@ -167,18 +167,40 @@ fn physical_root(cwd: &std::path::Path, p: &std::path::Path) -> PathBuf {
 
 /// A root that does not exist is a file root (it covers that one name; no
 /// operation creates directories), which a name without an extension may
-/// not have meant: say so at start-up, once per such root.
-fn missing_root_notes(allow: &[PathBuf], allow_rw: &[PathBuf]) -> Vec<String> {
+/// not have meant: say so at start-up, once per such root. One whose
+/// directory does not exist either could never be created: it is refused
+/// before anything starts, naming its flag.
+fn missing_root_notes(
+    cwd: &std::path::Path,
+    allow: &[PathBuf],
+    allow_rw: &[PathBuf],
+) -> anyhow::Result<Vec<String>> {
     let flagged = allow.iter().map(|p| ("--allow", p)).chain(allow_rw.iter().map(|p| ("--allow-rw", p)));
-    flagged
-        .filter(|(_, p)| std::fs::symlink_metadata(p).is_err() && p.extension().is_none())
-        .map(|(flag, p)| {
-            format!(
+    let mut notes = Vec::new();
+    for (flag, p) in flagged {
+        if std::fs::symlink_metadata(cwd.join(p)).is_ok() {
+            continue;
+        }
+        let joined = cwd.join(p);
+        let abs = airlock_core::policy::normalize(&joined).unwrap_or(joined);
+        match abs.parent().filter(|_| abs.file_name().is_some()) {
+            Some(dir) if dir.is_dir() => {}
+            Some(dir) => anyhow::bail!(
+                "{flag} {}: does not exist, and its directory {} is not an existing directory \
+                 (a root is an existing directory, or a file, existing or to be created, in one)",
+                p.display(),
+                dir.display()
+            ),
+            None => anyhow::bail!("{flag} {}: names no directory and no file", p.display()),
+        }
+        if p.extension().is_none() {
+            notes.push(format!(
                 "{flag} {}: does not exist; taken as a file root (that one file, created on first write), not a directory",
                 p.display()
-            )
-        })
-        .collect()
+            ));
+        }
+    }
+    Ok(notes)
 }
 
 /// What the config's `[broker]` section sets up on this level.
@@ -264,7 +286,7 @@ impl ServeArgs {
         command: &str,
     ) -> anyhow::Result<(Session, Vec<OsString>, Option<OutFile>)> {
         let config = self.config(stdio, upstream.is_some())?;
-        for note in missing_root_notes(&self.allow, &self.allow_rw) {
+        for note in missing_root_notes(config.policy.cwd(), &self.allow, &self.allow_rw)? {
             eprintln!("airlock: note: {note}");
         }
         let host = HostFs::new(&config.policy)?;
@@ -456,7 +478,18 @@ pub enum FsCommand {
 
 /// `airlock fs ...`: the client side, for scripts running under airlock.
 pub fn fs(cmd: &FsCommand) -> anyhow::Result<i32> {
-    let mut client = Client::connect().context("connecting to the airlock proxy")?;
+    let path = match cmd {
+        FsCommand::Cat { path } | FsCommand::Write { path } | FsCommand::Append { path } => path,
+    };
+    // No proxy is an error of this command like any other (exit 1, as for
+    // `airlock llm`), not a failure of airlock to start (125).
+    let mut client = match Client::connect() {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("airlock fs: {path}: connecting to the airlock proxy: {e}");
+            return Ok(1);
+        }
+    };
     let result = match cmd {
         FsCommand::Cat { path } => {
             let stdout = std::io::stdout();
@@ -478,9 +511,6 @@ pub fn fs(cmd: &FsCommand) -> anyhow::Result<i32> {
     match result {
         Ok(()) => Ok(0),
         Err(e) => {
-            let path = match cmd {
-                FsCommand::Cat { path } | FsCommand::Write { path } | FsCommand::Append { path } => path,
-            };
             eprintln!("airlock fs: {path}: {e}");
             Ok(1)
         }

@@ -128,7 +128,14 @@ enum Outcome {
 /// `airlock fd ...`: exit 0, or 1 with the `fd_error` on stdout (or the
 /// failure on stderr).
 pub fn fd(cmd: &FdCommand) -> anyhow::Result<i32> {
-    let mut client = Client::connect().context("connecting to the airlock proxy")?;
+    // No proxy is this command's error (exit 1), as for `airlock fs`.
+    let mut client = match Client::connect() {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("airlock fd: connecting to the airlock proxy: {e}");
+            return Ok(1);
+        }
+    };
     client.set_max_frame(MAX_ANSWER);
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

@@ -1,5 +1,6 @@
 //! What the command line tells a user: a one-seed run's verdict, a
-//! replay of several traces reporting each, a missing root's meaning.
+//! replay of several traces reporting each, a missing root's meaning, a
+//! directory root read as a file, a client command outside airlock.
 
 mod common;
 
@@ -59,6 +60,74 @@ fn a_missing_root_without_extension_is_named_a_file_root_at_start_up() {
     );
     assert_eq!(run.stdout(), "x\n");
     assert!(dir.path().join("build").is_file());
+}
+
+/// A root whose directory does not exist could never be created: refused
+/// before the child starts, naming the flag, with no note calling it a
+/// file root.
+#[test]
+fn a_root_whose_directory_is_missing_is_refused_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("child-ran");
+    for (flag, root) in [("--allow", "nope/x"), ("--allow-rw", "/nope/x"), ("--allow", "file.txt/x")] {
+        std::fs::write(dir.path().join("file.txt"), "a file, not a directory").unwrap();
+        let out = Command::new(airlock())
+            .args(["run", flag, root, "--no-sandbox", "--", "touch"])
+            .arg(&marker)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("airlock: {flag} {root}: does not exist, and its directory ")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("is not an existing directory"), "{stderr}");
+        assert!(!stderr.contains("taken as a file root"), "{stderr}");
+        assert!(!marker.exists(), "the child ran for {flag} {root}");
+    }
+}
+
+/// The root directory itself is a directory: said so, not called a path
+/// outside every root.
+#[test]
+fn fs_cat_of_a_directory_root_says_it_is_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    let root_arg = root.display().to_string();
+    let script = format!(
+        r#""$AIRLOCK" fs cat {root_arg}; echo "root=$?"; "$AIRLOCK" fs cat {root_arg}/; echo "slash=$?""#
+    );
+    let run = run_in(dir.path(), &["--allow", &root_arg], &sh(&script));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "root=1\nslash=1\n");
+    let stderr = run.stderr();
+    for shown in [root_arg.clone(), format!("{root_arg}/")] {
+        let want = format!("airlock fs: {shown}: E_PERM: is a directory, not a regular file");
+        assert!(stderr.lines().any(|l| l == want), "want {want:?} in:\n{stderr}");
+    }
+    assert!(!stderr.contains("outside every allowed root"), "{stderr}");
+    run.assert_no_leaks();
+}
+
+/// Outside airlock, a client command fails like any of its errors (exit
+/// 1, saying why), not as airlock failing to start (125).
+#[test]
+fn client_commands_outside_airlock_exit_1() {
+    for args in [&["fs", "cat", "x"][..], &["fs", "write", "x"], &["fd", "read", "fd:1"]] {
+        let out = Command::new(airlock())
+            .args(args)
+            .env_remove("AIRLOCK_FD")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with(&format!("airlock {}: ", args[0])), "{args:?}: {stderr}");
+        assert!(stderr.contains("connecting to the airlock proxy"), "{args:?}: {stderr}");
+    }
 }
 
 #[test]

@@ -310,7 +310,16 @@ pub fn open_counted<N: Namespace>(
         // The depth found is the anchor's number of components.
         let Some((index, _, depth)) = bytes::deepest_spelled(parent_path, true, counted, PathBuf::as_path)
         else {
-            return Err(outside(rule_for(&parts.buf), path_of(&parts.buf), via));
+            let rule = rule_for(&parts.buf);
+            // A directory root itself: no anchor holds the directory it is
+            // in, yet the scope reaches it. It is a directory, not a file
+            // out of reach.
+            if rule.is_some_and(|r| r.access.is_some())
+                && anchors.iter().any(|a| Walked::of(a).buf == parts.buf)
+            {
+                return Err(Refusal::Denied("is a directory, not a regular file".into()));
+            }
+            return Err(outside(rule, path_of(&parts.buf), via));
         };
         let depth = depth - 1;
         let mut dir = ns.anchor(index)?;
@@ -458,6 +467,24 @@ mod tests {
 
     const RO: Option<Access> = Some(Access::ReadOnly);
     const RW: Option<Access> = Some(Access::ReadWrite);
+
+    #[test]
+    fn a_directory_root_itself_is_a_directory_not_a_path_outside() {
+        let mut m = world();
+        let anchors = m.anchors.clone();
+        let reached = scope(&[("/d", RO)]);
+        for path in ["/d", "/d/"] {
+            let e = open(&mut m, &anchors, Path::new(path), Mode::Read, &reached).unwrap_err();
+            assert_eq!(e, Refusal::Denied("is a directory, not a regular file".into()), "{path}");
+        }
+        // A level whose scope does not reach the root learns nothing of it.
+        let narrowed = scope(&[("/d", None)]);
+        let e = open(&mut m, &anchors, Path::new("/d"), Mode::Read, &narrowed).unwrap_err();
+        assert!(matches!(e, Refusal::Outside { .. }), "{e:?}");
+        let elsewhere = scope(&[("/d/a", RO)]);
+        let e = open(&mut m, &anchors, Path::new("/d"), Mode::Read, &elsewhere).unwrap_err();
+        assert!(matches!(e, Refusal::Outside { .. }), "{e:?}");
+    }
 
     #[test]
     fn the_four_attacks_are_decided_on_the_resolved_file() {
