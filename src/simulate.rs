@@ -36,11 +36,12 @@ pub struct SimArgs {
     pub seed: Option<u64>,
     /// The world: `default` (one proxy, several clients), `nested` (an
     /// intermediate proxy in front of the top one), `broker` (LLM calls
-    /// through the broker with a simulated provider) or `adversary`
+    /// through the broker with a simulated provider), `adversary`
     /// (symlinks swapped inside the roots, nested levels with wider,
-    /// narrower and empty policies); `tool`: a VFS tool host against a
-    /// hostile tool (its `--record` trace is a transcript for reading, not
-    /// for `airlock replay`).
+    /// narrower and empty policies), `pager` (the fd pager at the top of a
+    /// nested tree), `tool` (a VFS tool host against a hostile tool) or
+    /// `toolexec` (a ToolExec server against hostile clients and tools).
+    /// Every scenario's `--record` trace replays with `airlock replay`.
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub scenario: Scenario,
     /// Steps before each world winds down (default: the seed's choice).

@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, BufRead, Write};
 
+pub mod toolexec;
 pub mod vfs;
 
 /// The trace format this module writes and reads.
@@ -386,13 +387,20 @@ pub struct Replayed {
     pub outputs: u64,
 }
 
-/// Replay a trace of any machine this build knows (`fsproxy`, `vfs`),
-/// chosen by its header; the error is a readable message.
+/// Replay a trace of any machine this build knows (`fsproxy`, `vfs`,
+/// `toolexec`), chosen by its header; the error is a readable message.
 pub fn replay_any<R: BufRead>(reader: R) -> Result<Replayed, String> {
     let mut lines = numbered(reader);
     let (line, text) = first_line::<Output>(&mut lines).map_err(|e| e.to_string())?;
     let kind: Kind = serde_json::from_str(&text).map_err(|e| format!("line {line}: bad header: {e}"))?;
     match kind.machine.as_str() {
+        toolexec::MACHINE_TOOLEXEC => {
+            let header =
+                parse_header::<toolexec::Header, serde_json::Value>(line, &text, toolexec::MACHINE_TOOLEXEC)
+                    .map_err(|e| e.to_string())?;
+            let r = toolexec::replay_from(header, lines).map_err(|e| e.to_string())?;
+            Ok(Replayed { machine: kind.machine, inputs: r.inputs, outputs: r.outputs })
+        }
         vfs::MACHINE_VFS => {
             let header = parse_header::<vfs::Header, crate::vfs::Output>(line, &text, vfs::MACHINE_VFS)
                 .map_err(|e| e.to_string())?;

@@ -18,6 +18,33 @@ fn a_toolexec_seed_replays_byte_for_byte() {
     }
 }
 
+/// A recorded seed replays against the machine with `airlock replay`'s
+/// reader: every input fed, every output the one recorded.
+#[test]
+fn a_toolexec_seeds_trace_replays_against_the_machine() {
+    for seed in 0..40 {
+        let (r, trace) = record_trace(seed, &opts(seed..seed + 1));
+        assert!(r.passed(), "seed {seed}: {:?}", r.failure);
+        let replayed = airlock_core::trace::replay_any(trace.as_slice())
+            .unwrap_or_else(|e| panic!("seed {seed}: the trace does not replay: {e}"));
+        assert_eq!(replayed.machine, "toolexec");
+        assert!(replayed.inputs > 0 && replayed.outputs > 0, "seed {seed}: {replayed:?}");
+    }
+}
+
+/// A trace whose recorded output is not what the machine yields fails,
+/// naming the line: the replay compares, it does not just read.
+#[test]
+fn a_toolexec_trace_with_a_changed_output_fails_its_replay() {
+    let (_, trace) = record_trace(5, &opts(5..6));
+    let text = String::from_utf8(trace).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let idx = lines.iter().position(|l| l.contains("\"status\":401")).expect("seed 5 answers a 401");
+    lines[idx] = lines[idx].replace("\"status\":401", "\"status\":200");
+    let err = airlock_core::trace::replay_any(lines.join("\n").as_bytes()).unwrap_err();
+    assert!(err.starts_with(&format!("line {}: level 0 output differs", idx + 1)), "{err}");
+}
+
 /// The first seed under 200 on which `bug` is caught, and by which checker.
 fn found(bug: ToolexecBug) -> (u64, String) {
     for seed in 0..200 {

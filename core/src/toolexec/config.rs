@@ -1,6 +1,7 @@
 //! Limits and the tool allow-list.
 
 use super::auth::Token;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -39,7 +40,8 @@ pub const EXEC_PATH: &str = "/exec";
 pub const UNSUPPORTED_PROTO_BODY: &str = "Unsupported shim protocol; expected 1 or 2\n";
 
 /// How an allowed tool's program is found.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ToolProgram {
     /// `--tool NAME`: NAME looked up on `PATH` for every request.
     OnPath,

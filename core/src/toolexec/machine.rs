@@ -5,11 +5,12 @@ use super::auth::{token_from_authorization, token_matches};
 use super::config::*;
 use super::form::{decode_form, resolve_cwd};
 use crate::time::Instant;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::time::Duration;
 
 /// A request head as hyper parsed it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestHead {
     pub method: String,
     /// The URI path, without the query.
@@ -41,7 +42,8 @@ pub(crate) fn te_has_trailers(value: &[u8]) -> bool {
 }
 
 /// How the tool ended, as `waitpid` reported it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ExitStatus {
     Code(i32),
     Signal(i32),
@@ -58,7 +60,8 @@ impl ExitStatus {
 }
 
 /// Why the shell could not start the tool.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SpawnError {
     /// The program is not there: 409.
     NotInstalled,
@@ -70,14 +73,15 @@ pub enum SpawnError {
 }
 
 /// Signals to the tool's process group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Signal {
     Term,
     Kill,
 }
 
 /// What the shell must start.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SpawnRequest {
     /// The name the client asked for.
     pub tool: String,
@@ -89,11 +93,12 @@ pub struct SpawnRequest {
 }
 
 /// A whole HTTP answer (or, in [`Output::SendHead`], its head only).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Response {
     pub status: u16,
     /// Title-case names, in the order to send.
     pub headers: Vec<(&'static str, String)>,
+    #[serde(serialize_with = "crate::b64::serialize")]
     pub body: Vec<u8>,
 }
 
@@ -106,17 +111,18 @@ pub enum Mode {
     Streaming,
 }
 
-/// Events the shell reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Events the shell reports. (Serialized for traces; bytes as base64.)
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Input {
     Head(RequestHead),
-    Body(Vec<u8>),
+    Body(#[serde(with = "crate::b64")] Vec<u8>),
     BodyEnd,
     Spawned(Result<(), SpawnError>),
     /// Bytes read from the tool's pipe (stdout and stderr share it), after
     /// an [`Output::ReadOutput`] or [`Output::ReadNow`]; never more than its
     /// `max`.
-    ToolOutput(Vec<u8>),
+    ToolOutput(#[serde(with = "crate::b64")] Vec<u8>),
     /// The pipe is at EOF; after a [`Output::ReadNow`], also that it held
     /// nothing then.
     ToolEof,
@@ -131,8 +137,10 @@ pub enum Input {
     Shutdown,
 }
 
-/// Effects for the shell, in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Effects for the shell, in order. (Serialized for traces, compared as
+/// JSON there: a response's header names are `'static`.)
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Output {
     /// The head passed every check: read the body.
     ReadBody,
@@ -151,7 +159,7 @@ pub enum Output {
     },
     /// Send the streaming head (200, chunked, `Trailer: X-Exit-Code`).
     SendHead(Response),
-    SendChunk(Vec<u8>),
+    SendChunk(#[serde(serialize_with = "crate::b64::serialize")] Vec<u8>),
     /// End the stream: last chunk with trailer `X-Exit-Code: exit_code`.
     Finish {
         exit_code: i32,

@@ -21,11 +21,11 @@ use airlock_core::toolexec::{
     validate_token, Config, Exchange, ExitStatus, Gate, Input, Mode, Output, RequestHead, Response, Signal,
     SpawnError, EXIT_CODE_TIMEOUT, STREAM_WINDOW,
 };
+use airlock_core::trace::toolexec as trace;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -281,6 +281,12 @@ impl ToolexecWorld {
         let clock_jumps = rng.gen_bool(0.3);
         let backward = rng.gen_bool(0.3);
         let config = Arc::new(config);
+        let trace = record.then(|| {
+            let mut header = trace::Header::new(&config);
+            header.seed = Some(seed);
+            header.meta = Some(serde_json::json!({ "scenario": "toolexec" }));
+            trace::header_line(&header)
+        });
         let mut world = ToolexecWorld {
             rng,
             now: 0,
@@ -292,7 +298,7 @@ impl ToolexecWorld {
             faults: BTreeMap::new(),
             clock_jumps,
             backward,
-            trace: record.then(String::new),
+            trace,
             last_arrival: 0,
             jumped: 0,
             config,
@@ -335,9 +341,17 @@ impl ToolexecWorld {
         world
     }
 
+    /// A note for a person reading the trace (replay skips it).
     fn log(&mut self, args: std::fmt::Arguments<'_>) {
         if let Some(t) = &mut self.trace {
-            let _ = writeln!(t, "{} {} {}", self.step, self.now, args);
+            t.push_str(&trace::note_line(&format!("{} {} {}", self.step, self.now, args)));
+        }
+    }
+
+    /// What the exchange of connection `conn` was handed, as replay feeds it.
+    fn record_input(&mut self, now: Instant, input: &trace::ServerInput) {
+        if let Some(t) = &mut self.trace {
+            t.push_str(&trace::input_line(now, input));
         }
     }
 
@@ -565,6 +579,7 @@ impl ToolexecWorld {
                 break;
             }
             let ex = Exchange::new(self.config.clone(), self.at());
+            self.record_input(self.at(), &trace::ServerInput::Accept { conn: i });
             let c = &mut self.conns[i];
             c.accepted = true;
             c.ex = Some(ex);
@@ -586,6 +601,9 @@ impl ToolexecWorld {
         let now = self.fed_time();
         let desc = describe(&input);
         self.log(format_args!("in {i} {desc}"));
+        if self.trace.is_some() {
+            self.record_input(now, &trace::ServerInput::Input { conn: i, input: input.clone() });
+        }
         if let Some(ex) = self.conns[i].ex.as_mut() {
             ex.handle(now, input);
         }
@@ -597,6 +615,7 @@ impl ToolexecWorld {
         let due = self.conns[i].ex.as_ref().and_then(Exchange::poll_timeout).is_some_and(|t| t <= self.at());
         if due {
             let now = self.at();
+            self.record_input(now, &trace::ServerInput::Timeout { conn: i });
             if let Some(ex) = self.conns[i].ex.as_mut() {
                 ex.handle_timeout(now);
             }
@@ -752,6 +771,10 @@ impl ToolexecWorld {
     fn drain(&mut self, i: usize) -> Result<(), Failure> {
         loop {
             let Some(out) = self.conns[i].ex.as_mut().and_then(Exchange::poll_output) else { return Ok(()) };
+            // As the machine yielded it, before a planted bug touches it.
+            if let Some(t) = &mut self.trace {
+                t.push_str(&trace::output_line(i, &out));
+            }
             let outs = self.mutate(i, out);
             for out in outs {
                 self.effect(i, out)?;
