@@ -423,3 +423,45 @@ fn fuzz_readme_lists_every_target() {
     let missing: Vec<&&str> = targets.iter().filter(|t| !readme.contains(&format!("| `{t}` |"))).collect();
     assert!(missing.is_empty(), "fuzz/README.md has no table row for {missing:?}");
 }
+
+/// `.ci/run` runs exactly the README's test command (after installing what
+/// it needs), and that command says at once when cargo-fuzz is missing,
+/// before the half hour of tests that precede the fuzzing.
+#[test]
+fn ci_runs_the_readme_test_command_which_checks_cargo_fuzz_first() {
+    let blocks = all_blocks();
+    let command = blocks
+        .iter()
+        .filter(|b| b.file == "README.md")
+        .find(|b| matches!(&b.action, Action::Skip(r) if r.starts_with("the test command itself")))
+        .expect("README.md has the test command")
+        .body
+        .lines()
+        .rfind(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .expect("a command line")
+        .to_owned();
+    let ci = std::fs::read_to_string(repo().join(".ci/run")).unwrap();
+    assert_eq!(
+        ci.lines().rfind(|l| !l.trim().is_empty()),
+        Some(command.as_str()),
+        ".ci/run and README.md differ"
+    );
+    assert!(command.starts_with("cargo fuzz --version"), "{command}");
+    assert!(command.find("cargo fuzz --version") < command.find("cargo test"), "{command}");
+    // Where cargo-fuzz is missing, the command fails at once, naming how to
+    // install it, and goes no further (its check, run here up to the
+    // tests, which a marker stands for).
+    let check = &command[..command.find(" && cargo test").expect("the tests follow the check")];
+    let empty = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(env!("CARGO"), empty.path().join("cargo")).unwrap();
+    let out = Command::new("bash")
+        .args(["-c", &format!("{check} && echo the tests would run")])
+        .env("PATH", format!("{}:/usr/bin:/bin", empty.path().display()))
+        .env("CARGO_HOME", empty.path().join("no-cargo-home"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cargo install cargo-fuzz --version 0.13.2 --locked"), "{stderr}");
+    assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+}
