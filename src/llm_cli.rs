@@ -7,8 +7,9 @@ use airlock_core::fsproxy::wire::ErrorCode;
 use serde_json::{Map, Value};
 use std::io::{Read, Write};
 
-/// Exit statuses (README "airlock llm"): one per protocol code a script may
-/// want to act on, clear of 2 (clap's usage errors) and of 125+ (shells).
+/// Exit statuses (docs/broker.md, "airlock llm"): one per protocol code a
+/// script may want to act on, clear of 2 (clap's usage errors) and of 125+
+/// (shells).
 pub mod status {
     pub const OK: i32 = 0;
     /// No connection, a broken one, or an answer that made no sense.
