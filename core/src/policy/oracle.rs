@@ -177,6 +177,21 @@ fn old_open<N: Namespace>(
             .max_by_key(|(_, a)| a.components().count())
         else {
             let path = old_to_path(&parts);
+            let normal = |a: &PathBuf| {
+                let names: Vec<OsString> = a
+                    .components()
+                    .filter_map(|c| match c {
+                        Component::Normal(n) => Some(n.to_owned()),
+                        _ => None,
+                    })
+                    .collect();
+                old_to_path(&names)
+            };
+            if old_rule_for(scope.rules(), &path).is_some_and(|r| r.access.is_some())
+                && anchors.iter().any(|a| normal(a) == path)
+            {
+                return Err(Refusal::Denied("is a directory, not a regular file".into()));
+            }
             return Err(old_outside(scope, path, via));
         };
         let depth = anchor.components().count() - 1;
