@@ -316,3 +316,21 @@ fn a_nested_airlock_reaches_its_upstream_through_the_socket() {
     assert_eq!(run.report_u64("socket_clients"), 1, "{}", run.report);
     run.assert_no_leaks();
 }
+
+/// A connection that never sends the secret holds its slot only until the
+/// handshake's timeout, then is closed unanswered and counted.
+#[test]
+fn a_silent_connection_is_closed_at_the_handshake_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = live(dir.path(), "q");
+    let start = Instant::now();
+    let mut s = UnixStream::connect(&b.socket).expect("the socket accepts");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    let waited = start.elapsed();
+    assert!(got.is_empty(), "{got:?}");
+    assert!(waited >= Duration::from_secs(4) && waited < Duration::from_secs(15), "{waited:?}");
+    let report = b.end();
+    assert_eq!(report["socket_unauthenticated"], serde_json::json!(1), "{report}");
+}
