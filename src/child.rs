@@ -17,6 +17,7 @@
 //! cannot be lifted, and lose the proxy with airlock.
 
 use crate::client::{DEFAULT_FD, FD_ENV};
+use crate::session_socket::{SOCKET_ENV, TOKEN_ENV};
 use anyhow::{bail, Context};
 use std::ffi::OsString;
 use std::mem::ManuallyDrop;
@@ -43,20 +44,24 @@ pub const PARENT_DEATH_SIGNAL: rustix::process::Signal = rustix::process::Signal
 /// environment, and without the variables in `remove_env` (secrets such as
 /// the provider's API key, which only airlock may see). `sandbox`, when
 /// given, comes from `sandbox::prepare`: the child enforces it on itself
-/// before exec.
+/// before exec. `session_env` names this session's socket and secret; an
+/// enclosing session's never reach the child, whose requests must go
+/// through this level.
 pub fn spawn(
     argv: &[OsString],
     remove_env: &[OsString],
     sandbox: Option<&crate::sandbox::Prepared>,
+    session_env: &[(OsString, OsString)],
 ) -> anyhow::Result<Spawned> {
     let Some((program, args)) = argv.split_first() else { bail!("no command given") };
     let (ours, theirs) = StdUnixStream::pair().context("creating the proxy socketpair")?;
     let child_raw: RawFd = theirs.as_raw_fd();
     let mut cmd = Command::new(program);
     cmd.args(args).env(FD_ENV, DEFAULT_FD.to_string()).kill_on_drop(true);
-    for var in remove_env {
+    for var in remove_env.iter().map(OsString::as_os_str).chain([SOCKET_ENV.as_ref(), TOKEN_ENV.as_ref()]) {
         cmd.env_remove(var);
     }
+    cmd.envs(session_env.iter().map(|(k, v)| (k, v)));
     if let Ok(exe) = std::env::current_exe() {
         cmd.env(EXE_ENV, exe);
     }

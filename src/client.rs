@@ -61,29 +61,60 @@ impl From<io::Error> for ClientError {
     }
 }
 
-/// Take the descriptor named by `AIRLOCK_FD` (default 3).
-fn shared_fd() -> Result<OwnedFd, ClientError> {
+/// Why the inherited descriptor cannot be used.
+enum NoFd {
+    /// Neither `AIRLOCK_FD` nor the session socket is in the environment.
+    NotUnderAirlock,
+    /// `AIRLOCK_FD` names a descriptor that is closed, or is something
+    /// other than a socket (a file that took its number once it closed).
+    Closed(RawFd),
+    Invalid(String),
+}
+
+/// Take the descriptor named by `AIRLOCK_FD` (default 3), if it is open
+/// and a socket.
+fn shared_fd() -> Result<OwnedFd, NoFd> {
     let fd = match std::env::var(FD_ENV) {
-        Ok(v) => v.trim().parse::<RawFd>().map_err(|_| {
-            ClientError::Io(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{FD_ENV}={v:?} is not a descriptor"),
-            ))
-        })?,
+        Ok(v) => v
+            .trim()
+            .parse::<RawFd>()
+            .map_err(|_| NoFd::Invalid(format!("{FD_ENV}={v:?} is not a descriptor")))?,
         Err(_) => DEFAULT_FD,
     };
-    // SAFETY: the borrow lives only for this fcntl, which answers EBADF
+    // SAFETY: the borrow lives only for this fstat, which answers EBADF
     // harmlessly when fd is not open.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    if rustix::io::fcntl_getfd(borrowed).is_err() {
-        return Err(ClientError::Io(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("descriptor {fd} is not open: is this process running under `airlock run`?"),
-        )));
+    let is_socket = rustix::fs::fstat(borrowed)
+        .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket);
+    if !is_socket {
+        return Err(if std::env::var_os(FD_ENV).is_some() {
+            NoFd::Closed(fd)
+        } else {
+            NoFd::NotUnderAirlock
+        });
     }
     // SAFETY: fd is open (checked above) and the client is its only user in
     // this process: AIRLOCK_FD is inherited for exactly this purpose.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The session socket and its secret, from the environment.
+fn session_socket() -> Option<(std::path::PathBuf, String)> {
+    let path = std::env::var_os(crate::session_socket::SOCKET_ENV).filter(|p| !p.is_empty())?;
+    let token = std::env::var(crate::session_socket::TOKEN_ENV).unwrap_or_default();
+    Some((path.into(), token))
+}
+
+fn not_connected(message: String) -> ClientError {
+    ClientError::Io(io::Error::new(io::ErrorKind::NotFound, message))
+}
+
+/// What to tell a process whose descriptor `fd` a parent closed.
+fn closed_fd_message(fd: RawFd) -> String {
+    format!(
+        "descriptor {fd} ({FD_ENV}) is not open: a parent process closed it (Python's subprocess \
+         closes descriptors above 2 unless given pass_fds=[{fd}]; so does `exec {fd}>&-` in a shell)"
+    )
 }
 
 pub struct Client {
@@ -100,9 +131,72 @@ impl Client {
     /// socket over the shared descriptor (`attach`) and talk over it, so
     /// other processes using the same descriptor at the same time (the two
     /// ends of a shell pipeline, say) never see each other's answers.
+    ///
+    /// When the descriptor is gone (a parent closed it), the connection is
+    /// made through the session socket instead (`AIRLOCK_SOCKET`, proved
+    /// with `AIRLOCK_TOKEN`).
     pub fn connect() -> Result<Self, ClientError> {
-        let shared = shared_fd()?;
-        Self::attach_via(shared.as_fd())
+        let why = match shared_fd() {
+            Ok(shared) => return Self::attach_via(shared.as_fd()),
+            Err(why) => why,
+        };
+        match (why, session_socket()) {
+            (NoFd::Invalid(msg), _) => Err(ClientError::Io(io::Error::new(io::ErrorKind::InvalidInput, msg))),
+            (NoFd::NotUnderAirlock, None) => Err(not_connected(format!(
+                "descriptor {DEFAULT_FD} is not open and neither {FD_ENV} nor {} is set: \
+                 is this process running under `airlock run`?",
+                crate::session_socket::SOCKET_ENV
+            ))),
+            (NoFd::Closed(fd), None) => Err(not_connected(format!(
+                "{}, and no session socket is named ({} is not set): keep the descriptor open, \
+                 or keep AIRLOCK_SOCKET and AIRLOCK_TOKEN in the environment",
+                closed_fd_message(fd),
+                crate::session_socket::SOCKET_ENV
+            ))),
+            (why, Some((path, token))) => Self::connect_socket(&path, &token).map_err(|e| {
+                let fd = match why {
+                    NoFd::Closed(fd) => fd,
+                    _ => DEFAULT_FD,
+                };
+                match e {
+                    ClientError::Io(io) => {
+                        let hint = if matches!(io.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+                            " (the sandbox refuses unix sockets here: keep the descriptor open)"
+                        } else {
+                            ""
+                        };
+                        not_connected(format!(
+                            "{}, and the session socket {} failed: {io}{hint}",
+                            closed_fd_message(fd),
+                            path.display()
+                        ))
+                    }
+                    other => other,
+                }
+            }),
+        }
+    }
+
+    /// A connection through the session socket at `path`, proved with the
+    /// session's secret `token`.
+    pub fn connect_socket(path: &std::path::Path, token: &str) -> Result<Self, ClientError> {
+        let mut stream = std::os::unix::net::UnixStream::connect(path)?;
+        stream.write_all(token.as_bytes())?;
+        let mut client = Self::new(File::from(OwnedFd::from(stream)));
+        client.inflight.push_back((wire::SOCKET_GREETING_ID.to_owned(), OpKind::Attach));
+        match client.recv() {
+            Err(ClientError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(ClientError::Io(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the session closed the connection (a wrong {}, or the session is ending)",
+                        crate::session_socket::TOKEN_ENV
+                    ),
+                )))
+            }
+            Err(e) => Err(e),
+            Ok(_) => Ok(client),
+        }
     }
 
     /// [`Client::connect`] over `shared`, a proxy connection this process
@@ -146,7 +240,14 @@ impl Client {
     /// Use the descriptor named by `AIRLOCK_FD` (default 3) directly. Only
     /// safe while no other process uses it at the same time.
     pub fn shared() -> Result<Self, ClientError> {
-        Ok(Self::new(File::from(shared_fd()?)))
+        match shared_fd() {
+            Ok(fd) => Ok(Self::new(File::from(fd))),
+            Err(NoFd::Invalid(msg)) => Err(ClientError::Io(io::Error::new(io::ErrorKind::InvalidInput, msg))),
+            Err(NoFd::Closed(fd)) => Err(not_connected(closed_fd_message(fd))),
+            Err(NoFd::NotUnderAirlock) => Err(not_connected(format!(
+                "descriptor {DEFAULT_FD} is not open: is this process running under `airlock run`?"
+            ))),
+        }
     }
 
     /// A client over an already-connected stream.

@@ -10,6 +10,7 @@ use crate::record::Recorder;
 use crate::report::{ChildExit, Report};
 use crate::sandbox::SandboxArgs;
 use crate::session::{BrokerShell, Event, Observer, Session};
+use crate::session_socket::SessionSocket;
 use crate::telemetry::TelemetryWriter;
 use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
 use airlock_core::fsproxy::wire::{Mode, DEFAULT_MAX_READ};
@@ -378,8 +379,24 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         if let Some(up) = upstream {
             session.set_upstream(up);
         }
-        let spawned = child::spawn(argv, &remove_env, ruleset.as_ref())?;
+        // Lets a process of the session whose descriptor 3 was closed on
+        // the way (Python's subprocess does so) reach it still.
+        let mut socket = match SessionSocket::create() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!(
+                    "airlock: note: no session socket ({e:#}): a process that closes descriptor 3 \
+                     cannot reach the session"
+                );
+                None
+            }
+        };
+        let session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
+        let spawned = child::spawn(argv, &remove_env, ruleset.as_ref(), &session_env)?;
         drop(ruleset);
+        if let Some(s) = socket.as_mut() {
+            session.listen(s)?;
+        }
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);
@@ -408,6 +425,8 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         use std::os::unix::process::ExitStatusExt;
         let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
         args.close(session, report, exit, Some(&plan)).await?;
+        // The socket and its directory go with the session.
+        drop(socket);
         Ok(code)
     })
 }
@@ -417,7 +436,9 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
 /// applies to its requests alone, never to other processes that share the
 /// descriptor (the shell that started it, say, or its siblings).
 fn nested_upstream() -> anyhow::Result<Option<tokio::net::UnixStream>> {
-    if std::env::var_os(crate::client::FD_ENV).is_none() {
+    if std::env::var_os(crate::client::FD_ENV).is_none()
+        && std::env::var_os(crate::session_socket::SOCKET_ENV).is_none()
+    {
         return Ok(None);
     }
     let client = Client::connect().context("attaching to the upstream airlock")?;

@@ -22,6 +22,7 @@ pub mod report;
 pub mod sandbox;
 pub mod secrets;
 pub mod session;
+pub mod session_socket;
 pub mod simulate;
 pub mod stdin;
 pub mod telemetry;

@@ -88,6 +88,11 @@ pub enum Event {
     /// A provider call (`Output::StartProvider`) finished; its result waits
     /// in the session's in-flight table.
     ProviderDone(CallId),
+    /// A connection on the session socket that sent the session's secret.
+    Accepted(UnixStream),
+    /// A connection on the session socket closed for a wrong or missing
+    /// secret.
+    Unauthenticated,
 }
 
 /// The message of the result fed for a provider call dropped on the
@@ -136,7 +141,15 @@ pub struct Session {
     stdin: Option<StdinReader>,
     /// `--audit FILE`.
     audit: Option<crate::audit::AuditWriter>,
+    /// Accepts connections on the session socket, while the session lasts.
+    acceptor: Option<JoinHandle<()>>,
+    /// The connection of the `Input::Accepted` being handled.
+    accepted: Option<UnixStream>,
 }
+
+/// How long a refused connection of the session socket is given to take
+/// its refusal before it is closed.
+pub const REFUSAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Descriptors a client may pass ahead of the `attach` requests that claim
 /// them; more are closed on arrival.
@@ -336,6 +349,21 @@ impl Session {
             provider_tasks: BTreeMap::new(),
             stdin: None,
             audit: None,
+            acceptor: None,
+            accepted: None,
+        }
+    }
+
+    /// Serve the processes that reach the session through `socket`.
+    pub fn listen(&mut self, socket: &mut crate::session_socket::SessionSocket) -> anyhow::Result<()> {
+        self.acceptor = Some(socket.serve(self.events_tx.clone())?);
+        Ok(())
+    }
+
+    /// Accept no more connections on the session socket.
+    fn stop_listening(&mut self) {
+        if let Some(task) = self.acceptor.take() {
+            task.abort();
         }
     }
 
@@ -404,6 +432,8 @@ impl Session {
 
     /// End every session still open (the process tree is going away).
     pub fn depart_all(&mut self) {
+        // Nobody may join a session that is ending.
+        self.stop_listening();
         let live: Vec<ClientId> = self.conns.keys().copied().collect();
         for client in live {
             self.feed(Input::Died { client });
@@ -462,6 +492,17 @@ impl Session {
                     queue.push_back(fd);
                     Input::Descriptor { client }
                 }
+                Event::Accepted(stream) => {
+                    if self.acceptor.is_none() {
+                        continue;
+                    }
+                    self.accepted = Some(stream);
+                    Input::Accepted
+                }
+                Event::Unauthenticated => {
+                    tracing::debug!("session socket: connection without the session's secret closed");
+                    Input::Unauthenticated
+                }
                 Event::Bytes(client, data) => Input::Bytes { client, data },
                 Event::Eof(client) => {
                     tracing::debug!(%client, "end of connection");
@@ -486,6 +527,8 @@ impl Session {
                 _ => None,
             };
             self.feed(input);
+            // Admitted or refused by now; never held past its input.
+            self.accepted = None;
             // Answered (queued for the writer, which runs first): the
             // reader may read again.
             if let Some(conn) = read_by.and_then(|c| self.conns.get(&c)) {
@@ -518,6 +561,7 @@ impl Session {
     /// Flush what is queued for the upstream proxy (cleanup closes must
     /// reach it before this process exits).
     pub async fn shutdown(mut self) -> (FsProxy, HostFs, Option<Box<dyn Observer>>) {
+        self.stop_listening();
         self.end_provider_calls();
         // A pending read of stdin ends here, having read nothing.
         self.stdin = None;
@@ -657,6 +701,28 @@ impl Session {
                     }
                     None => Some(Input::Eof { client }),
                 }
+            }
+            Output::Admit { client } => match self.accepted.take() {
+                Some(stream) => {
+                    tracing::debug!(%client, "admitted a connection through the session socket");
+                    self.conns.insert(client, spawn_unix_conn(stream, client, self.events_tx.clone()));
+                    None
+                }
+                None => Some(Input::Eof { client }),
+            },
+            Output::Refuse { data } => {
+                if let Some(mut stream) = self.accepted.take() {
+                    // Told why, then closed; a peer that never reads
+                    // holds nothing past the timeout.
+                    tokio::spawn(async move {
+                        let say = async {
+                            let _ = stream.write_all(&data).await;
+                            let _ = stream.shutdown().await;
+                        };
+                        let _ = tokio::time::timeout(REFUSAL_TIMEOUT, say).await;
+                    });
+                }
+                None
             }
             Output::StartProvider { call, request, deadline: _ } => {
                 tracing::debug!(%call, model = %request.model, max_tokens = request.max_tokens, "provider call");

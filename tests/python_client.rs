@@ -220,3 +220,127 @@ with Client.from_env() as c:
     assert!(dropped.iter().all(|l| l["usage"].is_null() && l["charged_pico"] == 0), "{text}");
     assert!(lines.iter().all(|l| l.get("late_usage").is_none()), "{text}");
 }
+
+/// `pip install clients/python` into a fresh venv, with no index at all
+/// (the package builds from the standard library alone), then the
+/// installed `airlock_client` under the default sandbox: files, pager,
+/// LLM, quota and cancel; and a default `subprocess` child, whose
+/// descriptor 3 is closed, told what happened and how to keep it.
+#[test]
+fn installed_in_a_fresh_venv_offline_the_client_works_under_the_sandbox() {
+    let provider = Provider::start();
+    let place = tempfile::tempdir().unwrap();
+    let venv = place.path().join("venv");
+    let made =
+        Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv runs");
+    assert!(made.success());
+    let py = venv.join("bin/python");
+    let pip = Command::new(&py)
+        .args(["-m", "pip", "install", "--no-index", "--no-cache-dir"])
+        .arg(client_dir())
+        .env("PIP_FIND_LINKS", "")
+        .output()
+        .expect("pip runs");
+    assert!(pip.status.success(), "{}", String::from_utf8_lossy(&pip.stderr));
+    let base =
+        Command::new(&py).args(["-c", "import sys; print(sys.base_prefix)"]).output().expect("venv python");
+    let base = String::from_utf8_lossy(&base.stdout).trim().to_owned();
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[file_descriptor]\n[broker]\nbase_url = \"http://127.0.0.1:{}/v1\"\ndefault_model = \"gpt-4o-mini\"\n",
+            provider.port
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("data.txt"), "from the project\n").unwrap();
+    let script = format!(
+        r#"
+import json, subprocess, sys
+import airlock_client
+from airlock_client import Client, AirlockError, ProtocolError
+def out(v): print(json.dumps(v), flush=True)
+out(airlock_client.__file__.startswith({venv:?}))
+with Client.from_env() as c:
+    out(c.read_file("data.txt").decode())
+    try:
+        c.write_file("data.txt", b"no")
+    except AirlockError as e:
+        out(e.code)
+    w = c.fd_wrap(b"keep me\n" * 3000)
+    out(w["fd"])
+    out("keep me" in c.fd_read(w["fd"], start_line=2, end_line=2)["xml"])
+    out("keep me" in json.dumps(c.fd_search(w["fd"], "KEEP", ignore_case=True)))
+    out(c.quota()["currency"])
+    out(c.ask("hi")["messages"][-1]["content"])
+    out(c.cancel("nothing")["state"])
+child = "from airlock_client import Client, ProtocolError\ntry:\n    print(Client.from_env().read_file('data.txt').decode(), end='')\nexcept ProtocolError as e:\n    print(e)"
+r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+out(r.stdout)
+r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, pass_fds=[3])
+out(r.stdout)
+"#,
+        venv = venv.display().to_string()
+    );
+    let venv_s = venv.display().to_string();
+    let config = config.display().to_string();
+    let args = ["--sandbox-ro", &venv_s, "--sandbox-ro", &base, "--config", &config, "--allow", "data.txt"];
+    let run = run_in(dir.path(), &args, &[py.display().to_string(), "-c".into(), script]);
+    assert_eq!(run.code(), Some(0), "stdout:\n{}\nstderr:\n{}", run.stdout(), run.stderr());
+    let lines = run.lines();
+    assert_eq!(
+        lines[..9],
+        [
+            serde_json::json!(true),
+            serde_json::json!("from the project\n"),
+            serde_json::json!("E_PERM"),
+            serde_json::json!("fd:1"),
+            serde_json::json!(true),
+            serde_json::json!(true),
+            serde_json::json!("USD"),
+            serde_json::json!("echo: hi"),
+            serde_json::json!("not_found"),
+        ],
+        "stderr:\n{}",
+        run.stderr()
+    );
+    let closed = lines[9].as_str().unwrap_or_default();
+    assert!(closed.contains("a parent process closed it") && closed.contains("pass_fds=[3]"), "{closed}");
+    assert_eq!(lines[10], serde_json::json!("from the project\n"));
+    assert_eq!(lines.len(), 11);
+    run.assert_no_leaks();
+}
+
+/// The installed client in a child whose descriptor 3 a default
+/// `subprocess` closed reaches the session through its socket (outside the
+/// sandbox: before Landlock ABI 9 the default sandbox refuses unix
+/// sockets).
+#[test]
+fn the_python_client_falls_back_to_the_session_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data.txt"), "via the socket\n").unwrap();
+    let client = client_dir().display().to_string();
+    let script = format!(
+        r#"
+import json, subprocess, sys
+child = '''import sys; sys.path.insert(0, {client:?})
+from airlock_client import Client
+with Client.from_env() as c:
+    print(c.read_file("data.txt").decode(), end="")'''
+r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+print(json.dumps([r.returncode, r.stdout, r.stderr]))
+"#
+    );
+    let run = run_in(
+        dir.path(),
+        &["--no-sandbox", "--allow", "data.txt"],
+        &["python3".into(), "-c".into(), script],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.lines(), [serde_json::json!([0, "via the socket\n", ""])], "{}", run.stderr());
+    assert_eq!(run.report_u64("socket_clients"), 1);
+    run.assert_no_leaks();
+}

@@ -166,6 +166,10 @@ pub enum Event {
     Attached(ClientId, ClientId),
     /// A whole frame for the upstream proxy.
     Upstream(Vec<u8>),
+    /// A connection of the session socket, now served as this client.
+    Admitted(ClientId),
+    /// A connection of the session socket refused with this payload.
+    Refused(Vec<u8>),
 }
 
 /// A shell around one [`FsProxy`]: performs its effects on a [`MemFs`],
@@ -318,6 +322,8 @@ impl Shell {
                 Output::DropDescriptor { client, .. } => {
                     assert!(!self.departed.contains(&client), "descriptor of {client} dropped after it left");
                 }
+                Output::Admit { client } => self.events.push(Event::Admitted(client)),
+                Output::Refuse { data } => self.events.push(Event::Refused(single_frame(&data))),
                 Output::Effect { id, effect } => self.effects.push((id, effect)),
                 Output::SendUpstream { data } => self.events.push(Event::Upstream(data)),
                 Output::Audit { record } => {
@@ -691,7 +697,7 @@ pub fn fsproxy_session(data: &[u8]) {
         .events
         .iter()
         .filter_map(|e| match e {
-            Event::Attached(_, new) => Some(*new),
+            Event::Attached(_, new) | Event::Admitted(new) => Some(*new),
             _ => None,
         })
         .collect();

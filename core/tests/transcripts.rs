@@ -89,6 +89,8 @@ fn transcript(config: Config, steps: &[Step]) -> String {
                 Event::Closed(_) => out += "<- (connection closed)\n",
                 Event::Attached(from, new) => out += &format!("<- (attached {new} from {from})\n"),
                 Event::Upstream(data) => out += &format!("^^ {}\n", String::from_utf8_lossy(&data[4..])),
+                Event::Admitted(new) => out += &format!("<- (admitted {new} from the session socket)\n"),
+                Event::Refused(payload) => out += &format!("<x {}\n", String::from_utf8_lossy(payload)),
             }
         }
     }

@@ -1066,6 +1066,16 @@ impl World {
                 self.on_attach(level, from, client).map_err(|v| at(v, level, from))
             }
             Output::DropDescriptor { client, .. } => self.on_drop_descriptor(level, client),
+            // The simulated worlds have no session socket: nothing was
+            // accepted for the machine to admit or refuse.
+            Output::Admit { client } => {
+                Err(at(violation("no_socket", "admitted a connection nobody accepted".into()), level, client))
+            }
+            Output::Refuse { .. } => Err(at(
+                violation("no_socket", "refused a connection nobody accepted".into()),
+                level,
+                ClientId(0),
+            )),
             Output::Close { client } => {
                 if !self.closed_by_machine.insert((level, client)) {
                     return Err(at(violation("close_once", "closed twice".into()), level, client));

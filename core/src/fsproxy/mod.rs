@@ -308,6 +308,13 @@ pub enum Input {
     },
     /// The time `poll_timeout` named has come.
     Tick,
+    /// A connection on the session socket proved it knows the session's
+    /// secret; the shell holds it until `Output::Admit` or `Output::Refuse`
+    /// answers, within this same `handle`.
+    Accepted,
+    /// A connection on the session socket sent a wrong secret, or none in
+    /// time; the shell has closed it.
+    Unauthenticated,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -329,6 +336,17 @@ pub enum Output {
     Attach {
         from: ClientId,
         client: ClientId,
+    },
+    /// Serve the connection of `Input::Accepted` as the new client
+    /// `client`; what is sent to `client` next goes over it.
+    Admit {
+        client: ClientId,
+    },
+    /// Send `data` (the framed refusal) on the connection of
+    /// `Input::Accepted`, then close it: a limit left no room for it.
+    Refuse {
+        #[serde(with = "b64")]
+        data: Vec<u8>,
     },
     /// Close a descriptor `client` passed: the oldest (an attach that
     /// would have claimed it was refused by a limit), or the newest, just
@@ -461,6 +479,13 @@ pub struct Stats {
     /// holding too many partial-frame bytes.
     #[serde(default)]
     pub bounds_refused: u64,
+    /// Clients admitted through the session socket (also in `clients`).
+    #[serde(default)]
+    pub socket_clients: u64,
+    /// Connections on the session socket closed for a wrong or missing
+    /// secret.
+    #[serde(default)]
+    pub socket_unauthenticated: u64,
 }
 
 #[derive(Debug)]
@@ -912,6 +937,8 @@ impl FsProxy {
                 self.feed_broker(BrokerInput::ProviderDone { call, result })
             }
             Input::Tick => self.feed_broker(BrokerInput::Tick),
+            Input::Accepted => self.accept(),
+            Input::Unauthenticated => self.stats.socket_unauthenticated += 1,
         }
         self.flush_reads();
     }
@@ -1433,6 +1460,44 @@ impl FsProxy {
             c.effective = effective;
         }
         self.respond(new, Some(id), Ok(Success::Attached));
+    }
+
+    /// A process of the session that reached it through the session socket
+    /// (its descriptor closed on the way) gets a client of its own, under
+    /// the same limits as an attached one: the session's policy, counted
+    /// against `max_clients` and the descriptor reserve, cleaned up on EOF.
+    /// Its first answer, to the id [`wire::SOCKET_GREETING_ID`], says
+    /// whether it was admitted.
+    fn accept(&mut self) {
+        let max = self.config.max_clients;
+        let capped = self.config.planted_bug != Some(PlantedBug::NoClientCap);
+        let refusal = if self.connections_full() {
+            Some(format!(
+                "connection refused: it would eat into the {} descriptors kept for files and \
+                 provider calls (--max-descriptors {})",
+                self.config.descriptor_reserve, self.config.max_descriptors
+            ))
+        } else if capped && self.live_clients() >= max {
+            Some(format!("connection refused: the session serves at most {max} clients (--max-clients)"))
+        } else {
+            None
+        };
+        let id = Some(wire::SOCKET_GREETING_ID.to_owned());
+        if let Some(msg) = refusal {
+            self.stats.bounds_refused += 1;
+            *self.stats.errors_by_code.entry(ErrorCode::Range).or_default() += 1;
+            self.stats.responses += 1;
+            let resp = Response { id, outcome: Err(Failure::new(ErrorCode::Range, msg)) };
+            let data = frame::encode_with(|out| wire::encode_response_into(&resp, out));
+            self.outputs.push_back(Output::Refuse { data });
+            return;
+        }
+        let new = ClientId(self.next_attached);
+        self.next_attached += 1;
+        self.stats.socket_clients += 1;
+        self.outputs.push_back(Output::Admit { client: new });
+        self.connect(new);
+        self.respond(new, id, Ok(Success::Attached));
     }
 
     fn serve_stdio(&mut self, client: ClientId, id: String, op: Op) {

@@ -134,6 +134,72 @@ fn attaches_are_capped_by_max_clients() {
     assert_eq!(s.proxy.usage().descriptors, 2, "the refused socket is dropped");
 }
 
+/// A connection through the session socket is a client like an attached
+/// one: it counts against `--max-clients` with the attached ones, gets the
+/// greeting on its own connection, and has the session's policy, no more.
+#[test]
+fn socket_connections_share_the_client_cap_and_the_policy() {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.max_clients = 3;
+    let mut s = shell_with(config);
+    s.input(Input::Descriptor { client: A });
+    s.send_json(A, &json!({"id": "a", "op": "attach"}));
+    s.input(Input::Accepted);
+    s.input(Input::Accepted);
+    let admitted: Vec<ClientId> =
+        s.events.iter().filter_map(|e| if let Event::Admitted(c) = e { Some(*c) } else { None }).collect();
+    let refused: Vec<Value> = s
+        .events
+        .iter()
+        .filter_map(|e| if let Event::Refused(p) = e { serde_json::from_slice(p).ok() } else { None })
+        .collect();
+    assert_eq!(admitted.len(), 1, "{:?}", s.events);
+    assert_eq!(refused.len(), 1, "{:?}", s.events);
+    assert_eq!(refused[0]["id"], json!(wire::SOCKET_GREETING_ID));
+    assert!(message(&refused[0]).contains("--max-clients"), "{refused:?}");
+    let c = admitted[0];
+    let greeting = s.responses(c);
+    assert_eq!(greeting.len(), 1, "{greeting:?}");
+    assert_eq!(
+        (greeting[0]["id"].clone(), code(&greeting[0])),
+        (json!(wire::SOCKET_GREETING_ID), "ok".into())
+    );
+    // The session's policy: outside every root is refused, inside served.
+    s.send_json(c, &json!({"id": "x", "op": "open", "params": {"path": "/etc/passwd", "mode": "r"}}));
+    s.send_json(c, &json!({"id": "w", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "w"}}));
+    s.send_json(c, &json!({"id": "o", "op": "open", "params": {"path": "/ro/hello.txt", "mode": "r"}}));
+    let r = s.responses(c);
+    assert_eq!(r.iter().map(code).collect::<Vec<_>>(), ["ok", "E_PERM", "E_PERM", "ok"], "{r:?}");
+    s.input(Input::Unauthenticated);
+    let stats = s.proxy.stats();
+    assert_eq!((stats.socket_clients, stats.socket_unauthenticated, stats.bounds_refused), (1, 1, 1));
+    // Its handles go when it does.
+    s.input(Input::Eof { client: c });
+    s.settle();
+    assert_eq!(s.proxy.handles_of(c), 0);
+    assert_eq!(s.proxy.usage().clients, 2);
+}
+
+/// A connection through the session socket never eats the descriptor
+/// reserve either.
+#[test]
+fn socket_connections_never_eat_the_reserve() {
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.max_descriptors = 18;
+    config.descriptor_reserve = 16;
+    let mut s = shell_with(config);
+    s.input(Input::Accepted);
+    s.input(Input::Accepted);
+    let refused: Vec<Value> = s
+        .events
+        .iter()
+        .filter_map(|e| if let Event::Refused(p) = e { serde_json::from_slice(p).ok() } else { None })
+        .collect();
+    assert_eq!(refused.len(), 1, "{:?}", s.events);
+    assert!(message(&refused[0]).contains("--max-descriptors"), "{refused:?}");
+    assert_eq!(s.proxy.usage().descriptors, 2);
+}
+
 #[test]
 fn passed_descriptors_never_eat_the_reserve() {
     let mut config = Config::new(test_policy(), StdioRole::Local);

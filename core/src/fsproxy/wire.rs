@@ -16,6 +16,11 @@ use std::ops::Range;
 /// Largest `max` a `read` may ask for (seed 000).
 pub const DEFAULT_MAX_READ: u32 = 4096;
 
+/// The id of the first answer on a connection made through the session
+/// socket: `Attached` when the session admitted it, an error when a limit
+/// refused it.
+pub const SOCKET_GREETING_ID: &str = "session";
+
 /// The protocol's error codes: seed 000's "initial set" (`E_*`), and the
 /// broker's canonical codes (seed 002), which `LLMCMD` failures carry on
 /// the same wire. One enum for both keeps every response's code a plain

@@ -204,7 +204,8 @@ impl World {
                             }
                         }
                     }
-                    Event::Sent(..) | Event::Closed(_) => {}
+                    // No level here has a session socket.
+                    Event::Sent(..) | Event::Closed(_) | Event::Admitted(_) | Event::Refused(_) => {}
                 }
             }
         }
