@@ -14,6 +14,7 @@ mod draw;
 mod files;
 mod floods;
 mod frames;
+mod heap;
 mod held;
 mod issue;
 mod log;
@@ -84,6 +85,8 @@ type PendingEffect = (u64, EffectId, Effect);
 
 #[derive(Debug)]
 struct Level {
+    /// What this level's heap tag held before its machine was built.
+    heap_base: u64,
     m: FsProxy,
     alive: bool,
     upstream_frames: Frames,
@@ -227,8 +230,10 @@ impl World {
         };
         let levels = configs
             .into_iter()
-            .map(|c| Level {
-                m: FsProxy::new(c),
+            .enumerate()
+            .map(|(level, c)| Level {
+                heap_base: heap::base(level),
+                m: heap::tag(level).scope(|| FsProxy::new(c)),
                 alive: true,
                 upstream_frames: Frames::default(),
                 issued: BTreeSet::new(),
@@ -302,7 +307,8 @@ impl World {
             pager: pager_setup.as_ref().map(PagerSim::new),
         };
         if w.broker.is_some() {
-            w.levels[0].m.set_redactor(broker::world_redactor(bug));
+            let redactor = broker::world_redactor(bug);
+            heap::tag(0).scope(|| w.levels[0].m.set_redactor(redactor));
         }
         if nested {
             w.feed(0, Input::Connected { client: MIDDLE_CONN });
@@ -577,8 +583,13 @@ impl World {
         if let Some(t) = &mut self.trace {
             let _ = t.input(level, now, &input);
         }
-        self.levels[level].m.handle(now, input);
-        while let Some(out) = self.levels[level].m.poll_output() {
+        let tag = heap::tag(level);
+        if let Input::EffectDone { result: EffectResult::Data { data, .. }, .. } = &input {
+            airlock_heapcount::retag(data, tag);
+        }
+        tag.scope(|| self.levels[level].m.handle(now, input));
+        while let Some(out) = tag.scope(|| self.levels[level].m.poll_output()) {
+            heap::hand_out(&out);
             if let Some(t) = &mut self.trace {
                 let _ = t.output(level, &out);
             }

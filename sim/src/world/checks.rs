@@ -75,6 +75,7 @@ impl World {
     pub(super) fn check(&mut self) -> Check {
         self.broker_check()?;
         self.check_bounds()?;
+        self.check_heap()?;
         self.pager_check()?;
         if !self.quiescent() {
             return Ok(());
