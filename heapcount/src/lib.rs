@@ -45,9 +45,17 @@ const HEADER: usize = 16;
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
+/// A thread's current tag and its live bytes per tag, in one thread-local
+/// (one lookup an allocation).
+struct Counters {
+    current: Cell<u8>,
+    live: [Cell<u64>; MAX_TAGS],
+}
+
 thread_local! {
-    static CURRENT: Cell<u8> = const { Cell::new(0) };
-    static LIVE: [Cell<u64>; MAX_TAGS] = const { [const { Cell::new(0) }; MAX_TAGS] };
+    static COUNTERS: Counters = const {
+        Counters { current: Cell::new(0), live: [const { Cell::new(0) }; MAX_TAGS] }
+    };
 }
 
 /// Whose allocations a block is charged to.
@@ -72,7 +80,7 @@ impl Tag {
 
     /// Make this tag current on this thread until the guard drops.
     pub fn enter(self) -> Entered {
-        let prev = CURRENT.with(|c| c.replace(self.0));
+        let prev = COUNTERS.with(|c| c.current.replace(self.0));
         Entered(prev)
     }
 }
@@ -83,7 +91,7 @@ pub struct Entered(u8);
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.0));
+        COUNTERS.with(|c| c.current.set(self.0));
     }
 }
 
@@ -97,7 +105,7 @@ pub fn installed() -> bool {
 /// allocator is not installed. Block sizes as requested (what the caller
 /// holds), without the allocator's own overhead.
 pub fn live(tag: Tag) -> Option<u64> {
-    installed().then(|| LIVE.with(|l| l[usize::from(tag.0)].get()))
+    installed().then(|| COUNTERS.with(|c| c.live[usize::from(tag.0)].get()))
 }
 
 /// Charge the block holding `v`'s bytes to `tag` from now on (a machine's
@@ -121,10 +129,10 @@ pub fn retag(v: &Vec<u8>, tag: Tag) {
         }
         header.write(tag.0);
         let n = v.capacity() as u64;
-        LIVE.with(|l| {
-            let o = &l[usize::from(old) % MAX_TAGS];
+        COUNTERS.with(|c| {
+            let o = &c.live[usize::from(old) % MAX_TAGS];
             o.set(o.get().wrapping_sub(n));
-            let t = &l[usize::from(tag.0)];
+            let t = &c.live[usize::from(tag.0)];
             t.set(t.get().wrapping_add(n));
         });
     }
@@ -139,18 +147,27 @@ fn outer(layout: Layout) -> Option<(Layout, usize)> {
     Layout::from_size_align(size, layout.align().max(HEADER)).ok().map(|l| (l, pad))
 }
 
-fn charge(tag: u8, add: u64, sub: u64) {
+/// Charge `size` bytes of a new block to the current tag; its tag.
+fn charge_new(size: u64) -> u8 {
     // `try_with`: a thread's last frees may come after its counters are
     // gone (they have no destructor, so they never are, but the allocator
     // must not panic if that changes).
-    let _ = LIVE.try_with(|l| {
-        let c = &l[usize::from(tag) % MAX_TAGS];
-        c.set(c.get().wrapping_add(add).wrapping_sub(sub));
-    });
+    COUNTERS
+        .try_with(|c| {
+            let tag = c.current.get();
+            let l = &c.live[usize::from(tag)];
+            l.set(l.get().wrapping_add(size));
+            tag
+        })
+        .unwrap_or(0)
 }
 
-fn current() -> u8 {
-    CURRENT.try_with(Cell::get).unwrap_or(0)
+/// Give `size` bytes of a block back to `tag`.
+fn release(tag: u8, size: u64) {
+    let _ = COUNTERS.try_with(|c| {
+        let l = &c.live[usize::from(tag) % MAX_TAGS];
+        l.set(l.get().wrapping_sub(size));
+    });
 }
 
 // SAFETY: every block is the inner allocator's block of `outer(layout)`,
@@ -167,8 +184,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         if !INSTALLED.load(Ordering::Relaxed) {
             INSTALLED.store(true, Ordering::Relaxed);
         }
-        let tag = current();
-        charge(tag, layout.size() as u64, 0);
+        let tag = charge_new(layout.size() as u64);
         // SAFETY: `base` holds `pad >= HEADER` bytes before the block.
         unsafe {
             let p = base.add(pad);
@@ -181,8 +197,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         let Some((o, pad)) = outer(layout) else { return };
         // SAFETY: `ptr` came from `alloc` or `realloc` with this layout.
         unsafe {
-            let tag = ptr.sub(HEADER).read();
-            charge(tag, 0, layout.size() as u64);
+            release(ptr.sub(HEADER).read(), layout.size() as u64);
             self.0.dealloc(ptr.sub(pad), o);
         }
     }
@@ -200,9 +215,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
             }
             // A block that grows is charged to whoever grows it: a buffer
             // the harness handed in and a machine extends is the machine's.
-            let tag = current();
-            charge(old_tag, 0, layout.size() as u64);
-            charge(tag, new_size as u64, 0);
+            release(old_tag, layout.size() as u64);
+            let tag = charge_new(new_size as u64);
             let p = base.add(pad);
             p.sub(HEADER).write(tag);
             p
