@@ -1,6 +1,12 @@
 //! Every trace under `traces/` is replayed exactly; a simulator trace's world
 //! is also re-run with its checkers on (see traces/README.md).
 
+// The heap is counted, so the bounded-memory checker (invariant 11 against
+// the real allocation) runs in every world.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 mod common;
 
 use airlock_core::trace;

@@ -17,9 +17,11 @@ use crate::fsproxy::{
 use crate::handles::ClientId;
 use crate::policy::{Access, Policy, Root, RootId};
 use crate::time::Instant;
+use airlock_heapcount::Tag;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 mod nested;
@@ -196,12 +198,26 @@ pub struct Shell {
     reporting: Option<CallId>,
     departed: BTreeSet<ClientId>,
     clock: u64,
+    /// The heap tag the machine's allocations are charged to, and what it
+    /// held before the machine was built.
+    heap: (Tag, u64),
+}
+
+/// Each shell's machine gets a heap tag of its own (nested targets stack
+/// several); tag 0 is the harness's.
+static NEXT_HEAP_TAG: AtomicUsize = AtomicUsize::new(0);
+
+fn next_heap_tag() -> Tag {
+    Tag::new(1 + NEXT_HEAP_TAG.fetch_add(1, Ordering::Relaxed) % (airlock_heapcount::MAX_TAGS - 1))
 }
 
 impl Shell {
     pub fn new(config: Config, fs: MemFs) -> Self {
+        let tag = next_heap_tag();
+        let base = airlock_heapcount::live(tag).unwrap_or(0);
         Shell {
-            proxy: FsProxy::new(config),
+            heap: (tag, base),
+            proxy: tag.scope(|| FsProxy::new(config)),
             fs,
             auto: true,
             effects: Vec::new(),
@@ -282,10 +298,33 @@ impl Shell {
             _ => {}
         }
         let now = self.now();
-        self.proxy.handle(now, input);
+        self.handle(now, input);
         self.drain();
         if self.auto {
             self.settle();
+        }
+        self.check_heap();
+    }
+
+    /// The machine's `handle`, its allocations charged to its heap tag; an
+    /// effect's result is the machine's from then on.
+    fn handle(&mut self, now: Instant, input: Input) {
+        if let Input::EffectDone { result: EffectResult::Data { data, .. }, .. } = &input {
+            airlock_heapcount::retag(data, self.heap.0);
+        }
+        let proxy = &mut self.proxy;
+        self.heap.0.scope(|| proxy.handle(now, input));
+    }
+
+    /// What the machine holds on the heap stays within what its limits
+    /// allow (`FsProxy::heap_check`), when the counting allocator is the
+    /// global one (the fuzz targets and the corpus replay install it).
+    pub fn check_heap(&self) {
+        let (tag, base) = self.heap;
+        if let Some(live) = airlock_heapcount::live(tag) {
+            if let Err(m) = self.proxy.heap_check(live.wrapping_sub(base), u64::MAX) {
+                panic!("bounded_memory: the machine {m}");
+            }
         }
     }
 
@@ -304,7 +343,19 @@ impl Shell {
     }
 
     fn drain(&mut self) {
-        while let Some(out) = self.proxy.poll_output() {
+        loop {
+            let proxy = &mut self.proxy;
+            let Some(out) = self.heap.0.scope(|| proxy.poll_output()) else { break };
+            // Handed out: the shell's to keep or drop from here.
+            if let Output::Send { data, .. }
+            | Output::SendUpstream { data }
+            | Output::Effect {
+                effect: Effect::Write { data, .. } | Effect::WriteStdio { data, .. },
+                ..
+            } = &out
+            {
+                airlock_heapcount::retag(data, Tag::HARNESS);
+            }
             match out {
                 Output::Send { client, data } => {
                     assert!(!self.departed.contains(&client), "sent to {client}, which has left: {data:?}");
@@ -371,8 +422,9 @@ impl Shell {
         let (id, effect) = self.effects.remove(idx);
         let result = if fail { self.fs.fail(&effect) } else { self.fs.perform(&effect) };
         let now = self.now();
-        self.proxy.handle(now, Input::EffectDone { id, result });
+        self.handle(now, Input::EffectDone { id, result });
         self.drain();
+        self.check_heap();
     }
 
     /// Complete every outstanding effect, and those they lead to.

@@ -2,6 +2,11 @@
 //! fuzz targets call, so every input that once mattered to a fuzzer is
 //! re-checked by a plain `cargo test`, on stable, without cargo-fuzz.
 
+// The heap is counted, so every input's bounded-memory check runs.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 use std::fs;
 use std::path::PathBuf;
 
@@ -66,4 +71,21 @@ fn vfs_host_corpus() {
 #[test]
 fn toolexec_events_corpus() {
     replay("toolexec_events", airlock_core::fuzzing::toolexec_events);
+}
+
+/// The heap check every fuzz input ends with can fail: a machine that
+/// reserves a buffer it does not count is caught on the input that makes
+/// it.
+#[test]
+#[should_panic(expected = "bounded_memory")]
+fn a_buffer_the_machine_does_not_count_fails_the_heap_check() {
+    use airlock_core::fsproxy::{Config, Input, PlantedBug, StdioRole};
+    use airlock_core::fuzzing::{test_fs, test_policy, Shell};
+    use airlock_core::handles::ClientId;
+    let mut config = Config::new(test_policy(), StdioRole::Reject);
+    config.planted_bug = Some(PlantedBug::UncountedBuffer);
+    let mut shell = Shell::new(config, test_fs());
+    shell.connect(ClientId(1));
+    // A partial frame: the header and one byte of its payload.
+    shell.input(Input::Bytes { client: ClientId(1), data: vec![0, 0, 0, 100, b'{'] });
 }

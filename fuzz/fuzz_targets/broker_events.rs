@@ -1,5 +1,10 @@
 #![no_main]
 
+// The heap is counted, so every input's bounded-memory check runs.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| airlock_core::fuzzing::broker_events(data));

@@ -1,6 +1,12 @@
 //! Measures the simulator's throughput: `cargo run --release -p airlock-sim
 //! --example simrate -- [seeds] [default|nested] [jobs]`.
 
+// The heap is counted, so the bounded-memory checker (invariant 11 against
+// the real allocation) runs in every world.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 use airlock_sim::{run_many, Scenario, SimOptions};
 
 fn main() {

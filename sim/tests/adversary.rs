@@ -5,6 +5,12 @@
 //! `AIRLOCK_KEEP_PLANTED_TRACES=1` copies the traces into `traces/planted/`,
 //! where `tests/traces.rs` replays them and checks their worlds still fail.
 
+// The heap is counted, so the bounded-memory checker (invariant 11 against
+// the real allocation) runs in every world.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::trace::replay;
 use airlock_sim::{run_seed_with_bug, Scenario, SimOptions};

@@ -3,6 +3,12 @@
 //! seed among the first 1,000 fails the matching invariant, is shrunk to a
 //! short run, and its trace replays exactly.
 
+// The heap is counted, so the bounded-memory checker (invariant 11 against
+// the real allocation) runs in every world.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::trace::replay;
 use airlock_sim::{run_seed_with_bug, swarm_for, FaultKind, Scenario, SeedResult, SimOptions};
@@ -87,4 +93,9 @@ fn an_upstream_link_cut_by_one_big_answer_is_found() {
         Scenario::Nested,
         "upstream_link_kept",
     );
+}
+
+#[test]
+fn a_buffer_allocated_but_not_counted_is_found() {
+    check(PlantedBug::UncountedBuffer, FaultKind::SplitDelivery, Scenario::Default, "bounded_memory");
 }

@@ -15,6 +15,12 @@
 //! - `AIRLOCK_SIM_PLANT=SCENARIO:SEED:BUG` — run that one seed with a
 //!   planted bug (a `PlantedBug` in snake case), to see a shard find it.
 
+// The heap is counted, so the bounded-memory checker (invariant 11 against
+// the real allocation) runs in every world.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 use airlock_core::fsproxy::PlantedBug;
 use airlock_sim::{run_seed, run_seed_with_bug, FaultKind, Scenario, SeedResult, SimOptions};
 use libtest_mimic::{Arguments, Failed, Trial};

@@ -2,6 +2,12 @@
 //! planted bug is found, shrunk, traced and replayed. The seed sweeps
 //! themselves are `tests/seeds.rs`.
 
+// The heap is counted, so the bounded-memory checker (invariant 11 against
+// the real allocation) runs in every world.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::handles::ClientId;
 use airlock_core::trace::{replay, ReplayError};

@@ -6,6 +6,12 @@
 //! change that makes other worlds shows as a changed snapshot, to be
 //! accepted only on purpose.
 
+// The heap is counted, so the bounded-memory checker (invariant 11 against
+// the real allocation) runs in every world.
+#[global_allocator]
+static HEAP: airlock_heapcount::Counting<std::alloc::System> =
+    airlock_heapcount::Counting(std::alloc::System);
+
 use airlock_sim::{record_trace, Scenario, SimOptions};
 use std::fmt::Write as _;
 use std::hash::Hasher as _;

@@ -432,3 +432,130 @@ mod tests {
         assert_eq!(id_from_head(br#"{"id" : "u3", "ok": true}"#), Some("u3".into()));
     }
 }
+
+/// What a machine holds on the heap whatever its clients do: its tables,
+/// its decoders' and encoders' scratch, the broker's and pager's fixed
+/// state. The constant a heap check adds to [`FsProxy::heap_allowance`].
+#[doc(hidden)]
+pub const HEAP_SLACK: u64 = 256 << 10;
+/// Counted bytes may be held in vectors up to this many times their
+/// length while they grow (doubling).
+#[doc(hidden)]
+pub const HEAP_GROWTH: u64 = 2;
+/// Held per live client: its connection's state, decoder and queue.
+#[doc(hidden)]
+pub const HEAP_PER_CLIENT: u64 = 4 << 10;
+/// Held per open handle: the table entry and its path.
+#[doc(hidden)]
+pub const HEAP_PER_HANDLE: u64 = 1 << 10;
+/// Held per request waiting or in flight, beyond its counted bytes: its
+/// record, an upstream request or effect in flight.
+#[doc(hidden)]
+pub const HEAP_PER_REQUEST: u64 = 1 << 10;
+/// Held per virtual file, beyond its counted bytes.
+#[doc(hidden)]
+pub const HEAP_PER_VIRTUAL_FILE: u64 = 256;
+/// Held per descriptor.
+#[doc(hidden)]
+pub const HEAP_PER_DESCRIPTOR: u64 = 64;
+
+/// One limit's share of the heap a machine may hold.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeapShare {
+    pub limit: &'static str,
+    pub bytes: u64,
+    /// A limit on bytes, not on a count of items.
+    pub per_byte: bool,
+}
+
+impl FsProxy {
+    /// What each limit lets the machine hold on the heap now, for the
+    /// harnesses that count what it really holds (the simulator's and the
+    /// fuzz targets' `bounded_memory` check): what it counts against each
+    /// byte limit at up to [`HEAP_GROWTH`] times, each counted item at its
+    /// per-item cost, none above what the limit itself allows. `requests`:
+    /// requests waiting or in flight, as the harness knows them (`u64::MAX`
+    /// when it does not: the limits then bound them).
+    #[doc(hidden)]
+    pub fn heap_allowance(&self, requests: u64) -> Vec<HeapShare> {
+        let c = &self.config;
+        let u = self.usage();
+        let bytes = |limit: &'static str, counted: u64, max: u64| HeapShare {
+            limit,
+            bytes: HEAP_GROWTH.saturating_mul(counted.min(max)),
+            per_byte: true,
+        };
+        let items = |limit: &'static str, n: u64, max: u64, each: u64| HeapShare {
+            limit,
+            bytes: n.min(max).saturating_mul(each),
+            per_byte: false,
+        };
+        let clients = u.clients as u64 + 1;
+        let mut shares = vec![
+            bytes("max_session_queued_bytes", u.queued_bytes, c.max_session_queued_bytes),
+            // Partial frames, each under `max_frame` (from a child) or
+            // `max_upstream_frame` (from above): one may cross the total.
+            bytes(
+                "max_buffered_bytes",
+                u.buffered_bytes,
+                c.max_buffered_bytes.saturating_add(c.max_frame.max(c.max_upstream_frame) as u64),
+            ),
+            bytes("max_virtual_bytes", u.virtual_bytes, c.max_virtual_bytes),
+            items(
+                "max_virtual_files",
+                u.virtual_files as u64,
+                c.max_virtual_files as u64,
+                HEAP_PER_VIRTUAL_FILE,
+            ),
+            items("max_clients", u.clients as u64, c.max_clients as u64 + 1, HEAP_PER_CLIENT),
+            items("max_open_handles", self.open_handles() as u64, c.max_open_handles as u64, HEAP_PER_HANDLE),
+            items(
+                "max_queued_requests",
+                requests,
+                clients.saturating_mul(c.max_queued_requests as u64 + 1),
+                HEAP_PER_REQUEST,
+            ),
+            items("max_descriptors", u.descriptors as u64, c.max_descriptors as u64, HEAP_PER_DESCRIPTOR),
+        ];
+        if let (Some(p), Some(pc)) = (self.pager(), &c.pager) {
+            shares.push(bytes("pager max_total_bytes", p.held_total(), pc.max_total_bytes));
+        }
+        if let (Some(b), Some(bs)) = (self.broker(), &c.broker) {
+            shares.push(bytes("broker max_pending_bytes", b.pending_bytes(), bs.config.max_pending_bytes));
+        }
+        shares
+    }
+
+    /// `held` bytes on the heap against [`FsProxy::heap_allowance`] plus
+    /// [`HEAP_SLACK`]; over it, what the check reports, naming the limit
+    /// broken: the byte limit the machine counts most under (a buffer it
+    /// does not count grows beside one it does), else the largest share.
+    #[doc(hidden)]
+    pub fn heap_check(&self, held: u64, requests: u64) -> Result<(), String> {
+        // Every allowance is at least the slack: most steps need no more
+        // (a harness checks every step, so this is its hot path).
+        if held <= HEAP_SLACK {
+            return Ok(());
+        }
+        let shares = self.heap_allowance(requests);
+        let allowed = shares.iter().fold(HEAP_SLACK, |a, s| a.saturating_add(s.bytes));
+        if held <= allowed {
+            return Ok(());
+        }
+        let broken = shares
+            .iter()
+            .filter(|s| s.per_byte && s.bytes > 0)
+            .max_by_key(|s| s.bytes)
+            .or_else(|| shares.iter().max_by_key(|s| s.bytes))
+            .map_or("none", |s| s.limit);
+        let listed: Vec<String> =
+            shares.iter().filter(|s| s.bytes > 0).map(|s| format!("{} {}", s.limit, s.bytes)).collect();
+        Err(format!(
+            "holds {held} bytes on the heap, {} over the {allowed} its limits allow (breaks {broken}; \
+             shares: {}; slack {HEAP_SLACK})",
+            held - allowed,
+            listed.join(", ")
+        ))
+    }
+}

@@ -193,6 +193,9 @@ pub enum PlantedBug {
     NestedSkipsNarrow,
     /// The pager forgets the session's `max_total_bytes`.
     PagerIgnoresLimit,
+    /// A connection holding a partial frame reserves room for a whole
+    /// `max_frame` for it, while only the bytes received are counted.
+    UncountedBuffer,
     /// VFS host: the result of an effect that timed out or was cancelled
     /// is still answered (a second response for its id).
     ToolAnswersLateResult,
@@ -591,6 +594,9 @@ struct Client {
     /// This level's own scope intersected with `scope`, computed once per
     /// `narrow` rather than per open.
     effective: Option<Scope>,
+    /// Room reserved ahead of a partial frame: only with
+    /// `PlantedBug::UncountedBuffer`.
+    read_ahead: Vec<u8>,
 }
 
 /// A nested level narrows its upstream before forwarding anything.
@@ -1119,6 +1125,7 @@ impl FsProxy {
                 passed: VecDeque::new(),
                 scope: None,
                 effective: None,
+                read_ahead: Vec::new(),
             },
         );
     }
@@ -1138,6 +1145,12 @@ impl FsProxy {
             let before = c.decoder.buffered() as u64;
             let next = c.decoder.next_from(&mut rest);
             self.buffered_total = self.buffered_total - before + c.decoder.buffered() as u64;
+            if self.config.planted_bug == Some(PlantedBug::UncountedBuffer)
+                && c.decoder.buffered() > 0
+                && c.read_ahead.capacity() == 0
+            {
+                c.read_ahead.reserve(self.config.max_frame);
+            }
             match next {
                 Ok(Some(payload)) => {
                     let (req, response) = wire::parse_request_or_response(&payload, self.config.limits);
@@ -1784,6 +1797,7 @@ impl FsProxy {
             return;
         }
         c.alive = false;
+        c.read_ahead = Vec::new();
         self.queued_total -= c.queued_bytes;
         self.buffered_total -= c.decoder.buffered() as u64;
         c.queued_bytes = 0;
