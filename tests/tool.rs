@@ -601,7 +601,7 @@ fn deny_wins_over_allow_rw_and_list_dir_hides_denied() {
     );
     let got: Value = serde_json::from_str(&out.text()).unwrap();
     assert_eq!(got[0], -32001);
-    assert_eq!(got[1], json!({"entries": [{"path": "out/keep.txt", "kind": "file"}]}));
+    assert_eq!(got[1], json!({"entries": [{"path": "keep.txt", "kind": "file"}]}));
     assert_eq!(f.read("out/new.key"), None);
 }
 

@@ -881,8 +881,8 @@ impl Host {
                 fs(FsOp::Grep(q))
             }
             "http.get" | "http.post" => {
-                let url = p.str("url")?.to_string();
-                self.policy.check_url(&url).map_err(rpc)?;
+                // Sent as decided: the normalized form, never the text.
+                let url = self.policy.check_url(p.str("url")?).map_err(rpc)?.to_string();
                 let mut headers = Vec::new();
                 if let Some(hs) = p.opt("headers") {
                     let hs =
