@@ -2,6 +2,9 @@
 //! fuzz targets call, so every input that once mattered to a fuzzer is
 //! re-checked by a plain `cargo test`, on stable, without cargo-fuzz.
 
+#[path = "support/url_oracle.rs"]
+mod url_oracle;
+
 use std::fs;
 use std::path::PathBuf;
 
@@ -66,4 +69,14 @@ fn vfs_host_corpus() {
 #[test]
 fn toolexec_events_corpus() {
     replay("toolexec_events", airlock_core::fuzzing::toolexec_events);
+}
+
+#[test]
+fn vfs_url_corpus() {
+    replay("vfs_url", url_oracle::check);
+}
+
+#[test]
+fn vfs_scrub_corpus() {
+    replay("vfs_scrub", airlock_core::vfs::fuzzing::scrubber);
 }
