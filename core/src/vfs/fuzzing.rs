@@ -458,20 +458,6 @@ pub fn host_session(data: &[u8]) {
     assert!(h.host.is_finished() && h.host.poll_timeout().is_none());
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
-        #[test]
-        fn hostile_sessions_hold_every_invariant(data in proptest::collection::vec(any::<u8>(), 0..400)) {
-            host_session(&data);
-        }
-    }
-}
-
 /// The `vfs_scrub` fuzz target's entry point (and its corpus replay): the
 /// scrubber against a plain reference, on secrets and content the input
 /// spells. The input: a count of secrets (1 to 4), each as a length byte
@@ -546,5 +532,19 @@ pub fn scrubber(data: &[u8]) {
     }
     if let Ok(text) = std::str::from_utf8(&content) {
         assert_eq!(scrub.string(text).as_bytes(), String::from_utf8_lossy(&want).as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+        #[test]
+        fn hostile_sessions_hold_every_invariant(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+            host_session(&data);
+        }
     }
 }
