@@ -831,3 +831,22 @@ fn grep_searches_the_scrubbed_text() {
     s.req(6, "fs.read", json!({"path": "k.pem"}));
     assert_eq!(s.last()["result"]["content"], "head\n[REDACTED]\ntail\n");
 }
+
+/// `http.get` is sent to the normalized URL it was allowed as, and a
+/// `Host` header cannot send it to another virtual host.
+#[test]
+fn http_goes_to_the_url_as_allowed() {
+    let mut s = Session::new(Config::new("t"), policy_cfg(), MemFiles::new());
+    s.req(
+        1,
+        "http.get",
+        json!({"url": "http://127.0.0.1:9/api/x", "headers": [{"name": "HOST", "value": "admin"}]}),
+    );
+    assert_eq!(s.last()["error"]["code"], -32001, "{}", s.last());
+    s.req(2, "http.get", json!({"url": "http://127.0.0.1:9/api/%2e%2e%2fadmin"}));
+    assert_eq!(s.last()["error"]["code"], -32001, "{}", s.last());
+    assert!(s.held.is_empty());
+    s.req(3, "http.get", json!({"url": "HTTP://127.0.0.1:9/api/a/../%62"}));
+    let Some((_, Effect::Http(r))) = s.held.first() else { panic!("no http effect: {}", s.last()) };
+    assert_eq!(r.url, "http://127.0.0.1:9/api/b");
+}
