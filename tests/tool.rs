@@ -601,7 +601,7 @@ fn deny_wins_over_allow_rw_and_list_dir_hides_denied() {
     );
     let got: Value = serde_json::from_str(&out.text()).unwrap();
     assert_eq!(got[0], -32001);
-    assert_eq!(got[1], json!({"entries": [{"path": "out/keep.txt", "kind": "file"}]}));
+    assert_eq!(got[1], json!({"entries": [{"path": "keep.txt", "kind": "file"}]}));
     assert_eq!(f.read("out/new.key"), None);
 }
 
@@ -1381,4 +1381,294 @@ fn the_rust_example_tool_uses_the_sdk() {
     let j = out.completed();
     assert_eq!(j["content"][0]["text"], "Modified src/main.rs", "{j}");
     assert_eq!(f.read("src/main.rs").unwrap(), b"// edited by vfs_tool\nfn main() {}\n");
+}
+
+// ---------------------------------------------------------------- issue 30: URLs, scrubbing, secrets
+
+/// A loopback server that reads paths as ordinary web servers do: the
+/// whole path percent-decoded (`%2f` included), then its dot segments
+/// removed. `/pub/file.txt` answers `PUBLIC`, `/private.txt` `PRIVATE`;
+/// every path as the server resolved it is sent on `seen`.
+fn decoding_server(seen: std::sync::mpsc::Sender<String>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&req).into_owned();
+            let target = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+            let path = target.split('?').next().unwrap_or("/");
+            let decoded = percent_decode(path);
+            let mut out: Vec<&str> = Vec::new();
+            for seg in decoded.split(['/', '\\']) {
+                match seg {
+                    "" | "." => {}
+                    ".." => {
+                        out.pop();
+                    }
+                    s => out.push(s),
+                }
+            }
+            let resolved = format!("/{}", out.join("/"));
+            let body = match resolved.as_str() {
+                "/pub/file.txt" => "PUBLIC",
+                "/private.txt" => "PRIVATE",
+                _ => "NONE",
+            };
+            let _ = seen.send(resolved);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    format!("http://{addr}")
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |x: u8| (x as char).to_digit(16);
+        match (b[i], b.get(i + 1).and_then(|&x| hex(x)), b.get(i + 2).and_then(|&x| hex(x))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn encoded_urls_reach_only_what_the_prefix_allows() {
+    let f = Fixture::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let base = decoding_server(tx);
+    let out = f.run(
+        &["--allow-url", &format!("{base}/pub/")],
+        &f.py(&format!(
+            "b = {base:?} + '/pub/'\n\
+             tails = ['%2e%2e%2fprivate.txt', '..%2fprivate.txt', '..%2Fprivate.txt', '%2e%2e/private.txt',\n\
+             \x20   '.%2e/private.txt', '%2E%2E%2Fprivate.txt', '..%5cprivate.txt', '..\\\\private.txt', '../private.txt',\n\
+             \x20   'x/../../private.txt', '%2e%2e%5c..%5cprivate.txt', '%252e%252e%252fprivate.txt', 'file.txt',\n\
+             \x20   'x/../file.txt', '%66ile.txt', './file.txt']\n\
+             got = []\n\
+             for t in tails:\n\
+             \x20   r = call('http.get', {{'url': b + t}})\n\
+             \x20   got.append([t, r['result']['body'] if 'result' in r else r['error']['code']])\n\
+             result(json.dumps(got))"
+        )),
+    );
+    let got: Vec<(String, Value)> = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got.len(), 16);
+    for (tail, answer) in &got {
+        assert_ne!(answer, "PRIVATE", "{tail} reached the private file: {got:?}");
+    }
+    // The ways to the allowed file through encodings and dot segments
+    // within the prefix still get it, sent in their normalized form.
+    for (tail, answer) in &got[12..] {
+        assert_eq!(answer, "PUBLIC", "{tail}: {got:?}");
+    }
+    // Every encoded separator or encoded dot segment is refused, not sent.
+    for (tail, answer) in &got[..8] {
+        assert!(answer.is_i64(), "{tail} was sent: {got:?}");
+    }
+    drop(out);
+    let seen: Vec<String> = rx.try_iter().collect();
+    assert!(!seen.is_empty());
+    for p in &seen {
+        assert!(p.starts_with("/pub/"), "the server resolved a request to {p}: {seen:?}");
+    }
+}
+
+/// A one-line secret the grep oracle attack would rebuild a byte at a
+/// time: every pattern runs on the scrubbed text, so no answer depends on
+/// the secret.
+#[test]
+fn grep_answers_nothing_about_a_secret() {
+    let f = Fixture::new();
+    let secret = "k3y-9f8e7d6c5b4a";
+    f.file("conf.txt", format!("name=app\napi_key={secret}\n"));
+    let out = f.run_env(
+        &["--env-allow", "APP_KEY"],
+        &f.py(
+            "import re\n\
+             alphabet = 'abcdefghijklmnopqrstuvwxyz0123456789-'\n\
+             known, asked = '', 0\n\
+             while len(known) < 40:\n\
+             \x20   for c in alphabet:\n\
+             \x20       asked += 1\n\
+             \x20       r = ok('fs.grep', {'pattern': '^api_key=' + re.escape(known + c), 'paths': ['conf.txt']})\n\
+             \x20       if r['matches']:\n\
+             \x20           known += c\n\
+             \x20           break\n\
+             \x20   else:\n\
+             \x20       break\n\
+             whole = ok('fs.grep', {'pattern': 'api_key=', 'paths': ['conf.txt']})\n\
+             redacted = ok('fs.grep', {'pattern': r'^api_key=\\[REDACTED\\]$', 'paths': ['conf.txt']})\n\
+             result(json.dumps([known, asked, whole, len(redacted['matches'])]))",
+        ),
+        &[("APP_KEY", secret)],
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got[0], "", "the attack rebuilt a prefix of the secret: {got}");
+    assert!(got[1].as_u64().unwrap() >= 37, "the attack ran: {got}");
+    assert_eq!(got[2]["matches"][0]["lines"][0]["content"], "api_key=[REDACTED]", "{got}");
+    assert_eq!(got[3], 1, "grep sees the scrubbed line: {got}");
+    assert!(!out.stdout().contains(secret));
+}
+
+/// The lines of a PEM key, the secret whole.
+const PEM: &str = "-----BEGIN PRIVATE KEY-----\n\
+MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj\n\
+MzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNbvJZHtCSuYEvu\n\
+NMoSfm76oqFvAp8Gy0iz5sxjZmSnXyCdPEovGhLa0VzMaQ8s+CLOyS56YyCFGeJZ\n\
+-----END PRIVATE KEY-----";
+
+/// Strings in a JSON trace line, and the decoded bytes of each that is
+/// base64.
+fn trace_strings(v: &Value, out: &mut Vec<Vec<u8>>) {
+    use base64::Engine as _;
+    match v {
+        Value::String(s) => {
+            out.push(s.as_bytes().to_vec());
+            if let Ok(b) = base64::engine::general_purpose::STANDARD.decode(s) {
+                out.push(b);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| trace_strings(x, out)),
+        Value::Object(o) => o.values().for_each(|x| trace_strings(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn a_multi_line_secret_is_redacted_whole_in_grep_read_and_the_record() {
+    let f = Fixture::new();
+    f.file("keys/server.pem", format!("# deploy key\n{PEM}\nEND-OF-FILE\n"));
+    let rec = f.scratch.path().join("trace.jsonl");
+    let out = f.run_env(
+        &["--env-allow", "TLS_KEY", "--record", rec.to_str().unwrap()],
+        &f.py("g = ok('fs.grep', {'pattern': '.', 'paths': ['keys']})\n\
+             m = ok('fs.grep', {'pattern': 'END-OF-FILE|MII|KEY', 'paths': ['keys'], 'context': 2})\n\
+             r = ok('fs.read', {'path': 'keys/server.pem'})\n\
+             result(json.dumps([g, m, r]))"),
+        &[("TLS_KEY", PEM)],
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    let lines = |v: &Value| -> Vec<(u64, String)> {
+        v["matches"][0]["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| (l["line_number"].as_u64().unwrap(), l["content"].as_str().unwrap().to_owned()))
+            .collect()
+    };
+    // One line where the key was, numbered as in the text fs.read returns.
+    let want: Vec<(u64, String)> =
+        vec![(1, "# deploy key".into()), (2, "[REDACTED]".into()), (3, "END-OF-FILE".into())];
+    assert_eq!(lines(&got[0]), want, "{got}");
+    assert_eq!(lines(&got[1]), want, "{got}");
+    assert_eq!(got[2]["content"], "# deploy key\n[REDACTED]\nEND-OF-FILE\n");
+    let stdout = out.stdout();
+    for line in PEM.lines() {
+        assert!(!stdout.contains(line), "{line} reached the tool: {stdout}");
+    }
+    // The trace holds none of the key's lines, plain or in base64.
+    let trace = std::fs::read_to_string(&rec).unwrap();
+    let mut texts = Vec::new();
+    for l in trace.lines() {
+        trace_strings(&serde_json::from_str(l).unwrap(), &mut texts);
+    }
+    assert!(texts.iter().any(|t| t.windows(11).any(|w| w == b"END-OF-FILE")), "{trace}");
+    for line in PEM.lines() {
+        let needle = line.as_bytes();
+        assert!(
+            !texts.iter().any(|t| t.windows(needle.len()).any(|w| w == needle)),
+            "{line} is in the trace"
+        );
+    }
+    let (code, stdout) = replay(&rec);
+    assert_eq!(code, Some(0), "the scrubbed recording replays: {stdout}");
+}
+
+/// What a same-user tool finds in `/proc/$PPID/environ`: as root (who may
+/// read a non-dumpable process's files) no secret, since airlock removed
+/// it; as an ordinary user, nothing at all, since airlock is not dumpable.
+#[test]
+fn the_tool_finds_no_secret_in_airlocks_environ() {
+    let probe = "try:\n\
+                 \x20   with open('/proc/%d/environ' % os.getppid(), 'rb') as fh:\n\
+                 \x20       env = fh.read()\n\
+                 \x20   r = ['read', b'sekrit-value-42' in env]\n\
+                 except PermissionError:\n\
+                 \x20   r = ['refused']\n\
+                 result(json.dumps(r))";
+    // As root.
+    let f = Fixture::new();
+    let out = f.run_env(&["--env-allow", "HIDE_ME"], &f.py(probe), &[("HIDE_ME", "sekrit-value-42")]);
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got, json!(["read", false]), "root reads it, without the secret");
+
+    // As an ordinary user, airlock and the tool alike.
+    use std::os::unix::fs::PermissionsExt;
+    for d in [f.root(), f.scratch.path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let cmd = f.py(probe);
+    for p in &cmd[1..] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(airlock())
+        .args(["tool", "--env-allow", "HIDE_ME", "--"])
+        .args(&cmd)
+        .current_dir(f.root())
+        .env("HIDE_ME", "sekrit-value-42")
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv runs");
+    let out = Out::new(output, Duration::ZERO);
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got, json!(["refused"]), "a same-user tool reads airlock's environ");
+}
+
+#[test]
+fn list_dir_names_are_relative_to_the_listed_directory() {
+    let f = Fixture::new();
+    f.file("src/main.rs", "fn main() {}\n");
+    f.file("src/lib/mod.rs", "\n");
+    f.file("src/a.key", "k\n");
+    let out = f.run(
+        &["--deny", "*.key"],
+        &f.py(
+            "l = ok('fs.list_dir', {'path': 'src'})\n\
+             reads = [ok('fs.read', {'path': 'src/' + e['path']})['size'] for e in l['entries'] if e['kind'] == 'file']\n\
+             d = ok('fs.list_dir', {'path': './src/lib/'})\n\
+             result(json.dumps([l, reads, d]))",
+        ),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(
+        got[0],
+        json!({"entries": [{"path": "lib", "kind": "dir"}, {"path": "main.rs", "kind": "file"}]}),
+        "{got}"
+    );
+    assert_eq!(got[1], json!([13]), "a tool joining the name to the directory reads the file");
+    assert_eq!(got[2], json!({"entries": [{"path": "mod.rs", "kind": "file"}]}));
 }

@@ -7,6 +7,9 @@
 static HEAP: airlock_heapcount::Counting<std::alloc::System> =
     airlock_heapcount::Counting(std::alloc::System);
 
+#[path = "support/url_oracle.rs"]
+mod url_oracle;
+
 use std::fs;
 use std::path::PathBuf;
 
@@ -88,4 +91,14 @@ fn a_buffer_the_machine_does_not_count_fails_the_heap_check() {
     shell.connect(ClientId(1));
     // A partial frame: the header and one byte of its payload.
     shell.input(Input::Bytes { client: ClientId(1), data: vec![0, 0, 0, 100, b'{'] });
+}
+
+#[test]
+fn vfs_url_corpus() {
+    replay("vfs_url", url_oracle::check);
+}
+
+#[test]
+fn vfs_scrub_corpus() {
+    replay("vfs_scrub", airlock_core::vfs::fuzzing::scrubber);
 }

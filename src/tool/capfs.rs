@@ -150,7 +150,8 @@ impl CapFiles {
                     // Gone or swapped since the walk saw it: skipped like a link.
                     Err(_) => return Ok(true),
                 };
-                Ok(grep_content(matcher, path, &content, q, gate.max_file(), out))
+                // Searched scrubbed: a match must not answer for a secret.
+                Ok(grep_content(matcher, path, &gate.scrubber().bytes(&content), q, gate.max_file(), out))
             }
             Node::Dir => {
                 if gate.check(path, false, true).is_err() {

@@ -123,11 +123,24 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         deny: a.deny.clone(),
         allow_cmd,
         allow_url: a.allow_url.clone(),
-        env_allow: a.env_allow.iter().map(|v| (v.clone(), std::env::var(v).ok())).collect(),
+        env_allow: a.env_allow.iter().map(|v| (v.clone(), take_secret(v))).collect(),
         path_env,
     };
     let policy = ToolPolicy::new(&policy_config)?;
     Ok(Prepared { project, config, policy, policy_config, record: a.record.clone() })
+}
+
+/// An `--env-allow` value, removed from airlock's own environment (as
+/// `airlock run` does its key): a same-user tool reading
+/// `/proc/<airlock>/environ` finds nothing. A variable the tool inherits
+/// anyway (`PATH`, `HOME`, …) stays, so the tool's environment does not
+/// change with the policy.
+fn take_secret(name: &str) -> Option<String> {
+    if process::tool_env_allowed(name) {
+        std::env::var(name).ok()
+    } else {
+        crate::secrets::take_env(name)
+    }
 }
 
 /// An `--allow-cmd` as the absolute program it names, found now.
@@ -157,6 +170,9 @@ fn is_executable(p: &Path) -> bool {
 /// Run the tool to its outcome; the exit status to leave with. An `Err`
 /// means it never started (exit 125, stdout empty).
 pub fn tool(a: &ToolArgs) -> anyhow::Result<i32> {
+    // Before any secret is read, and before the runtime's threads: the
+    // environment changes in `prepare`.
+    crate::secrets::not_dumpable()?;
     let prepared = prepare(a)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(driver::run(prepared, &a.argv))

@@ -22,13 +22,14 @@
 //!   `-32001`, not "absent";
 //! - `list_dir`: entries sorted by name, symlinks as `symlink` (not
 //!   followed), entries the gate refuses left out, each `path` the
-//!   directory's path as requested joined with the name;
+//!   entry's name, relative to the listed directory (seed 004);
 //! - `delete`: a file or a symlink itself, never a directory;
 //! - `rename`: a file or a symlink itself (a directory could carry denied
 //!   files out from under a deny glob); onto an existing path `-32003`;
 //! - `grep`: see [`grep_file`] and [`GrepQuery`].
 
 use super::effect::OpError;
+use super::scrub::Scrubber;
 use crate::codec::jsonrpc::ErrorCode;
 use crate::scope::Scope;
 use ignore::gitignore::Gitignore;
@@ -143,10 +144,19 @@ pub struct Gate {
     max_grep_lines: usize,
     /// `PlantedBug::ToolLexicalOnly`.
     lexical_only: bool,
+    /// Content is scrubbed before a backend searches it (`fs.grep`), so a
+    /// match cannot answer questions about a secret.
+    scrubber: Scrubber,
 }
 
 impl Gate {
-    pub(crate) fn new(project: PathBuf, scope: Scope, deny: Gitignore, env_files: Gitignore) -> Self {
+    pub(crate) fn new(
+        project: PathBuf,
+        scope: Scope,
+        deny: Gitignore,
+        env_files: Gitignore,
+        scrubber: Scrubber,
+    ) -> Self {
         Gate {
             project,
             scope,
@@ -155,7 +165,14 @@ impl Gate {
             max_file: super::DEFAULT_MAX_FILE,
             max_grep_lines: super::DEFAULT_MAX_GREP_LINES,
             lexical_only: false,
+            scrubber,
         }
+    }
+
+    /// The `--env-allow` values' scrubber. A backend searches
+    /// [`Scrubber::bytes`] of a file, never its raw content.
+    pub fn scrubber(&self) -> &Scrubber {
+        &self.scrubber
     }
 
     pub(crate) fn plant_lexical_only(&mut self) {
@@ -295,10 +312,9 @@ pub fn listing(
         .into_iter()
         .filter_map(|(name, node)| {
             let is_dir = node == Node::Dir;
-            let path = shown.join(&name);
-            let allowed = gate.check(&path, false, is_dir).is_ok()
+            let allowed = gate.check(&shown.join(&name), false, is_dir).is_ok()
                 && gate.check(&real.join(&name), false, is_dir).is_ok();
-            allowed.then(|| DirEntry { path, kind: node.kind() })
+            allowed.then(|| DirEntry { path: ProjectPath::from_parts([name.as_str()]), kind: node.kind() })
         })
         .collect();
     out.sort();
@@ -428,7 +444,10 @@ pub struct DirEntry {
 /// Files are searched in path order (each given path in turn, a
 /// directory's files depth-first in name order); symlinks (given or
 /// found), files the gate refuses, files over `max_file` and binary files
-/// (a NUL byte anywhere) are skipped. Lines are split at `\n` (the `\n`
+/// (a NUL byte anywhere) are skipped. A file's content is scrubbed of
+/// the secrets whole ([`Gate::scrubber`]) before it is searched or split:
+/// a secret spanning lines is one `[REDACTED]`, and the line numbers are
+/// those of the scrubbed text `fs.read` returns. Lines are split at `\n` (the `\n`
 /// not part of the content, a `\r` before it kept), content converted
 /// lossily to UTF-8. A match line's `context` lines before and after are
 /// included, overlapping ranges merged, each line once. The search stops

@@ -458,6 +458,83 @@ pub fn host_session(data: &[u8]) {
     assert!(h.host.is_finished() && h.host.poll_timeout().is_none());
 }
 
+/// The `vfs_scrub` fuzz target's entry point (and its corpus replay): the
+/// scrubber against a plain reference, on secrets and content the input
+/// spells. The input: a count of secrets (1 to 4), each as a length byte
+/// (0 to 23, so some fall under [`MIN_SECRET_LEN`]) and its bytes; then
+/// the content, where `0xFF j` stands for secret `j`.
+///
+/// Checked: the scrubber's output is the reference's (at each position
+/// the longest secret starting there is replaced, else the byte kept); no
+/// secret occurs in the output except overlapping a `[REDACTED]` it
+/// inserted; content without a secret comes back unchanged; and a string
+/// is scrubbed as its bytes are.
+pub fn scrubber(data: &[u8]) {
+    let mut it = data.iter().copied();
+    let k = 1 + usize::from(it.next().unwrap_or(0) % 4);
+    let mut secrets: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..k {
+        let len = usize::from(it.next().unwrap_or(0) % 24);
+        secrets.push(it.by_ref().take(len).collect());
+    }
+    let rest: Vec<u8> = it.collect();
+    let mut content = Vec::new();
+    let mut at = 0;
+    while at < rest.len() {
+        match (rest[at], rest.get(at + 1)) {
+            (0xFF, Some(&j)) => {
+                content.extend_from_slice(&secrets[usize::from(j) % k]);
+                at += 2;
+            }
+            (b, _) => {
+                content.push(b);
+                at += 1;
+            }
+        }
+    }
+    let scrub = super::scrub::Scrubber::new(&secrets, MIN_SECRET_LEN);
+    let live: Vec<&Vec<u8>> = secrets.iter().filter(|s| s.len() >= MIN_SECRET_LEN).collect();
+    let marker = super::scrub::REDACTED.as_bytes();
+
+    // The reference, recording where it put each marker.
+    let mut want = Vec::new();
+    let mut spans = Vec::new();
+    let mut i = 0;
+    while i < content.len() {
+        let longest = live.iter().filter(|s| content[i..].starts_with(s)).map(|s| s.len()).max();
+        match longest {
+            Some(n) => {
+                spans.push(want.len()..want.len() + marker.len());
+                want.extend_from_slice(marker);
+                i += n;
+            }
+            None => {
+                want.push(content[i]);
+                i += 1;
+            }
+        }
+    }
+    let got = scrub.bytes(&content);
+    assert_eq!(&*got, &want[..], "secrets {secrets:?} in {content:?}");
+    for s in &live {
+        for (at, w) in got.windows(s.len()).enumerate() {
+            if w == s.as_slice() {
+                let inside = spans.iter().any(|r| at < r.end && r.start < at + s.len());
+                assert!(inside, "secret {s:?} survives at {at} of {got:?}");
+            }
+        }
+    }
+    if spans.is_empty() {
+        assert_eq!(&*got, &content[..], "content without a secret changed");
+        assert!(!scrub.finds(&content));
+    } else {
+        assert!(scrub.finds(&content));
+    }
+    if let Ok(text) = std::str::from_utf8(&content) {
+        assert_eq!(scrub.string(text).as_bytes(), String::from_utf8_lossy(&want).as_bytes());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

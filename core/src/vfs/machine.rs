@@ -881,8 +881,8 @@ impl Host {
                 fs(FsOp::Grep(q))
             }
             "http.get" | "http.post" => {
-                let url = p.str("url")?.to_string();
-                self.policy.check_url(&url).map_err(rpc)?;
+                // Sent as decided: the normalized form, never the text.
+                let url = self.policy.check_url(p.str("url")?).map_err(rpc)?.to_string();
                 let mut headers = Vec::new();
                 if let Some(hs) = p.opt("headers") {
                     let hs =
@@ -895,6 +895,14 @@ impl Host {
                         };
                         if name.is_empty() || !name.bytes().all(is_token_byte) {
                             return Err(p.bad(&format!("header name {name:?} is not a valid token")));
+                        }
+                        // The server would route on it instead of the
+                        // host the URL was allowed for.
+                        if name.eq_ignore_ascii_case("host") {
+                            return Err(RpcError::new(
+                                ErrorCode::AccessDenied,
+                                "a Host header is refused: the URL's host is the one sent".to_string(),
+                            ));
                         }
                         let value = self.policy.substitute(value).map_err(rpc)?;
                         if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {

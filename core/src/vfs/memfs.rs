@@ -131,7 +131,7 @@ impl MemFiles {
                 {
                     return true;
                 }
-                grep_file(re, path, content, q, gate.max_file(), out)
+                grep_file(re, path, &gate.scrubber().bytes(content), q, gate.max_file(), out)
             }
             Some(MemNode::Dir) => {
                 if gate.check(path, false, true).is_err() {

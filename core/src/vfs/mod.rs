@@ -46,6 +46,7 @@ pub mod machine;
 pub mod memfs;
 pub mod policy;
 pub mod scrub;
+pub mod url;
 
 mod effect;
 mod outcome;

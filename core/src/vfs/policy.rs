@@ -9,6 +9,8 @@
 use super::effect::OpError;
 use super::files::{Gate, ProjectPath};
 use super::scrub::Scrubber;
+use super::url::path_extends;
+pub use super::url::CheckedUrl;
 use super::MIN_SECRET_LEN;
 use crate::policy::{normalize, Access};
 use crate::scope::{Rule, Scope};
@@ -72,15 +74,6 @@ struct UrlPrefix {
     path: String,
 }
 
-/// A URL the tool asked for, taken apart.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckedUrl {
-    pub scheme: String,
-    pub host: String,
-    pub port: u16,
-    pub path: String,
-}
-
 #[derive(Clone, Debug)]
 pub struct ToolPolicy {
     gate: Gate,
@@ -88,7 +81,6 @@ pub struct ToolPolicy {
     urls: Vec<UrlPrefix>,
     env: Vec<(String, Option<String>)>,
     path_env: String,
-    scrubber: Scrubber,
 }
 
 impl ToolPolicy {
@@ -138,12 +130,11 @@ impl ToolPolicy {
         }
         let scrubber = Scrubber::new(cfg.env_allow.iter().filter_map(|(_, v)| v.as_deref()), MIN_SECRET_LEN);
         Ok(ToolPolicy {
-            gate: Gate::new(project, scope, deny, env_files),
+            gate: Gate::new(project, scope, deny, env_files, scrubber),
             commands: cfg.allow_cmd.clone(),
             urls,
             env: cfg.env_allow.clone(),
             path_env: cfg.path_env.clone(),
-            scrubber,
         })
     }
 
@@ -160,7 +151,7 @@ impl ToolPolicy {
     }
 
     pub fn scrubber(&self) -> &Scrubber {
-        &self.scrubber
+        self.gate.scrubber()
     }
 
     pub fn path_env(&self) -> &str {
@@ -221,24 +212,18 @@ impl ToolPolicy {
         Ok(out)
     }
 
-    /// A URL must share an `--allow-url` prefix's scheme, host and port,
-    /// its path extending the prefix's at a `/`; userinfo and dot segments
-    /// are refused.
+    /// A URL is normalized first ([`super::url::normalize`]: the form the
+    /// request is sent in), then must share an `--allow-url` prefix's
+    /// scheme, host and port, its path extending the prefix's at a `/`.
+    /// Userinfo and whatever a server could read two ways are refused.
     pub fn check_url(&self, url: &str) -> Result<CheckedUrl, OpError> {
-        let u = parse_url(url).map_err(|why| {
-            // Credentials in a URL are a policy matter, not a malformed one.
-            if why == USERINFO_REFUSED {
+        let u = super::url::normalize(url).map_err(|why| {
+            if why.is_policy() {
                 OpError::denied(format!("url {url:?} denied: {why}"))
             } else {
                 OpError::invalid(format!("url {url:?}: {why}"))
             }
         })?;
-        if u.path.split('/').any(|seg| {
-            let s = seg.to_ascii_lowercase().replace("%2e", ".");
-            s == "." || s == ".."
-        }) {
-            return Err(OpError::denied(format!("url {url:?} denied: dot segments are refused")));
-        }
         if self.urls.is_empty() {
             return Err(OpError::denied(format!(
                 "url {url:?} denied: no --allow-url allows any network access"
@@ -268,52 +253,16 @@ fn root_rel(project: &Path, root: &str) -> Option<PathBuf> {
     Some(rel.to_path_buf())
 }
 
-fn path_extends(path: &str, prefix: &str) -> bool {
-    if path == prefix {
-        return true;
-    }
-    path.starts_with(prefix) && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/'))
-}
-
-const USERINFO_REFUSED: &str = "userinfo is refused";
-
-fn parse_url(text: &str) -> Result<CheckedUrl, String> {
-    if text.bytes().any(|b| b.is_ascii_control() || b == b' ') {
-        return Err("control characters or spaces".into());
-    }
-    let uri: http::Uri = text.parse().map_err(|e: http::uri::InvalidUri| e.to_string())?;
-    let scheme = uri.scheme_str().ok_or("not absolute")?.to_ascii_lowercase();
-    let default_port = match scheme.as_str() {
-        "http" => 80,
-        "https" => 443,
-        other => return Err(format!("scheme {other:?} is not http or https")),
-    };
-    let authority = uri.authority().ok_or("no host")?;
-    if authority.as_str().contains('@') {
-        return Err(USERINFO_REFUSED.into());
-    }
-    let host = authority.host().to_ascii_lowercase();
-    if host.is_empty() {
-        return Err("no host".into());
-    }
-    let port = match authority.port_u16() {
-        Some(p) => p,
-        None if authority.as_str().ends_with(':') => return Err("empty port".into()),
-        None => default_port,
-    };
-    let path = if uri.path().is_empty() { "/".to_string() } else { uri.path().to_string() };
-    Ok(CheckedUrl { scheme, host, port, path })
-}
-
 fn parse_prefix(text: &str) -> Result<UrlPrefix, PolicyError> {
     let bad = |why: String| PolicyError::BadUrlPrefix { prefix: text.to_string(), why };
-    let u = parse_url(text).map_err(bad)?;
     if text.contains('?') {
         return Err(bad("a prefix has no query".into()));
     }
-    if u.path.split('/').any(|s| s == "." || s == "..") {
+    // A prefix spelled with dot segments would not read as written.
+    if text.split(['/', '?']).skip(3).any(|s| s == "." || s == "..") {
         return Err(bad("dot segments".into()));
     }
+    let u = super::url::normalize(text).map_err(|e| bad(e.to_string()))?;
     Ok(UrlPrefix { text: text.to_string(), scheme: u.scheme, host: u.host, port: u.port, path: u.path })
 }
 

@@ -804,3 +804,49 @@ fn lines_queued_when_the_run_ends_get_their_answers() {
     );
     assert!(s.closed);
 }
+
+/// A multi-line secret is one `[REDACTED]` line to `fs.grep`, which
+/// searches the scrubbed text: no pattern matches any part of the secret,
+/// and line numbers are those of what `fs.read` returns.
+#[test]
+fn grep_searches_the_scrubbed_text() {
+    let key = "-----BEGIN KEY-----\nAbCdEf0123\n-----END KEY-----";
+    let mut f = MemFiles::new();
+    f.put("k.pem", MemNode::File(format!("head\n{key}\ntail\n").into_bytes()));
+    let mut pcfg = policy_cfg();
+    pcfg.env_allow = vec![("KEY".into(), Some(key.into()))];
+    let mut s = Session::new(Config::new("t"), pcfg, f);
+    s.req(1, "fs.grep", json!({"pattern": ".", "paths": ["k.pem"]}));
+    let lines: Vec<(u64, String)> = s.last()["result"]["matches"][0]["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["line_number"].as_u64().unwrap(), l["content"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(lines, vec![(1, "head".into()), (2, "[REDACTED]".into()), (3, "tail".into())]);
+    for (id, pattern) in [(2, "AbC"), (3, "^-----BEGIN"), (4, "0123$"), (5, "KEY")] {
+        s.req(id, "fs.grep", json!({"pattern": pattern, "paths": ["k.pem"]}));
+        assert_eq!(s.last()["result"]["matches"], json!([]), "{pattern} matched the secret");
+    }
+    s.req(6, "fs.read", json!({"path": "k.pem"}));
+    assert_eq!(s.last()["result"]["content"], "head\n[REDACTED]\ntail\n");
+}
+
+/// `http.get` is sent to the normalized URL it was allowed as, and a
+/// `Host` header cannot send it to another virtual host.
+#[test]
+fn http_goes_to_the_url_as_allowed() {
+    let mut s = Session::new(Config::new("t"), policy_cfg(), MemFiles::new());
+    s.req(
+        1,
+        "http.get",
+        json!({"url": "http://127.0.0.1:9/api/x", "headers": [{"name": "HOST", "value": "admin"}]}),
+    );
+    assert_eq!(s.last()["error"]["code"], -32001, "{}", s.last());
+    s.req(2, "http.get", json!({"url": "http://127.0.0.1:9/api/%2e%2e%2fadmin"}));
+    assert_eq!(s.last()["error"]["code"], -32001, "{}", s.last());
+    assert!(s.held.is_empty());
+    s.req(3, "http.get", json!({"url": "HTTP://127.0.0.1:9/api/a/../%62"}));
+    let Some((_, Effect::Http(r))) = s.held.first() else { panic!("no http effect: {}", s.last()) };
+    assert_eq!(r.url, "http://127.0.0.1:9/api/b");
+}

@@ -469,6 +469,10 @@ impl ToolWorld {
                     "http://127.0.0.1:9/apix",
                     "http://evil/",
                     "http://u@127.0.0.1:9/api",
+                    "http://127.0.0.1:9/api/%2e%2e/apix",
+                    "http://127.0.0.1:9/api/..%2fapix",
+                    "http://127.0.0.1:9/api/../apix",
+                    "http://127.0.0.1:9/api/a/../%76",
                 ];
                 let url = urls[self.rng.gen_range(0..urls.len())];
                 let values = ["Bearer ${TOKEN}", "${HOME}", "${UNSET}"];
@@ -927,7 +931,13 @@ impl ToolWorld {
                 Ok(())
             }
             Effect::Http(r) => {
-                let ok = r.url == "http://127.0.0.1:9/api" || r.url.starts_with("http://127.0.0.1:9/api/");
+                // Read as a server that decodes the whole path, then
+                // removes dot segments, would.
+                let ok = r
+                    .url
+                    .strip_prefix("http://127.0.0.1:9")
+                    .map(server_path)
+                    .is_some_and(|p| p == "/api" || p.starts_with("/api/"));
                 if ok {
                     Ok(())
                 } else {
@@ -1126,4 +1136,38 @@ fn check_clean(v: &Value) -> Check {
         Value::Object(o) => o.values().try_for_each(check_clean),
         _ => Ok(()),
     }
+}
+
+/// A URL path as an ordinary web server resolves it: wholly
+/// percent-decoded (`%2f` included), then its dot segments removed.
+fn server_path(url_rest: &str) -> String {
+    let path = url_rest.split('?').next().unwrap_or("");
+    let b = path.as_bytes();
+    let mut dec = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |x: Option<&u8>| x.and_then(|&x| (x as char).to_digit(16));
+        match (b[i], hex(b.get(i + 1)), hex(b.get(i + 2))) {
+            (b'%', Some(h), Some(l)) => {
+                dec.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                dec.push(c);
+                i += 1;
+            }
+        }
+    }
+    let dec = String::from_utf8_lossy(&dec).into_owned();
+    let mut out: Vec<&str> = Vec::new();
+    for seg in dec.split(['/', '\\']) {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    format!("/{}", out.join("/"))
 }

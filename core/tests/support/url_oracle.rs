@@ -1,0 +1,134 @@
+//! The `vfs_url` fuzz target's check, shared with the corpus replay
+//! (`core/tests/fuzz_corpus.rs`) and a proptest (`core/tests/vfs_url.rs`):
+//! whatever URL the VFS tool host allows, two independent readings of it
+//! stay under the `--allow-url` prefix that allowed it:
+//!
+//! - the `url` crate's (a WHATWG parser, what browsers and many clients
+//!   do): same scheme, host and port, and its path, escapes of unreserved
+//!   characters decoded and the rest's hex uppercased, equal to the
+//!   host's normalized path;
+//! - an ordinary web server's: the path the host sends, wholly
+//!   percent-decoded (`%2f` and `%5c` included) and its dot segments then
+//!   removed, under the prefix's path read the same way.
+//!
+//! And the URL the host sends is a fixed point: normalized again, it is
+//! itself, and allowed by the same prefix.
+
+use airlock_core::vfs::url::{normalize, path_extends};
+use airlock_core::vfs::{PolicyConfig, ToolPolicy};
+
+pub const PREFIXES: &[&str] = &[
+    "http://h.example/pub/",
+    "http://h.example/api",
+    "https://h.example:8443/a/b/",
+    "http://127.0.0.1:8080/",
+    "http://[::1]/x/",
+];
+
+pub fn policy() -> ToolPolicy {
+    let cfg = PolicyConfig {
+        project: "/p".into(),
+        allow_url: PREFIXES.iter().map(|p| p.to_string()).collect(),
+        ..PolicyConfig::default()
+    };
+    ToolPolicy::new(&cfg).expect("the oracle's prefixes are valid")
+}
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Escapes of unreserved characters decoded, the others' hex uppercased.
+fn canonical_escapes(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            if let (Some(h), Some(l)) =
+                (b.get(i + 1).and_then(|&x| hex(x)), b.get(i + 2).and_then(|&x| hex(x)))
+            {
+                let v = h * 16 + l;
+                if v.is_ascii_alphanumeric() || matches!(v, b'-' | b'.' | b'_' | b'~') {
+                    out.push(v as char);
+                } else {
+                    out.push_str(&format!("%{v:02X}"));
+                }
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i] as char);
+        i += 1;
+    }
+    out
+}
+
+/// What a server that decodes, then resolves dot segments, serves.
+pub fn server_view(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut dec = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            if let (Some(h), Some(l)) =
+                (b.get(i + 1).and_then(|&x| hex(x)), b.get(i + 2).and_then(|&x| hex(x)))
+            {
+                dec.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+        }
+        dec.push(b[i]);
+        i += 1;
+    }
+    let dec = String::from_utf8_lossy(&dec).into_owned();
+    // Empty segments merged, as many servers do; a trailing `/` is lost,
+    // which only makes the prefix comparison coarser.
+    let mut out: Vec<&str> = Vec::new();
+    for s in dec.split(['/', '\\']) {
+        match s {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+/// The check on one input: the URL is the input's text (invalid UTF-8 is
+/// read lossily, so every input checks something).
+pub fn check(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    check_url(&policy(), &text);
+}
+
+pub fn check_url(policy: &ToolPolicy, text: &str) {
+    let Ok(u) = policy.check_url(text) else { return };
+    let sent = u.to_string();
+    let parsed =
+        url::Url::parse(text).unwrap_or_else(|e| panic!("{text:?} allowed, the url crate refuses it: {e}"));
+    assert_eq!(parsed.scheme(), u.scheme, "{text:?}");
+    assert_eq!(parsed.host_str(), Some(u.host.as_str()), "{text:?}");
+    assert_eq!(parsed.port_or_known_default(), Some(u.port), "{text:?}");
+    assert_eq!(canonical_escapes(parsed.path()), u.path, "{text:?}: the url crate reads the path otherwise");
+    assert_eq!(parsed.query().is_some(), u.query.is_some(), "{text:?}");
+    let under = PREFIXES.iter().any(|p| {
+        let pu = url::Url::parse(p).expect("a valid prefix");
+        pu.scheme() == parsed.scheme()
+            && pu.host_str() == parsed.host_str()
+            && pu.port_or_known_default() == parsed.port_or_known_default()
+            && path_extends(&canonical_escapes(parsed.path()), &canonical_escapes(pu.path()))
+            && path_extends(&server_view(&u.path), &server_view(pu.path()))
+    });
+    assert!(
+        under,
+        "{text:?} allowed as {sent:?}, outside every prefix to the url crate or a decoding server"
+    );
+    let again =
+        normalize(&sent).unwrap_or_else(|e| panic!("{text:?} sent as {sent:?}, which is refused: {e}"));
+    assert_eq!(again.to_string(), sent, "{text:?}: normalizing is not idempotent");
+    assert!(policy.check_url(&sent).is_ok(), "{text:?}: the URL sent is not allowed");
+}

@@ -1,0 +1,10 @@
+#![no_main]
+
+// The check lives with the core's tests so `cargo test` replays the corpus
+// through the very same code (core/tests/fuzz_corpus.rs).
+#[path = "../../core/tests/support/url_oracle.rs"]
+mod url_oracle;
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| url_oracle::check(data));
