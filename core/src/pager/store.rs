@@ -27,12 +27,16 @@ pub enum Encoding {
 
 /// Bytes of one index entry (a `u32` offset).
 pub const INDEX_ENTRY_BYTES: u64 = 4;
+/// When the content grows near the limit, it leaves this fraction (1/N)
+/// of the room left to the indexes.
+pub const INDEX_ROOM_SHARE: usize = 8;
 /// Entries an index grows by at least, so small documents do not grow one
 /// entry at a time.
 pub const MIN_INDEX_GROWTH: usize = 4;
 
 /// Room for one more entry in `v`, growing it by doubling but by at most
-/// `room` bytes; false when not even one more entry fits.
+/// half of the `room` bytes left (the rest is the content's and the other
+/// index's); false when not even one more entry fits.
 fn reserve_entry(v: &mut Vec<u32>, room: u64) -> bool {
     if v.len() < v.capacity() {
         return true;
@@ -41,7 +45,7 @@ fn reserve_entry(v: &mut Vec<u32>, room: u64) -> bool {
     if entries == 0 {
         return false;
     }
-    v.reserve_exact(v.len().max(MIN_INDEX_GROWTH).min(entries));
+    v.reserve_exact(v.len().max(MIN_INDEX_GROWTH).min(entries / 2).max(1));
     true
 }
 
@@ -123,16 +127,17 @@ impl Builder {
         if chunk.is_empty() {
             return Ok(());
         }
-        // Grow by doubling, but never past what the limit leaves, and
-        // refuse before allocating what would not fit.
+        // Grow by doubling, but leave the indexes a share of what the limit
+        // leaves, and refuse before allocating what would not fit. Each
+        // growth copies the content (old and new are both allocated
+        // meanwhile), so near the limit it takes most of the room at once.
         let (len, cap) = (self.data.len(), self.data.capacity());
         if len + chunk.len() > cap {
-            let room = limit.saturating_sub(self.held());
-            let most = usize::try_from(room).unwrap_or(usize::MAX).saturating_add(cap - len);
-            if chunk.len() > most {
+            let room = usize::try_from(limit.saturating_sub(self.held())).unwrap_or(usize::MAX);
+            if chunk.len() > room.saturating_add(cap - len) {
                 return Err(over);
             }
-            self.data.reserve_exact(chunk.len().max(len.min(most)));
+            self.data.reserve_exact(chunk.len().max(len.min(room - room / INDEX_ROOM_SHARE)));
         }
         self.data.extend_from_slice(chunk);
         if !self.base64 {

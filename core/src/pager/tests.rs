@@ -717,6 +717,24 @@ mod allocation {
     }
 
     #[test]
+    fn content_and_index_just_under_the_limit_still_fit() {
+        // 64-byte lines: a 4-byte entry each, 1/16 of the content again.
+        // Growth leaves the indexes room, so only the last few chunks'
+        // worth of the limit is lost to capacity.
+        let limit = 4 << 20;
+        let line =
+            [b"abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk".as_slice(), b"\n"].concat();
+        let chunk = line.repeat(16 << 10 >> 6);
+        let mut b = Builder::new(4000);
+        let mut len = 0u64;
+        while (len + chunk.len() as u64) * 17 / 16 < limit - limit / 50 {
+            b.push(&chunk, limit).unwrap_or_else(|_| panic!("refused at {len} bytes, {} held", b.held()));
+            len += chunk.len() as u64;
+        }
+        assert!(b.finish().held() <= limit);
+    }
+
+    #[test]
     fn a_document_counts_its_capacity() {
         let mut b = Builder::new(10);
         for _ in 0..100 {
