@@ -34,9 +34,58 @@ pub fn fold(c: char) -> char {
     }
 }
 
-pub fn fold_str(s: &str, out: &mut String) {
-    out.clear();
-    out.extend(s.chars().map(fold));
+/// Bytes of a line folded at a time by an ignore-case search: the fold is
+/// a buffer no limit counts, so it is made of a bounded piece of the line
+/// however long the line is.
+pub const FOLD_CHUNK_BYTES: usize = 64 << 10;
+
+/// Most bytes a character's fold may add: a 2-byte character may fold to a
+/// 3-byte one (`Ⱥ` to `ⱥ`), never more.
+const FOLD_GROWTH_NUM: usize = 3;
+const FOLD_GROWTH_DEN: usize = 2;
+
+/// The fold buffer's capacity: the carry-over of a folded needle and one
+/// chunk folded, each up to a character past its size. Reserved once, so
+/// it never grows by doubling.
+pub const FOLD_BUFFER_BYTES: usize =
+    (MAX_QUERY_BYTES + FOLD_CHUNK_BYTES + 8) * FOLD_GROWTH_NUM / FOLD_GROWTH_DEN;
+
+/// A fresh fold buffer, at its whole capacity.
+pub fn fold_buffer() -> String {
+    String::with_capacity(FOLD_BUFFER_BYTES)
+}
+
+/// Does the fold of `line` hold `needle` (already folded)? The line is
+/// folded [`FOLD_CHUNK_BYTES`] at a time into `buf`, keeping the last
+/// `needle.len() - 1` bytes of each folded chunk in front of the next, so
+/// a match across a chunk's edge is still found and `buf` never passes
+/// [`FOLD_BUFFER_BYTES`].
+pub fn folded_contains(line: &str, needle: &str, buf: &mut String) -> bool {
+    buf.clear();
+    let keep = needle.len().saturating_sub(1);
+    let mut rest = line;
+    loop {
+        let mut end = rest.len().min(FOLD_CHUNK_BYTES);
+        while !rest.is_char_boundary(end) {
+            end += 1;
+        }
+        let (chunk, tail) = rest.split_at(end);
+        buf.extend(chunk.chars().map(fold));
+        if buf.contains(needle) {
+            return true;
+        }
+        if tail.is_empty() {
+            return false;
+        }
+        rest = tail;
+        // Keep the shortest suffix starting on a character that can hold
+        // the first `keep` bytes of a match.
+        let mut from = buf.len().saturating_sub(keep);
+        while !buf.is_char_boundary(from) {
+            from -= 1;
+        }
+        buf.drain(..from);
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -75,14 +124,13 @@ fn next_match(doc: &Document, q: &Query, from: usize, buf: &mut String) -> Optio
     }
     (from..ls.len()).find(|&i| {
         let line = doc.utf8(line_span(doc, i)).unwrap_or_default();
-        fold_str(line, buf);
-        buf.contains(&q.needle)
+        folded_contains(line, &q.needle, buf)
     })
 }
 
 /// Matching lines.
 pub fn count(doc: &Document, q: &Query) -> u64 {
-    let mut buf = String::new();
+    let mut buf = fold_buffer();
     let mut n = 0;
     let mut from = 0;
     while let Some(i) = next_match(doc, q, from, &mut buf) {
@@ -109,7 +157,7 @@ pub fn render(
     let ls = doc.line_starts();
     let len = doc.text_len();
     let mut out = String::new();
-    let mut buf = String::new();
+    let mut buf = fold_buffer();
     let mut from = match cursor {
         None => {
             let n = count(doc, q);

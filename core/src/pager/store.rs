@@ -25,6 +25,43 @@ pub enum Encoding {
     Base64,
 }
 
+/// Bytes of one index entry (a `u32` offset).
+pub const INDEX_ENTRY_BYTES: u64 = 4;
+/// When the content grows near the limit, it leaves this fraction (1/N)
+/// of the room left to the indexes.
+pub const INDEX_ROOM_SHARE: usize = 8;
+/// Entries an index grows by at least, so small documents do not grow one
+/// entry at a time.
+pub const MIN_INDEX_GROWTH: usize = 4;
+
+/// Room for one more entry in `v`, growing it by doubling but by at most
+/// half of the `room` bytes left (the rest is the content's and the other
+/// index's); false when not even one more entry fits.
+fn reserve_entry(v: &mut Vec<u32>, room: u64) -> bool {
+    if v.len() < v.capacity() {
+        return true;
+    }
+    let entries = usize::try_from(room / INDEX_ENTRY_BYTES).unwrap_or(usize::MAX);
+    if entries == 0 {
+        return false;
+    }
+    v.reserve_exact(v.len().max(MIN_INDEX_GROWTH).min(entries / 2).max(1));
+    true
+}
+
+#[derive(Clone, Copy)]
+enum Index {
+    Lines,
+    Pages,
+}
+
+enum Scan {
+    Done,
+    NotXml,
+    /// An index would pass the limit.
+    Full,
+}
+
 /// The builder ran out of room: `held` bytes would pass `limit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Overflow {
@@ -59,22 +96,18 @@ impl Builder {
             done: 0,
             chars: 0,
             line_starts: Vec::new(),
-            page_starts: vec![0],
+            page_starts: Vec::new(),
             page_start_char: 0,
             last_nl: None,
         }
     }
 
-    /// Bytes held now, content plus indexes, counting the start of line 1
-    /// that `finish` adds: never less than the finished document holds.
-    /// An empty builder holds nothing (its first page's entry is counted
-    /// from its first byte on).
+    /// Bytes held now: what the content and the indexes have allocated
+    /// (their capacity, not their length), never less than the finished
+    /// document holds. An empty builder holds nothing.
     pub fn held(&self) -> u64 {
-        if self.data.is_empty() {
-            return 0;
-        }
-        let first_line = u64::from(!self.base64);
-        self.data.len() as u64 + 4 * (self.line_starts.len() + self.page_starts.len()) as u64 + 4 * first_line
+        self.data.capacity() as u64
+            + INDEX_ENTRY_BYTES * (self.line_starts.capacity() + self.page_starts.capacity()) as u64
     }
 
     /// Bytes wrapped so far.
@@ -90,53 +123,96 @@ impl Builder {
     /// builder is spent: drop it.
     pub fn push(&mut self, chunk: &[u8], limit: u64) -> Result<(), Overflow> {
         let limit = limit.min(MAX_DOCUMENT_BYTES);
-        if self.held() + chunk.len() as u64 > limit {
-            return Err(Overflow { limit });
+        let over = Overflow { limit };
+        if chunk.is_empty() {
+            return Ok(());
         }
-        // Grow by doubling, but never past the limit, so capacity stays
-        // within what the session may hold.
-        let need = self.data.len() + chunk.len();
-        if need > self.data.capacity() {
-            let room = (limit as usize).saturating_sub(self.data.len());
-            let grow = chunk.len().max(self.data.len().min(room));
-            self.data.reserve_exact(grow);
+        // Grow by doubling, but leave the indexes a share of what the limit
+        // leaves, and refuse before allocating what would not fit. Each
+        // growth copies the content (old and new are both allocated
+        // meanwhile), so near the limit it takes most of the room at once.
+        let (len, cap) = (self.data.len(), self.data.capacity());
+        if len + chunk.len() > cap {
+            let room = usize::try_from(limit.saturating_sub(self.held())).unwrap_or(usize::MAX);
+            if chunk.len() > room.saturating_add(cap - len) {
+                return Err(over);
+            }
+            self.data.reserve_exact(chunk.len().max(len.min(room - room / INDEX_ROOM_SHARE)));
         }
         self.data.extend_from_slice(chunk);
         if !self.base64 {
-            self.index();
+            if len == 0 {
+                // Line 1 and page 1 start at 0.
+                if !self.reserve_index(Index::Lines, limit) || !self.reserve_index(Index::Pages, limit) {
+                    return Err(over);
+                }
+                self.line_starts.push(0);
+                self.page_starts.push(0);
+            }
+            if !self.index(limit) {
+                return Err(over);
+            }
         }
         if self.held() > limit {
-            return Err(Overflow { limit });
+            return Err(over);
         }
         Ok(())
     }
 
-    /// Index what can be validated of `data[done..]`.
-    fn index(&mut self) {
+    /// Room for one more entry in an index, growing it by doubling within
+    /// what `limit` leaves; false when not even one more fits.
+    fn reserve_index(&mut self, which: Index, limit: u64) -> bool {
+        let held = self.held();
+        let v = match which {
+            Index::Lines => &mut self.line_starts,
+            Index::Pages => &mut self.page_starts,
+        };
+        reserve_entry(v, limit.saturating_sub(held))
+    }
+
+    /// Index what can be validated of `data[done..]`; false when the
+    /// indexes would pass `limit`.
+    fn index(&mut self, limit: u64) -> bool {
         let (valid, broken) = match std::str::from_utf8(&self.data[self.done..]) {
             Ok(s) => (s.len(), false),
             Err(e) => (e.valid_up_to(), e.error_len().is_some()),
         };
         let end = self.done + valid;
-        if !self.scan(self.done, end) || broken {
-            self.switch_to_base64();
-            return;
+        match self.scan(self.done, end, limit) {
+            Scan::Full => return false,
+            Scan::NotXml => self.switch_to_base64(),
+            Scan::Done if broken => self.switch_to_base64(),
+            Scan::Done => self.done = end,
         }
-        self.done = end;
+        true
     }
 
-    /// Index the valid UTF-8 in `data[from..to]`; false at a character XML
-    /// cannot carry.
-    fn scan(&mut self, from: usize, to: usize) -> bool {
-        let p = self.page_size;
-        let mut chars = self.chars;
-        let data = &self.data[..to];
+    /// Index the valid UTF-8 in `data[from..to]`, each index growing
+    /// within what `limit` leaves.
+    fn scan(&mut self, from: usize, to: usize, limit: u64) -> Scan {
+        let Builder {
+            page_size,
+            data,
+            chars: chars_done,
+            line_starts,
+            page_starts,
+            page_start_char,
+            last_nl,
+            ..
+        } = self;
+        let p = *page_size;
+        let mut chars = *chars_done;
+        let room = |ls: &Vec<u32>, ps: &Vec<u32>| {
+            let held = data.capacity() as u64 + INDEX_ENTRY_BYTES * (ls.capacity() + ps.capacity()) as u64;
+            limit.saturating_sub(held)
+        };
+        let data = &data[..to];
         let mut i = from;
         while i < to {
             // Printable ASCII needs no look but the count: skip it eight
             // bytes at a time while no page boundary falls inside.
-            let room = self.page_start_char + p - chars;
-            if room >= 8 && i + 8 <= to {
+            let left = *page_start_char + p - chars;
+            if left >= 8 && i + 8 <= to {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(&data[i..i + 8]);
                 if plain(u64::from_le_bytes(w)) {
@@ -153,25 +229,33 @@ impl Builder {
                 }
                 // U+FFFE and U+FFFF: EF BF BE / EF BF BF.
                 if b == 0xEF && data.get(i) == Some(&0xBF) && matches!(data.get(i + 1), Some(0xBE | 0xBF)) {
-                    return false;
+                    return Scan::NotXml;
                 }
             } else if b != b'\n' && b != b'\t' && b != b'\r' {
-                return false;
+                return Scan::NotXml;
             }
             // A character starts at byte i - 1 and has index `chars`.
-            if chars == self.page_start_char + p {
-                let (c, at) = self.last_nl.take().unwrap_or((chars, (i - 1) as u32));
-                self.page_starts.push(at);
-                self.page_start_char = c;
+            if chars == *page_start_char + p {
+                let r = room(line_starts, page_starts);
+                if !reserve_entry(page_starts, r) {
+                    return Scan::Full;
+                }
+                let (c, at) = last_nl.take().unwrap_or((chars, (i - 1) as u32));
+                page_starts.push(at);
+                *page_start_char = c;
             }
             chars += 1;
             if b == b'\n' {
-                self.last_nl = Some((chars, i as u32));
-                self.line_starts.push(i as u32);
+                let r = room(line_starts, page_starts);
+                if !reserve_entry(line_starts, r) {
+                    return Scan::Full;
+                }
+                *last_nl = Some((chars, i as u32));
+                line_starts.push(i as u32);
             }
         }
-        self.chars = chars;
-        true
+        *chars_done = chars;
+        Scan::Done
     }
 
     fn switch_to_base64(&mut self) {
@@ -207,12 +291,13 @@ impl Builder {
                 page_starts: Vec::new(),
             };
         }
-        // Lines start at 0 and after every `\n` that something follows.
-        if self.line_starts.last().is_some_and(|&s| u64::from(s) == n) {
+        // Lines start at 0 (pushed with the first byte) and after every
+        // `\n` that something follows.
+        if n > 0 && self.line_starts.last().is_some_and(|&s| u64::from(s) == n) {
             self.line_starts.pop();
         }
-        if n > 0 {
-            self.line_starts.insert(0, 0);
+        if n == 0 {
+            self.page_starts = vec![0];
         }
         self.line_starts.shrink_to_fit();
         self.page_starts.shrink_to_fit();
@@ -294,9 +379,11 @@ impl Document {
         &self.data
     }
 
-    /// Bytes this document holds: content and indexes.
+    /// Bytes this document holds: what its content and indexes have
+    /// allocated.
     pub fn held(&self) -> u64 {
-        self.data.len() as u64 + 4 * (self.line_starts.len() + self.page_starts.len()) as u64
+        self.data.capacity() as u64
+            + INDEX_ENTRY_BYTES * (self.line_starts.capacity() + self.page_starts.capacity()) as u64
     }
 
     pub fn page_size(&self) -> u64 {

@@ -616,3 +616,134 @@ fn a_huge_line_pages_by_characters_and_a_flood_of_newlines_counts_its_index() {
     assert!(wrap(&mut p, &[b'\n'; 100_000]).is_ok());
     assert!(p.held() <= 1_000_000);
 }
+
+/// Accounting by what is allocated: the fold of an ignore-case search and
+/// the builder's content and indexes.
+mod allocation {
+    use super::super::search::{self, folded_contains, FOLD_BUFFER_BYTES, FOLD_CHUNK_BYTES};
+    use super::super::search::{fold, Query};
+    use super::super::store::{Builder, Document, INDEX_ENTRY_BYTES};
+    use proptest::prelude::*;
+
+    fn naive(line: &str, needle: &str) -> bool {
+        line.chars().map(fold).collect::<String>().contains(&needle.chars().map(fold).collect::<String>())
+    }
+
+    #[test]
+    fn a_long_line_that_folds_larger_is_searched_in_a_bounded_buffer() {
+        // `Ⱥ` is 2 bytes and folds to the 3-byte `ⱥ`: the whole line
+        // folded would be 1.5 times the line.
+        let line = "Ⱥ".repeat(1 << 20);
+        let mut buf = search::fold_buffer();
+        assert!(folded_contains(&line, "ⱥⱥ", &mut buf));
+        assert!(!folded_contains(&line, "ⱥb", &mut buf));
+        assert_eq!(buf.capacity(), FOLD_BUFFER_BYTES, "the buffer never grew");
+        let doc = Document::from_bytes(format!("{line}\n{line}b\n").as_bytes(), 4000);
+        assert_eq!(search::count(&doc, &Query::new("ⱥB", true)), 1);
+    }
+
+    #[test]
+    fn a_match_across_every_chunk_edge_is_found() {
+        let needle = "Ⱥ<kelvin:\u{212A}>";
+        let folded: String = needle.chars().map(fold).collect();
+        for pad in ["a", "é", "Ⱥ", "😀"] {
+            for shift in 0..needle.len() + 4 {
+                let n = (FOLD_CHUNK_BYTES - shift) / pad.len();
+                let line = format!("{}{needle}{}", pad.repeat(n), pad.repeat(3));
+                let mut buf = search::fold_buffer();
+                assert!(folded_contains(&line, &folded, &mut buf), "pad {pad:?} shift {shift}");
+                let missing = line.replace('<', "(");
+                assert!(!folded_contains(&missing, &folded, &mut buf), "pad {pad:?} shift {shift}");
+                assert!(buf.capacity() <= FOLD_BUFFER_BYTES);
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn chunked_fold_agrees_with_the_whole_fold(
+            head in 0usize..3,
+            reps in (FOLD_CHUNK_BYTES / 3 - 8)..(FOLD_CHUNK_BYTES / 3 + 8),
+            unit in "[aÅȺ\u{212A}ß😀]{3}",
+            needle in "[aåⱥkKȺ😀]{1,4}",
+        ) {
+            let line = format!("{}{}", "x".repeat(head), unit.repeat(reps));
+            let folded: String = needle.chars().map(fold).collect();
+            let mut buf = search::fold_buffer();
+            prop_assert_eq!(folded_contains(&line, &folded, &mut buf), naive(&line, &needle));
+            prop_assert!(buf.capacity() <= FOLD_BUFFER_BYTES);
+        }
+
+        /// Whatever is pushed, and whether or not it fits, what the
+        /// builder has allocated stays within the limit it is given.
+        #[test]
+        fn a_builder_never_allocates_past_its_limit(
+            chunks in proptest::collection::vec((0usize..4, 1usize..3000), 1..12),
+            limit in 1u64..40_000,
+            page in 1u64..50,
+        ) {
+            let mut b = Builder::new(page);
+            for (kind, n) in chunks {
+                let chunk: Vec<u8> = match kind {
+                    0 => vec![b'\n'; n],
+                    1 => b"ab\n".repeat(n),
+                    2 => "Ⱥ".repeat(n).into_bytes(),
+                    _ => vec![b'x'; n],
+                };
+                let fits = b.push(&chunk, limit).is_ok();
+                prop_assert!(b.held() <= limit, "held {} over {limit}", b.held());
+                if !fits {
+                    return Ok(());
+                }
+            }
+            let doc = b.finish();
+            prop_assert!(doc.held() <= limit.max(INDEX_ENTRY_BYTES));
+        }
+    }
+
+    #[test]
+    fn one_byte_lines_are_refused_when_their_index_would_pass_the_limit() {
+        // Each line costs a byte and a 4-byte index entry; growing the
+        // index by doubling would pass the limit long before the bytes do.
+        let limit = 1 << 20;
+        let mut b = Builder::new(4000);
+        let mut pushed = 0u64;
+        while b.push(&[b'\n'; 4096], limit).is_ok() {
+            pushed += 4096;
+            assert!(b.held() <= limit);
+        }
+        assert!(b.held() <= limit);
+        assert!(pushed * 5 <= limit && pushed * 5 > limit / 2, "{pushed} bytes of lines fit");
+    }
+
+    #[test]
+    fn content_and_index_just_under_the_limit_still_fit() {
+        // 64-byte lines: a 4-byte entry each, 1/16 of the content again.
+        // Growth leaves the indexes room, so only the last few chunks'
+        // worth of the limit is lost to capacity.
+        let limit = 4 << 20;
+        let line =
+            [b"abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk".as_slice(), b"\n"].concat();
+        let chunk = line.repeat(16 << 10 >> 6);
+        let mut b = Builder::new(4000);
+        let mut len = 0u64;
+        while (len + chunk.len() as u64) * 17 / 16 < limit - limit / 50 {
+            b.push(&chunk, limit).unwrap_or_else(|_| panic!("refused at {len} bytes, {} held", b.held()));
+            len += chunk.len() as u64;
+        }
+        assert!(b.finish().held() <= limit);
+    }
+
+    #[test]
+    fn a_document_counts_its_capacity() {
+        let mut b = Builder::new(10);
+        for _ in 0..100 {
+            b.push(b"0123456789abcdef\n", 1 << 20).unwrap();
+        }
+        let held = b.held();
+        let doc = b.finish();
+        // At least the content and one entry a line and a page.
+        assert!(doc.held() >= 1700 + 4 * (100 + 170));
+        assert!(doc.held() <= held);
+    }
+}

@@ -253,3 +253,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_path_named_twice_gets_one_rule() {
+    let p = policy(&[("out", Access::ReadWrite)]);
+    let o = Options {
+        read_only: vec!["/opt/sdk".into(), "/opt/sdk".into(), "/opt/x/../sdk".into()],
+        ..Options::default()
+    };
+    let r = confined(&inputs(&p, &o, 7));
+    let mut seen = BTreeSet::new();
+    for rule in &r.paths {
+        assert!(seen.insert((rule.path.clone(), rule.grant)), "{} twice", rule.path.display());
+    }
+    assert_eq!(r.paths.iter().filter(|x| x.path == Path::new("/opt/sdk")).count(), 1);
+}

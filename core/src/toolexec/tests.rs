@@ -808,3 +808,30 @@ fn a_body_slower_than_the_header_timeout_is_408() {
     assert!(!outs.iter().any(|o| matches!(o, Output::Spawn(_))));
     assert_eq!(outs.last(), Some(&Output::Done));
 }
+
+#[test]
+fn tool_names_with_a_slash_whitespace_or_nul_are_refused() {
+    let mut c = Config::new(validate_token(TOKEN).unwrap(), b"/work".to_vec());
+    for bad in ["", "a/b", "/x", "a b", "a\tb", "a\nb", "a\0b", "=/usr/bin/x", "a/b=/usr/bin/x"] {
+        assert!(c.add_tool_spec(bad).is_err(), "{bad:?} accepted");
+    }
+    c.add_tool_spec("ok-name.1").unwrap();
+}
+
+/// One read of the tool's output at a time, none after its EOF.
+#[test]
+fn no_read_while_one_is_outstanding_or_after_eof() {
+    let reads = |outs: &[Output]| {
+        outs.iter().filter(|o| matches!(o, Output::ReadOutput { .. } | Output::ReadNow { .. })).count()
+    };
+    let mut x = run_to_spawn("2", true);
+    assert_eq!(reads(&drain(&mut x)), 1);
+    x.handle_timeout(at(0));
+    x.handle(at(0), Input::BodyEnd);
+    assert_eq!(reads(&drain(&mut x)), 0, "a read is outstanding");
+    x.handle(at(1), Input::ToolOutput(b"a".to_vec()));
+    assert_eq!(reads(&drain(&mut x)), 1, "the read was answered: the next one");
+    x.handle(at(1), Input::ToolEof);
+    x.handle_timeout(at(2));
+    assert_eq!(reads(&drain(&mut x)), 0, "after EOF");
+}

@@ -850,3 +850,78 @@ fn http_goes_to_the_url_as_allowed() {
     let Some((_, Effect::Http(r))) = s.held.first() else { panic!("no http effect: {}", s.last()) };
     assert_eq!(r.url, "http://127.0.0.1:9/api/b");
 }
+
+/// Small checks of the path, grep and in-memory backend helpers.
+mod helpers {
+    use crate::vfs::memfs::{MemFiles, MemNode};
+    use crate::vfs::{
+        EntryKind, Gate, GrepFile, GrepLine, GrepResult, PolicyConfig, ProjectFiles, ProjectPath, ToolPolicy,
+    };
+
+    fn policy() -> ToolPolicy {
+        ToolPolicy::new(&PolicyConfig {
+            project: "/p".into(),
+            allow: vec![".".into()],
+            allow_rw: vec![".".into()],
+            env_allow: vec![("MY_TOKEN".into(), Some("v-1".into()))],
+            ..PolicyConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn gate() -> Gate {
+        policy().gate().clone()
+    }
+
+    #[test]
+    fn only_the_root_is_the_root() {
+        assert!(ProjectPath::ROOT.is_root());
+        assert!(ProjectPath::parse(".").unwrap().is_root());
+        assert!(!ProjectPath::parse("a").unwrap().is_root());
+    }
+
+    #[test]
+    fn grep_content_bytes_sums_every_line() {
+        let line = |s: &str| GrepLine { line_number: 1, content: s.into(), is_match: true };
+        let r = GrepResult {
+            matches: vec![
+                GrepFile { path: ProjectPath::parse("a").unwrap(), lines: vec![line("abc"), line("de")] },
+                GrepFile { path: ProjectPath::parse("b").unwrap(), lines: vec![line("")] },
+            ],
+            truncated: false,
+        };
+        assert_eq!(r.content_bytes(), 5);
+        assert_eq!(GrepResult::default().content_bytes(), 0);
+    }
+
+    #[test]
+    fn replacing_a_directory_removes_its_tree_and_nothing_beside_it() {
+        let mut f = MemFiles::new();
+        for p in ["a/x", "a/y/z", "a-b", "a.c", "ab", "b"] {
+            f.put(p, MemNode::File(b"1".to_vec()));
+        }
+        f.put("a", MemNode::File(b"2".to_vec()));
+        let left: Vec<&str> = f.nodes().keys().map(ProjectPath::as_str).collect();
+        assert_eq!(left, ["", "a", "a-b", "a.c", "ab", "b"]);
+    }
+
+    #[test]
+    fn metadata_of_a_missing_path_is_not_found() {
+        let mut f = MemFiles::new();
+        f.put("d/f", MemNode::File(b"123".to_vec()));
+        let g = gate();
+        let md = |f: &mut MemFiles, p: &str| f.metadata(&g, &ProjectPath::parse(p).unwrap());
+        assert!(md(&mut f, "nope").is_err());
+        assert!(md(&mut f, "d/nope").is_err());
+        assert_eq!(md(&mut f, "d/f").unwrap().kind, EntryKind::File);
+        assert_eq!(md(&mut f, "d").unwrap().kind, EntryKind::Dir);
+    }
+
+    #[test]
+    fn substitution_takes_names_with_underscores_and_refuses_others() {
+        let p = policy();
+        assert_eq!(p.substitute("Bearer ${MY_TOKEN}!").unwrap(), "Bearer v-1!");
+        assert!(p.substitute("${MY-TOKEN}").is_err());
+        assert!(p.substitute("${}").is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! Bounds measured on the real binary, not on the model: airlock's peak
+//! resident memory (`VmHWM` in /proc/<airlock>/status) while a child wraps
+//! and searches content near `max_total_bytes`, and its open descriptors
+//! (/proc/<airlock>/fd) while a child floods it with attaches, handles and
+//! fds, against `--max-descriptors`.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+/// What airlock may hold at its peak beyond what it held when the child
+/// started: the fds' content and indexes (`max_total_bytes`) three times,
+/// because a wrap's content and index are each one contiguous buffer that
+/// grows by copying, and the allocator keeps the blocks it frees resident
+/// for a while (doubling: the blocks freed on the way sum to about the
+/// final size, and old and new are both held while one copies); and a constant
+/// for frames in flight, the pager's render buffers and the allocator's
+/// own keeping.
+const PEAK_OVER_LIMIT: u64 = 3;
+const PEAK_SLACK: u64 = 24 * MIB;
+
+/// An ignore-case search may add no more than this to the peak a wrap of
+/// the same content reached: its fold is made a bounded chunk at a time.
+const SEARCH_SLACK: u64 = 8 * MIB;
+
+fn status_kib(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} for {pid}: {status}"))
+}
+
+fn descriptors(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(Iterator::count).unwrap_or(0) as u64
+}
+
+/// A running `airlock run ARGS -- CMD`, its stdout read line by line.
+struct Live {
+    child: Child,
+    lines: BufReader<ChildStdout>,
+}
+
+impl Live {
+    fn start(dir: &Path, args: &[&str], cmd: &[String]) -> Live {
+        let mut child = Command::new(airlock())
+            .current_dir(dir)
+            .arg("run")
+            .arg("--sandbox-ro")
+            .arg(support(""))
+            .args(args)
+            .arg("--")
+            .args(cmd)
+            .env_remove("AIRLOCK_FD")
+            .env("PYTHONPATH", support(""))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("airlock runs");
+        let lines = BufReader::new(child.stdout.take().expect("stdout"));
+        Live { child, lines }
+    }
+
+    /// Lines up to and including one that starts with `marker`.
+    fn until(&mut self, marker: &str) -> String {
+        let mut all = String::new();
+        loop {
+            let mut l = String::new();
+            self.lines.read_line(&mut l).expect("a line");
+            assert!(!l.is_empty(), "the child ended before {marker:?}: {all}");
+            all.push_str(&l);
+            if l.starts_with(marker) {
+                return all;
+            }
+        }
+    }
+
+    fn finish(mut self) -> Option<i32> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code();
+            }
+            assert!(Instant::now() < deadline, "airlock did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Run `script` (sh) under `max_total_bytes = limit`; returns airlock's
+/// peak resident bytes over what it held when the child started, and the
+/// child's output. The script ends each step with `echo rc=$?`; it is
+/// measured once the line `done` comes, while the child still sleeps.
+fn peak_over_start(limit: u64, script: &str) -> (u64, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("airlock.toml");
+    std::fs::write(&cfg, format!("[file_descriptor]\nmax_total_bytes = {limit}\n")).unwrap();
+    let cfg = cfg.display().to_string();
+    let cmd = sh(&format!("echo started; {script}; echo done; sleep 1"));
+    let mut live = Live::start(dir.path(), &["--config", &cfg, "--allow-rw", "."], &cmd);
+    live.until("started");
+    let pid = live.child.id();
+    let start = status_kib(pid, "VmRSS") * 1024;
+    let out = live.until("done");
+    let peak = status_kib(pid, "VmHWM") * 1024;
+    assert_eq!(live.finish(), Some(0), "{out}");
+    (peak.saturating_sub(start), out)
+}
+
+fn assert_within(limit: u64, over: u64, what: &str, out: &str) {
+    let bound = PEAK_OVER_LIMIT * limit + PEAK_SLACK;
+    assert!(
+        over <= bound,
+        "{what}: airlock's peak grew by {} MiB under max_total_bytes = {} MiB (bound {} MiB)\n{out}",
+        over / MIB,
+        limit / MIB,
+        bound / MIB
+    );
+}
+
+/// `N` bytes of `unit` (a shell word) with no newline between them.
+fn stream_of(unit: &str, n: u64) -> String {
+    format!("yes '{unit}' | tr -d '\\n' | head -c {n}")
+}
+
+#[test]
+fn one_long_line_just_under_the_limit_keeps_the_peak_bounded() {
+    let limit = 32 * MIB;
+    let n = limit - MIB;
+    let (over, out) = peak_over_start(
+        limit,
+        &format!("{} | \"$AIRLOCK\" fd wrap > /dev/null; echo rc=$?", stream_of("x", n)),
+    );
+    assert!(out.contains("rc=0"), "stored: {out}");
+    assert_within(limit, over, "a long line", &out);
+}
+
+#[test]
+fn many_short_lines_past_the_limit_are_refused_within_the_bound() {
+    // One byte a line and a 4-byte index entry each: the index passes the
+    // limit long before the bytes do, and is refused before it is grown.
+    let limit = 32 * MIB;
+    let script = format!(
+        "head -c {} /dev/zero | tr '\\0' '\\n' | \"$AIRLOCK\" fd wrap | head -c 300; echo; echo rc=$?",
+        limit
+    );
+    let (over, out) = peak_over_start(limit, &script);
+    assert!(out.contains("max_total_bytes"), "refused naming the limit: {out}");
+    assert_within(limit, over, "one-byte lines", &out);
+}
+
+#[test]
+fn wrapping_just_under_a_hundred_mib_keeps_the_peak_bounded() {
+    let limit = 100 * MIB;
+    // Lines of 64 bytes: 1/16 of the content again in index entries;
+    // content and index together take 15/16 of the limit.
+    let n = limit / 17 * 15;
+    let script = format!(
+        "yes 'abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk' | head -c {n} | \"$AIRLOCK\" fd wrap > /dev/null; echo rc=$?"
+    );
+    let (over, out) = peak_over_start(limit, &script);
+    assert!(out.contains("rc=0"), "stored: {out}");
+    assert_within(limit, over, "64-byte lines", &out);
+}
+
+#[test]
+fn an_ignore_case_search_whose_fold_grows_the_text_adds_a_bounded_buffer() {
+    // `Ⱥ` is 2 bytes and folds to the 3-byte `ⱥ`: folding the whole line
+    // at once would take 1.5 times the content again.
+    let limit = 32 * MIB;
+    let wrap = format!("{} | \"$AIRLOCK\" fd wrap > /dev/null; echo rc=$?", stream_of("Ⱥ", limit - 2 * MIB));
+    let (wrapped, out) = peak_over_start(limit, &wrap);
+    assert!(out.contains("rc=0"), "stored: {out}");
+    let search = format!("{wrap}; \"$AIRLOCK\" fd search fd:1 'ⱥB' --ignore-case; echo rc=$?");
+    let (searched, out) = peak_over_start(limit, &search);
+    assert!(out.contains("matches=\"0\""), "searched: {out}");
+    assert_within(limit, searched, "an ignore-case search", &out);
+    assert!(
+        searched <= wrapped + SEARCH_SLACK,
+        "the search grew airlock's peak by {} MiB over the wrap's {} MiB\n{out}",
+        searched.saturating_sub(wrapped) / MIB,
+        wrapped / MIB
+    );
+}
+
+/// A flood of attached connections, open host files and stored fds,
+/// held at once: airlock's descriptors stay within `--max-descriptors` of
+/// what it used at start, the refusals name the bound, and a file can
+/// still be opened after the connections are dropped.
+#[test]
+fn a_descriptor_flood_stays_within_max_descriptors() {
+    let max = 96u64;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("host")).unwrap();
+    for i in 0..200 {
+        std::fs::write(dir.path().join(format!("host/f{i}")), "x").unwrap();
+    }
+    let script = r#"
+import os, socket, struct, json, subprocess, time
+out("started")
+# Stored fds first: `airlock fd` attaches a connection of its own, which
+# the flood below leaves no room for.
+wraps = 0
+for i in range(50):
+    p = subprocess.run([os.environ["AIRLOCK"], "fd", "wrap"], input=b"y\n" * 9000, capture_output=True, pass_fds=(3,))
+    wraps += p.returncode == 0
+shared = socket.socket(fileno=os.dup(3))
+kept, refused = [], {}
+def note(r):
+    m = r["error"]["message"]
+    k = "--max-descriptors" if "--max-descriptors" in m else "--max-clients" if "--max-clients" in m else m
+    refused[k] = refused.get(k, 0) + 1
+for i in range(150):
+    ours, theirs = socket.socketpair()
+    req = json.dumps({"id": "a%d" % i, "op": "attach"}).encode()
+    socket.send_fds(shared, [struct.pack(">I", len(req)) + req], [theirs.fileno()])
+    theirs.close()
+    try:
+        assert recv(ours.fileno())["ok"]
+        kept.append(ours)
+    except EOFError:
+        note(recv(3))
+        ours.close()
+handles = []
+for i in range(200):
+    r = call("open", path="host/f%d" % i, mode="r")
+    if r["ok"]:
+        handles.append(r["result"]["handle"])
+    else:
+        note(r)
+# Every stored fd still answers on the session's own connection.
+def fd_read(n):
+    send({"id": "r", "op": "FD_READ", "params": {"fd": "fd:%d" % n}})
+    return recv()["ok"]
+reads = sum(fd_read(i + 1) for i in range(wraps))
+out({"reads": reads, "attached": len(kept), "handles": len(handles), "wraps": wraps, "refused": refused})
+out("flooded")
+time.sleep(1)
+for h in handles:
+    call("close", h=h)
+for s in kept:
+    s.close()
+time.sleep(0.5)
+r = call("open", path="host/f0", mode="r")
+out({"after": r["ok"]})
+"#;
+    let max_s = max.to_string();
+    std::fs::write(dir.path().join("airlock.toml"), "[file_descriptor]\n").unwrap();
+    let mut live = Live::start(
+        dir.path(),
+        &[
+            "--config",
+            "airlock.toml",
+            "--allow-rw",
+            "host",
+            "--max-descriptors",
+            &max_s,
+            "--max-clients",
+            "1000",
+        ],
+        &python(script),
+    );
+    live.until("\"started\"");
+    let pid = live.child.id();
+    let at_start = descriptors(pid);
+    let out = live.until("\"flooded\"");
+    let held = descriptors(pid);
+    assert!(
+        held <= at_start + max,
+        "airlock holds {held} descriptors, {at_start} at start, --max-descriptors {max}\n{out}"
+    );
+    let counts: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert!(counts["refused"]["--max-descriptors"].as_u64().unwrap_or(0) > 0, "the bound was reached: {out}");
+    assert!(counts["attached"].as_u64().unwrap() > 0, "{out}");
+    assert!(counts["handles"].as_u64().unwrap() > 0, "{out}");
+    assert_eq!(counts["wraps"], 50, "{out}");
+    assert_eq!(counts["reads"], 50, "stored fds take no descriptor: {out}");
+    let after = live.until("{\"after\"");
+    assert!(after.contains("true"), "{after}");
+    assert_eq!(live.finish(), Some(0));
+}
