@@ -267,7 +267,7 @@ impl ServeArgs {
         for note in missing_root_notes(&self.allow, &self.allow_rw) {
             eprintln!("airlock: note: {note}");
         }
-        let host = HostFs::new(&config.policy)?;
+        let host = if upstream.is_some() { HostFs::nested(&config.policy)? } else { HostFs::new(&config.policy)? };
         let (proxy, parts) = self.machine(config, &settings, key)?;
         let observer = self.recorder(proxy.config(), command, upstream)?;
         // Opened now: a nested level reaches files only through its
