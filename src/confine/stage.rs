@@ -666,8 +666,13 @@ fn build_view(view: &View) -> anyhow::Result<bool> {
             }
             Mount::Dir { .. } => {
                 // Beneath a read-only bind it cannot be made; then it
-                // exists already or the payload starts in `/`.
-                let _ = std::fs::create_dir_all(&dst);
+                // exists already or the payload starts in `/`. One made
+                // here is read-only: a write there would land nowhere the
+                // user looks (the project is reached through airlock).
+                if std::fs::symlink_metadata(&dst).is_err() && std::fs::create_dir_all(&dst).is_ok() {
+                    mount(Some(&dst), &dst, None, libc::MS_BIND | libc::MS_REC, None)?;
+                    make_read_only(&dst)?;
+                }
             }
         }
     }
