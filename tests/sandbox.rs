@@ -206,9 +206,10 @@ probe("devnull", lambda: open("/dev/null", "wb").write(b"swallowed"))
     // nothing lands in the host's.
     assert_eq!((got["create in /tmp"].as_str(), got["create in /dev/shm"].as_str()), ("ok", "ok"));
     for dir in ["/tmp", "/dev/shm"] {
-        let leaked = std::fs::read_dir(dir).unwrap().flatten().any(|e| {
-            e.file_name().to_string_lossy().starts_with("airlock-escape-")
-        });
+        let leaked = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("airlock-escape-"));
         assert!(!leaked, "a file reached the host's {dir}");
     }
     f.untouched();

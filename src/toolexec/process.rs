@@ -7,8 +7,8 @@
 
 use super::serve::TOKEN_ENV;
 use super::service::{Runner, ToolOutput, ToolProcess};
-use airlock_core::toolexec::{ExitStatus, Signal, SpawnError, SpawnRequest, ToolProgram};
 use airlock_core::sandbox::StageStatus;
+use airlock_core::toolexec::{ExitStatus, Signal, SpawnError, SpawnRequest, ToolProgram};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
@@ -32,7 +32,12 @@ struct Sandbox {
 }
 
 impl ProcessRunner {
-    pub fn new(workdir: &Path, confine: bool, net: bool, require_namespaces: bool) -> anyhow::Result<ProcessRunner> {
+    pub fn new(
+        workdir: &Path,
+        confine: bool,
+        net: bool,
+        require_namespaces: bool,
+    ) -> anyhow::Result<ProcessRunner> {
         if !confine {
             return Ok(ProcessRunner {
                 workdir: workdir.to_path_buf(),
