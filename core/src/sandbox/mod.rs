@@ -425,6 +425,14 @@ impl Ruleset {
         paths.add(path, Grant::ReadExec, Source::User);
         self.paths = paths.rules;
     }
+
+    /// Grant `path` (absolute, resolved) everything beneath it, as a work
+    /// dir (`--sandbox-rw`).
+    pub fn grant_read_write(&mut self, path: PathBuf) {
+        let mut paths = Paths { abi: self.abi, rules: std::mem::take(&mut self.paths) };
+        paths.add(path, Grant::ReadWrite, Source::WorkDir);
+        self.paths = paths.rules;
+    }
 }
 
 /// A ruleset with the defaults alone: a program that reaches project
