@@ -122,7 +122,7 @@ impl Plan {
             f.net = "denied";
         }
         for ns in Namespace::ALL {
-            if !applied.has(ns) && !(ns == Namespace::Net && net_allowed) {
+            if !applied.has(ns) && (ns != Namespace::Net || !net_allowed) {
                 gaps.push(ns_gap(ns));
             }
         }
