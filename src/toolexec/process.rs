@@ -51,14 +51,14 @@ impl ProcessRunner {
         })?;
         let mode = crate::confine::ns_mode(require_namespaces)?;
         let describe = format!(
-            "sandbox: namespaces {}, seccomp, no capabilities, Landlock ABI {abi}: system locations read+execute, {} read-write, network {}",
+            "sandbox: Landlock ABI {abi}: system locations read+execute, {} read-write, network {}; seccomp, no capabilities, namespaces {}",
+            workdir.display(),
+            if net { "allowed (--tool-net)" } else { "denied" },
             match mode {
                 airlock_core::sandbox::NsMode::Off => "off",
                 airlock_core::sandbox::NsMode::Try => "where available",
                 airlock_core::sandbox::NsMode::Require => "required",
             },
-            workdir.display(),
-            if net { "allowed (--tool-net)" } else { "denied" }
         );
         let sandbox = Sandbox { ruleset: rules, mode, net };
         Ok(ProcessRunner { workdir: workdir.to_path_buf(), sandbox: Some(sandbox), describe })
