@@ -22,7 +22,7 @@ use airlock_core::fsproxy::{
 };
 use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
-use airlock_core::sandbox::Plan;
+use airlock_core::sandbox::{Applied, InForce, StageStatus};
 use anyhow::Context;
 use std::ffi::OsString;
 use std::io::Write;
@@ -290,7 +290,8 @@ impl ServeArgs {
         for note in missing_root_notes(config.policy.cwd(), &self.allow, &self.allow_rw)? {
             eprintln!("airlock: note: {note}");
         }
-        let host = HostFs::new(&config.policy)?;
+        let host =
+            if upstream.is_some() { HostFs::nested(&config.policy)? } else { HostFs::new(&config.policy)? };
         let (proxy, parts) = self.machine(config, &settings, key)?;
         let observer = self.recorder(proxy.config(), command, upstream)?;
         // Opened now: a nested level reaches files only through its
@@ -318,7 +319,7 @@ impl ServeArgs {
         session: Session,
         report_file: Option<OutFile>,
         exit: Option<ChildExit>,
-        sandbox: Option<&Plan>,
+        sandbox: Option<InForce>,
     ) -> anyhow::Result<()> {
         let (proxy, host, observer) = session.shutdown().await;
         if let (Some(mut o), Some(path)) = (observer, &self.record) {
@@ -326,7 +327,7 @@ impl ServeArgs {
         }
         if let (Some(path), Some(out)) = (&self.report, report_file) {
             let mut report = Report::new(&proxy, host.open_files(), exit);
-            report.sandbox = sandbox.map(Plan::in_force);
+            report.sandbox = sandbox;
             report.write(path, out)?;
         }
         Ok(())
@@ -367,11 +368,9 @@ const CHILD: ClientId = ClientId(1);
 pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow::Result<i32> {
     crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
-    let plan = sandbox.plan(&args.policy()?)?;
-    let ruleset = match &plan {
-        Plan::Confined(rules) => Some(crate::sandbox::prepare(rules)?),
-        Plan::Unconfined { .. } => None,
-    };
+    let policy = args.policy()?;
+    let plan = sandbox.plan(&policy)?;
+    let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     block_on(async {
         let upstream = nested_upstream()?;
         let (mut session, remove_env, report) =
@@ -392,11 +391,24 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
             }
         };
         let session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
-        let spawned = child::spawn(argv, &remove_env, ruleset.as_ref(), &session_env)?;
-        drop(ruleset);
+        // The socket's directory is in the child's view at its own path.
+        let session_dir = socket.as_ref().map(|s| s.dir().to_path_buf());
+        let confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        let spawned = child::spawn(argv, &remove_env, confinement.as_ref(), &session_env)?;
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;
         }
+        let in_force = match &spawned.applied {
+            None => plan.in_force(),
+            Some(StageStatus::Applied(applied)) => plan.in_force_with(applied, sandbox.sandbox_net),
+            Some(StageStatus::ExecFailed { .. }) => {
+                plan.in_force_with(&Applied::default(), sandbox.sandbox_net)
+            }
+            Some(StageStatus::Refused { message }) => {
+                eprintln!("airlock: {message}");
+                return Ok(crate::confine::stage::REFUSED_EXIT);
+            }
+        };
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);
@@ -424,7 +436,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let code = status.map(exit_code).unwrap_or(1);
         use std::os::unix::process::ExitStatusExt;
         let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
-        args.close(session, report, exit, Some(&plan)).await?;
+        args.close(session, report, exit, Some(in_force)).await?;
         // The socket and its directory go with the session.
         drop(socket);
         Ok(code)
