@@ -832,6 +832,7 @@ impl Serve {
             line.clear();
         }
         let _ = child.kill();
+        let _ = child.wait();
         let mut err = String::new();
         let _ = child.stderr.take().unwrap().read_to_string(&mut err);
         panic!("{mode:?}: serve {args:?} printed no URL: {err}");
