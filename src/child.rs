@@ -33,6 +33,8 @@ pub struct Spawned {
     pub child: Child,
     /// airlock's end of the child's proxy connection.
     pub conn: UnixStream,
+    /// What the confinement stage reported, when confined.
+    pub applied: Option<airlock_core::sandbox::StageStatus>,
 }
 
 /// The signal the child gets when airlock dies: SIGKILL, since nobody is
@@ -41,35 +43,41 @@ pub const PARENT_DEATH_SIGNAL: rustix::process::Signal = rustix::process::Signal
 
 /// Start `argv` with the proxy on fd 3 and `AIRLOCK_FD=3` in its
 /// environment, and without the variables in `remove_env` (secrets such as
-/// the provider's API key, which only airlock may see). `sandbox`, when
-/// given, comes from `sandbox::prepare`: the child enforces it on itself
-/// before exec.
+/// the provider's API key, which only airlock may see). `confinement`,
+/// when given, is applied by the confinement stage (see `crate::confine`);
+/// then [`Spawned::applied`] says what is in force.
 pub fn spawn(
     argv: &[OsString],
     remove_env: &[OsString],
-    sandbox: Option<&crate::sandbox::Prepared>,
+    confinement: Option<&airlock_core::sandbox::Confinement>,
 ) -> anyhow::Result<Spawned> {
     let Some((program, args)) = argv.split_first() else { bail!("no command given") };
     let (ours, theirs) = StdUnixStream::pair().context("creating the proxy socketpair")?;
     let child_raw: RawFd = theirs.as_raw_fd();
-    let mut cmd = Command::new(program);
-    cmd.args(args).env(FD_ENV, DEFAULT_FD.to_string()).kill_on_drop(true);
+    let (mut cmd, pending) = match confinement {
+        Some(plan) => {
+            let (cmd, pending) = crate::confine::command(plan, argv)?;
+            (cmd, Some(pending))
+        }
+        None => {
+            let mut cmd = Command::new(program);
+            cmd.args(args);
+            (cmd, None)
+        }
+    };
+    cmd.env(FD_ENV, DEFAULT_FD.to_string()).kill_on_drop(true);
     for var in remove_env {
         cmd.env_remove(var);
     }
     if let Ok(exe) = std::env::current_exe() {
         cmd.env(EXE_ENV, exe);
     }
-    // Above 3, or placing the proxy on fd 3 would replace it.
-    let ruleset = sandbox.map(|p| rustix::io::fcntl_dupfd_cloexec(&p.ruleset, DEFAULT_FD + 1)).transpose()?;
-    let seccomp = sandbox.and_then(|p| p.seccomp.clone());
-    let ruleset_raw: Option<RawFd> = ruleset.as_ref().map(|fd| fd.as_raw_fd());
+    let confined = pending.is_some();
     let parent = rustix::process::getpid();
     // SAFETY: the closure runs in the forked child before exec and makes
-    // only system calls (fcntl, dup2, close_range, prctl, getppid,
-    // landlock_restrict_self), which are async-signal-safe; it allocates
-    // nothing. `child_raw` and the ruleset stay open in the parent until
-    // after spawn returns.
+    // only system calls (fcntl, dup2, close_range, prctl, getppid), which
+    // are async-signal-safe; it allocates nothing. `child_raw` stays open
+    // in the parent until after spawn returns.
     unsafe {
         cmd.pre_exec(move || {
             let src = BorrowedFd::borrow_raw(child_raw);
@@ -82,24 +90,30 @@ pub fn spawn(
                 let mut target = ManuallyDrop::new(OwnedFd::from_raw_fd(DEFAULT_FD));
                 rustix::io::dup2(src, &mut target)?;
             }
-            close_above_3_on_exec();
+            // The stage closes everything above 3 itself, before the
+            // payload's exec (its status pipe must reach it first).
+            if !confined {
+                close_above_3_on_exec();
+            }
             rustix::process::set_parent_process_death_signal(Some(PARENT_DEATH_SIGNAL))?;
             // airlock may have died before the request above: then the
             // child was already reparented and must not run at all.
             if rustix::process::getppid() != Some(parent) {
                 return Err(std::io::Error::other("airlock exited while starting the child"));
             }
-            if let Some(fd) = ruleset_raw {
-                crate::sandbox::enforce(fd, seccomp.as_ref())?;
-            }
             Ok(())
         });
+    }
+    if let Some(p) = &pending {
+        p.install(&mut cmd);
     }
     let child = cmd.spawn().with_context(|| format!("starting {}", program.to_string_lossy()))?;
     // The child has its copy; ours must go, or EOF would never arrive.
     drop(theirs);
+    drop(cmd);
+    let applied = pending.map(crate::confine::Pending::wait).transpose()?;
     ours.set_nonblocking(true)?;
-    Ok(Spawned { child, conn: UnixStream::from_std(ours)? })
+    Ok(Spawned { child, conn: UnixStream::from_std(ours)?, applied })
 }
 
 /// Mark every descriptor above 3 close-on-exec. Not closed outright: the

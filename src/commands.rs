@@ -21,7 +21,7 @@ use airlock_core::fsproxy::{
 };
 use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
-use airlock_core::sandbox::Plan;
+use airlock_core::sandbox::{Applied, InForce, StageStatus};
 use anyhow::Context;
 use std::ffi::OsString;
 use std::io::Write;
@@ -295,7 +295,7 @@ impl ServeArgs {
         session: Session,
         report_file: Option<OutFile>,
         exit: Option<ChildExit>,
-        sandbox: Option<&Plan>,
+        sandbox: Option<InForce>,
     ) -> anyhow::Result<()> {
         let (proxy, host, observer) = session.shutdown().await;
         if let (Some(mut o), Some(path)) = (observer, &self.record) {
@@ -303,7 +303,7 @@ impl ServeArgs {
         }
         if let (Some(path), Some(out)) = (&self.report, report_file) {
             let mut report = Report::new(&proxy, host.open_files(), exit);
-            report.sandbox = sandbox.map(Plan::in_force);
+            report.sandbox = sandbox;
             report.write(path, out)?;
         }
         Ok(())
@@ -344,11 +344,10 @@ const CHILD: ClientId = ClientId(1);
 pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow::Result<i32> {
     crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
-    let plan = sandbox.plan(&args.policy()?)?;
-    let ruleset = match &plan {
-        Plan::Confined(rules) => Some(crate::sandbox::prepare(rules)?),
-        Plan::Unconfined { .. } => None,
-    };
+    let policy = args.policy()?;
+    let plan = sandbox.plan(&policy)?;
+    let require = sandbox.require_namespaces || secrets.0.require_namespaces;
+    let confinement = sandbox.confinement(&plan, policy.cwd(), require)?;
     block_on(async {
         let upstream = nested_upstream()?;
         let (mut session, remove_env, report) =
@@ -356,8 +355,16 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         if let Some(up) = upstream {
             session.set_upstream(up);
         }
-        let spawned = child::spawn(argv, &remove_env, ruleset.as_ref())?;
-        drop(ruleset);
+        let spawned = child::spawn(argv, &remove_env, confinement.as_ref())?;
+        let in_force = match &spawned.applied {
+            None => plan.in_force(),
+            Some(StageStatus::Applied(applied)) => plan.in_force_with(applied, sandbox.sandbox_net),
+            Some(StageStatus::ExecFailed { .. }) => plan.in_force_with(&Applied::default(), sandbox.sandbox_net),
+            Some(StageStatus::Refused { message }) => {
+                eprintln!("airlock: {message}");
+                return Ok(crate::confine::stage::REFUSED_EXIT);
+            }
+        };
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);
@@ -385,7 +392,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let code = status.map(exit_code).unwrap_or(1);
         use std::os::unix::process::ExitStatusExt;
         let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
-        args.close(session, report, exit, Some(&plan)).await?;
+        args.close(session, report, exit, Some(in_force)).await?;
         Ok(code)
     })
 }

@@ -38,6 +38,10 @@ use std::time::Duration;
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    /// `require_namespaces = true`: `run` refuses to start without them,
+    /// as `--require-namespaces` does.
+    #[serde(default)]
+    pub require_namespaces: bool,
     pub broker: Option<BrokerSection>,
     pub file_descriptor: Option<crate::fdconfig::FdSection>,
 }
@@ -206,6 +210,8 @@ pub struct Settings {
     pub broker: Option<BrokerShellConfig>,
     /// `[file_descriptor]`, when present and enabled.
     pub pager: Option<airlock_core::pager::PagerConfig>,
+    /// `require_namespaces = true`.
+    pub require_namespaces: bool,
 }
 
 /// Read and check `path`. Relative paths inside resolve against the
@@ -230,7 +236,7 @@ pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Settings> {
         Some(section) => section.resolve()?,
         None => None,
     };
-    Ok(Settings { broker, pager })
+    Ok(Settings { broker, pager, require_namespaces: file.require_namespaces })
 }
 
 fn seconds(key: &str, value: f64) -> anyhow::Result<Duration> {

@@ -9,6 +9,7 @@ pub mod child;
 pub mod client;
 pub mod commands;
 pub mod config;
+pub mod confine;
 pub mod fdcli;
 pub mod fdconfig;
 pub mod heap;

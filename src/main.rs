@@ -76,6 +76,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The confinement stage first: a fresh process that must stay
+    // single-threaded and quick, before anything else starts.
+    {
+        let mut args = std::env::args_os();
+        if args.nth(1).is_some_and(|a| a == airlock::confine::stage::STAGE_ARG) {
+            let code = airlock::confine::stage::main(args.collect());
+            return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")

@@ -27,10 +27,32 @@ pub struct SandboxArgs {
     /// Let the child use the network (TCP bind and connect).
     #[arg(long)]
     pub sandbox_net: bool,
+    /// Refuse to start when the kernel (or a container) refuses
+    /// unprivileged namespaces, instead of confining with seccomp,
+    /// capabilities and Landlock alone.
+    #[arg(long)]
+    pub require_namespaces: bool,
     /// Testing only: act as if the kernel's Landlock ABI were at most N
     /// (0 simulates a kernel without Landlock).
     #[arg(long, value_name = "N", hide = true)]
     pub sandbox_abi: Option<u32>,
+}
+
+impl SandboxArgs {
+    /// The confinement for `plan` (None when unconfined), for a child in
+    /// `cwd` with the proxy on fd 3. `require` is the flag or the config
+    /// key.
+    pub fn confinement(
+        &self,
+        plan: &Plan,
+        cwd: &std::path::Path,
+        require: bool,
+    ) -> anyhow::Result<Option<sandbox::Confinement>> {
+        let Plan::Confined(ruleset) = plan else { return Ok(None) };
+        let mode = crate::confine::ns_mode(require)?;
+        let view = sandbox::view_for(ruleset, cwd.to_path_buf());
+        Ok(Some(crate::confine::confinement(ruleset.clone(), view, mode, self.sandbox_net, 3)))
+    }
 }
 
 /// The kernel's Landlock ABI version; 0 when it has no Landlock (or has it
@@ -171,7 +193,7 @@ pub fn prepare(rules: &Ruleset) -> anyhow::Result<Prepared> {
     Ok(Prepared { ruleset: landlock_ruleset(rules)?, seccomp })
 }
 
-fn landlock_ruleset(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
+pub fn landlock_ruleset(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
     let mut ruleset = landlock::Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(fs_bits(rules.handled_fs.iter().copied()))?;

@@ -33,13 +33,22 @@
 //! does not know are not handled, and are not claimed.
 
 use crate::policy::{normalize, Policy};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod confine;
+mod namespaces;
+mod report;
+mod seccomp;
 #[cfg(test)]
 mod tests;
+
+pub use confine::*;
+pub use namespaces::*;
+pub use report::*;
+pub use seccomp::*;
 
 /// The newest Landlock ABI whose rights this module knows.
 pub const KNOWN_ABI: u32 = 10;
@@ -65,7 +74,7 @@ pub const DEFAULT_READ: &[&str] = &["/etc/ld.so.cache", "/dev/zero", "/dev/urand
 pub const DEFAULT_SINKS: &[&str] = &["/dev/null", "/dev/tty"];
 
 /// One Landlock filesystem access right.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FsRight {
     Execute,
@@ -136,7 +145,7 @@ impl FsRight {
 }
 
 /// One Landlock network access right.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetRight {
     BindTcp,
@@ -158,7 +167,7 @@ impl NetRight {
 }
 
 /// What a Landlock domain can be scoped to (ABI 6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ScopeKind {
     AbstractUnixSocket,
@@ -174,7 +183,7 @@ impl ScopeKind {
 }
 
 /// How much of a path the child gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Grant {
     /// Read files, list directories, execute.
@@ -205,7 +214,7 @@ impl Grant {
 }
 
 /// Why a path is in the ruleset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     /// The default list: skipped when missing on the host.
@@ -216,6 +225,9 @@ pub enum Source {
     User,
     /// A tool runner's working directory: must exist.
     WorkDir,
+    /// A private, size-bounded tmpfs of the confinement's own mount view
+    /// (`/tmp`, `/dev/shm`): it exists only inside, and vanishes with it.
+    Private,
 }
 
 impl Source {
@@ -226,7 +238,7 @@ impl Source {
 }
 
 /// One `PathBeneath` rule.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathRule {
     pub path: PathBuf,
     pub grant: Grant,
@@ -266,7 +278,7 @@ pub struct Inputs<'a> {
 }
 
 /// A complete Landlock ruleset.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ruleset {
     /// The kernel's ABI, as detected.
     pub kernel_abi: u32,
@@ -412,75 +424,4 @@ fn ruleset(kernel_abi: u32, net: bool, paths: Paths) -> Ruleset {
     let scoped = ScopeKind::ALL.into_iter().filter(|s| s.since() <= abi).collect();
     let deny_unix_socket_create = abi < FsRight::ResolveUnix.since();
     Ruleset { kernel_abi, abi, handled_fs, handled_net, scoped, paths: paths.rules, deny_unix_socket_create }
-}
-
-/// The `sandbox` section of the report: what is in force, stated plainly.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct InForce {
-    /// The kernel's Landlock ABI (0: none).
-    pub landlock_abi: u32,
-    /// `confined` (only the listed locations, read-only, and sinks) or
-    /// `unconfined` (`--no-sandbox`).
-    pub fs: &'static str,
-    /// `denied` (no TCP bind or connect), `allowed` (`--sandbox-net`),
-    /// `unconfined` (`--no-sandbox`, or a kernel before ABI 4).
-    pub net: &'static str,
-    /// Scopes in force: `abstract_unix_socket`, `signal`.
-    pub scoped: Vec<ScopeKind>,
-    /// What a newer kernel would also enforce, by the name of the right.
-    pub not_enforced: Vec<&'static str>,
-}
-
-impl Plan {
-    pub fn in_force(&self) -> InForce {
-        match self {
-            Plan::Unconfined { abi } => InForce {
-                landlock_abi: *abi,
-                fs: "unconfined",
-                net: "unconfined",
-                scoped: Vec::new(),
-                not_enforced: vec!["fs", "net", "scopes"],
-            },
-            Plan::Confined(r) => {
-                let has_fs = |x: FsRight| r.handled_fs.contains(&x);
-                let tcp = r.handled_net.contains(&NetRight::ConnectTcp);
-                let mut gaps = Vec::new();
-                if !has_fs(FsRight::Truncate) {
-                    gaps.push("truncate");
-                }
-                if !has_fs(FsRight::IoctlDev) {
-                    gaps.push("ioctl_dev");
-                }
-                if !has_fs(FsRight::ResolveUnix) && !r.deny_unix_socket_create {
-                    gaps.push("unix_socket_connect");
-                }
-                if r.abi < NetRight::ConnectTcp.since() {
-                    gaps.push("tcp");
-                }
-                if r.abi < NetRight::ConnectSendUdp.since() {
-                    gaps.push("udp");
-                }
-                for s in ScopeKind::ALL {
-                    if !r.scoped.contains(&s) {
-                        gaps.push(match s {
-                            ScopeKind::AbstractUnixSocket => "scope_abstract_unix_socket",
-                            ScopeKind::Signal => "scope_signal",
-                        });
-                    }
-                }
-                let net = match (tcp, r.abi >= NetRight::ConnectTcp.since()) {
-                    (true, _) => "denied",
-                    (false, true) => "allowed",
-                    (false, false) => "unconfined",
-                };
-                InForce {
-                    landlock_abi: r.kernel_abi,
-                    fs: "confined",
-                    net,
-                    scoped: r.scoped.iter().copied().collect(),
-                    not_enforced: gaps,
-                }
-            }
-        }
-    }
 }
