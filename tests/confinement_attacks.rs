@@ -6,7 +6,8 @@
 //! observes it, or its class is listed under `sandbox.not_enforced` in the
 //! report: never a silent pass. The attack scripts are in `tests/attacks/`;
 //! the host side of each (a segment, a key, a listener, a process) is set
-//! up and checked by the test itself, outside the child.
+//! up and checked by the test itself, outside the child. The last test is
+//! issue 31's: a rustup toolchain granted to `toolexec serve`.
 
 mod common;
 
