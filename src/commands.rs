@@ -267,7 +267,8 @@ impl ServeArgs {
         for note in missing_root_notes(&self.allow, &self.allow_rw) {
             eprintln!("airlock: note: {note}");
         }
-        let host = HostFs::new(&config.policy)?;
+        let host =
+            if upstream.is_some() { HostFs::nested(&config.policy)? } else { HostFs::new(&config.policy)? };
         let (proxy, parts) = self.machine(config, &settings, key)?;
         let observer = self.recorder(proxy.config(), command, upstream)?;
         // Opened now: a nested level reaches files only through its
@@ -359,7 +360,9 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let in_force = match &spawned.applied {
             None => plan.in_force(),
             Some(StageStatus::Applied(applied)) => plan.in_force_with(applied, sandbox.sandbox_net),
-            Some(StageStatus::ExecFailed { .. }) => plan.in_force_with(&Applied::default(), sandbox.sandbox_net),
+            Some(StageStatus::ExecFailed { .. }) => {
+                plan.in_force_with(&Applied::default(), sandbox.sandbox_net)
+            }
             Some(StageStatus::Refused { message }) => {
                 eprintln!("airlock: {message}");
                 return Ok(crate::confine::stage::REFUSED_EXIT);

@@ -142,6 +142,17 @@ impl HostFs {
     /// be created). Root paths are taken as physical (the shell resolves
     /// them when it builds the policy).
     pub fn new(policy: &Policy) -> anyhow::Result<Self> {
+        Self::open_roots(policy, false)
+    }
+
+    /// For a level under an upstream airlock, which reaches files only
+    /// through it: inside a confinement's mount view its roots need not
+    /// exist here, and are skipped when they do not.
+    pub fn nested(policy: &Policy) -> anyhow::Result<Self> {
+        Self::open_roots(policy, true)
+    }
+
+    fn open_roots(policy: &Policy, nested: bool) -> anyhow::Result<Self> {
         let mut hostfs =
             HostFs { roots: Vec::new(), dirs: Vec::new(), anchors: Vec::new(), files: BTreeMap::new() };
         for root in policy.roots() {
@@ -155,6 +166,9 @@ impl HostFs {
                     bail!("allowed path {} is neither a directory nor a file name", path.display());
                 };
                 if !parent.is_dir() {
+                    if nested {
+                        continue;
+                    }
                     bail!("allowed path {}: no such file or directory", path.display());
                 }
                 parent.to_path_buf()
@@ -162,8 +176,11 @@ impl HostFs {
             if hostfs.anchors.contains(&anchor) {
                 continue;
             }
-            let dir = Dir::open_ambient_dir(&anchor, ambient_authority())
-                .with_context(|| format!("opening directory {}", anchor.display()))?;
+            let dir = match Dir::open_ambient_dir(&anchor, ambient_authority()) {
+                Ok(dir) => dir,
+                Err(_) if nested => continue,
+                Err(e) => return Err(e).with_context(|| format!("opening directory {}", anchor.display())),
+            };
             hostfs.dirs.push(dir);
             hostfs.anchors.push(anchor);
         }

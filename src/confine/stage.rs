@@ -87,7 +87,7 @@ pub fn main(args: Vec<OsString>) -> i32 {
     // alone; it is owned from now on.
     let status = unsafe { OwnedFd::from_raw_fd(plan.status_fd) };
     let _ = rustix::io::fcntl_setfd(&status, rustix::io::FdFlags::CLOEXEC);
-    let mut status = std::fs::File::from(status);
+    let mut status = Some(std::fs::File::from(status));
     let code = match plan.namespaces {
         NsMode::Off => fallback(&plan, argv, &mut status),
         mode => match unshare_all(&plan) {
@@ -109,14 +109,14 @@ fn usage() -> i32 {
     REFUSED_EXIT
 }
 
-fn send(status: &mut std::fs::File, s: &StageStatus) {
-    if let Ok(mut line) = serde_json::to_vec(s) {
+fn send(status: &mut Option<std::fs::File>, s: &StageStatus) {
+    if let (Ok(mut line), Some(file)) = (serde_json::to_vec(s), status.as_mut()) {
         line.push(b'\n');
-        let _ = status.write_all(&line);
+        let _ = file.write_all(&line);
     }
 }
 
-fn refuse(status: &mut std::fs::File, message: String) -> i32 {
+fn refuse(status: &mut Option<std::fs::File>, message: String) -> i32 {
     send(status, &StageStatus::Refused { message });
     REFUSED_EXIT
 }
@@ -223,7 +223,7 @@ fn with_namespaces(
     plan: &Confinement,
     argv: &[OsString],
     namespaces: Vec<Namespace>,
-    status: &mut std::fs::File,
+    status: &mut Option<std::fs::File>,
 ) -> i32 {
     let (result_rd, result_wr) = match pipe() {
         Ok(p) => p,
@@ -247,7 +247,7 @@ fn with_namespaces(
     drop(result_wr);
     drop(alive_rd);
     // Ours goes: the payload's exec (or PID 1's exit) ends the status stream.
-    drop(std::mem::replace(status, dev_null()));
+    drop(status.take());
     forward_signals_to(pid1);
     let st = wait_pid(pid1);
     drop(alive_wr);
@@ -265,7 +265,7 @@ fn init(
     plan: &Confinement,
     argv: &[OsString],
     namespaces: Vec<Namespace>,
-    status: &mut std::fs::File,
+    status: &mut Option<std::fs::File>,
     result: OwnedFd,
     alive: OwnedFd,
 ) -> i32 {
@@ -309,7 +309,7 @@ fn init(
     forward_signals_to(payload);
     // PID 1's copy of the status pipe must go, so its reader sees EOF once
     // the payload has exec'd.
-    drop(std::mem::replace(status, dev_null()));
+    drop(status.take());
     // Reap everything until the payload ends.
     loop {
         let mut st = 0;
@@ -325,15 +325,8 @@ fn init(
     }
 }
 
-fn dev_null() -> std::fs::File {
-    std::fs::File::open("/dev/null").unwrap_or_else(|_| {
-        // SAFETY: -1 is never a valid descriptor to use; writes fail EBADF.
-        unsafe { std::fs::File::from_raw_fd(-1) }
-    })
-}
-
 /// The fallback: a subreaper stage, the payload its child.
-fn fallback(plan: &Confinement, argv: &[OsString], status: &mut std::fs::File) -> i32 {
+fn fallback(plan: &Confinement, argv: &[OsString], status: &mut Option<std::fs::File>) -> i32 {
     // SAFETY: a flag on our own process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let me = std::process::id() as libc::pid_t;
@@ -351,7 +344,7 @@ fn fallback(plan: &Confinement, argv: &[OsString], status: &mut std::fs::File) -
         // SAFETY: leave at once.
         unsafe { libc::_exit(code) };
     }
-    drop(std::mem::replace(status, dev_null()));
+    drop(status.take());
     forward_signals_to(payload);
     let mut result = None;
     loop {
@@ -392,7 +385,7 @@ fn payload_exec(
     plan: &Confinement,
     argv: &[OsString],
     mut applied: Applied,
-    status: &mut std::fs::File,
+    status: &mut Option<std::fs::File>,
     in_namespaces: bool,
 ) -> i32 {
     default_signals();
@@ -673,8 +666,13 @@ fn build_view(view: &View) -> anyhow::Result<bool> {
             }
             Mount::Dir { .. } => {
                 // Beneath a read-only bind it cannot be made; then it
-                // exists already or the payload starts in `/`.
-                let _ = std::fs::create_dir_all(&dst);
+                // exists already or the payload starts in `/`. One made
+                // here is read-only: a write there would land nowhere the
+                // user looks (the project is reached through airlock).
+                if std::fs::symlink_metadata(&dst).is_err() && std::fs::create_dir_all(&dst).is_ok() {
+                    mount(Some(&dst), &dst, None, libc::MS_BIND | libc::MS_REC, None)?;
+                    make_read_only(&dst)?;
+                }
             }
         }
     }

@@ -71,6 +71,11 @@ pub struct ToolArgs {
     /// Write a trace of the run (no secret in it) to FILE.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
+    /// Refuse to start when unprivileged namespaces are not available,
+    /// instead of confining the tool with seccomp, capabilities and
+    /// Landlock alone.
+    #[arg(long)]
+    pub require_namespaces: bool,
     /// The tool and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub argv: Vec<OsString>,
@@ -89,6 +94,7 @@ pub(crate) struct Prepared {
     /// What `policy` was built from, for a trace's header.
     pub policy_config: PolicyConfig,
     pub record: Option<PathBuf>,
+    pub require_namespaces: bool,
 }
 
 fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
@@ -127,7 +133,14 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         path_env,
     };
     let policy = ToolPolicy::new(&policy_config)?;
-    Ok(Prepared { project, config, policy, policy_config, record: a.record.clone() })
+    Ok(Prepared {
+        project,
+        config,
+        policy,
+        policy_config,
+        record: a.record.clone(),
+        require_namespaces: a.require_namespaces,
+    })
 }
 
 /// An `--allow-cmd` as the absolute program it names, found now.

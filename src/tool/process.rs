@@ -48,18 +48,62 @@ fn grouped(program: &std::ffi::OsStr) -> Command {
     cmd
 }
 
-/// Start the tool: own group, filtered environment, three pipes.
-pub fn spawn_tool(argv: &[std::ffi::OsString]) -> std::io::Result<tokio::process::Child> {
-    let Some((program, args)) = argv.split_first() else {
-        return Err(std::io::Error::other("no command given"));
-    };
-    let mut cmd = grouped(program);
-    cmd.args(args)
+/// Start the tool: own group, filtered environment, three pipes, and
+/// airlock's one confinement (`crate::confine`): the system locations
+/// only, an empty read-only working directory (project files come through
+/// the JSON-RPC protocol alone), no network, nothing inherited beyond
+/// stdio.
+pub fn spawn_tool(
+    argv: &[std::ffi::OsString],
+    require_namespaces: bool,
+) -> anyhow::Result<tokio::process::Child> {
+    use airlock_core::sandbox::StageStatus;
+    if argv.is_empty() {
+        anyhow::bail!("no command given");
+    }
+    let abi = crate::sandbox::detect_abi();
+    let mut ruleset = airlock_core::sandbox::system_ruleset(abi, false)
+        .map_err(|e| anyhow::anyhow!("cannot confine the tool: {e}"))?;
+    let cwd = std::env::current_dir()?;
+    // The tool's own files named on its command line (its script), read
+    // and executed directly; nothing else of the project.
+    for arg in argv {
+        let path = cwd.join(arg);
+        if path.is_file() {
+            if let Ok(real) = std::fs::canonicalize(&path) {
+                ruleset.grant_read_exec(real);
+            }
+        }
+    }
+    let view = airlock_core::sandbox::view_for(&ruleset, cwd);
+    let mode = crate::confine::ns_mode(require_namespaces)?;
+    let plan = crate::confine::confinement(ruleset, view, mode, false, 2);
+    let (mut cmd, pending) = crate::confine::command(&plan, argv)?;
+    cmd.process_group(0)
+        .env_clear()
+        .kill_on_drop(true)
         .envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(tool_env_allowed)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    cmd.spawn()
+    pending.install(&mut cmd);
+    let mut child = cmd.spawn()?;
+    drop(cmd);
+    match pending.wait() {
+        Ok(StageStatus::Applied(_)) => Ok(child),
+        Ok(StageStatus::Refused { message }) => {
+            let _ = child.start_kill();
+            anyhow::bail!("{message}")
+        }
+        Ok(StageStatus::ExecFailed { errno }) => {
+            let _ = child.start_kill();
+            Err(std::io::Error::from_raw_os_error(errno).into())
+        }
+        Err(e) => {
+            let _ = child.start_kill();
+            Err(e)
+        }
+    }
 }
 
 /// Run one `process.run` effect to its end. Dropping the future kills the

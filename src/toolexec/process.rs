@@ -1,12 +1,14 @@
 //! Tools as processes: argv without a shell, their own process group,
 //! stdin `/dev/null`, stdout and stderr on one pipe, the environment minus
-//! the token, confined by the Landlock sandbox of `airlock run` unless
+//! the token, confined by airlock's one confinement (`crate::confine`:
+//! namespaces where available, seccomp, no capabilities, Landlock with the
+//! work dir read-write; nothing inherited beyond stdio) unless
 //! `--no-sandbox`.
 
 use super::serve::TOKEN_ENV;
 use super::service::{Runner, ToolOutput, ToolProcess};
+use airlock_core::sandbox::StageStatus;
 use airlock_core::toolexec::{ExitStatus, Signal, SpawnError, SpawnRequest, ToolProgram};
-use anyhow::Context;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::ExitStatusExt;
@@ -18,12 +20,24 @@ use tokio::net::unix::pipe;
 /// Starts tools as processes.
 pub struct ProcessRunner {
     workdir: PathBuf,
-    sandbox: Option<crate::sandbox::Prepared>,
+    sandbox: Option<Sandbox>,
     describe: String,
 }
 
+/// What each tool is confined by.
+struct Sandbox {
+    ruleset: airlock_core::sandbox::Ruleset,
+    mode: airlock_core::sandbox::NsMode,
+    net: bool,
+}
+
 impl ProcessRunner {
-    pub fn new(workdir: &Path, confine: bool, net: bool) -> anyhow::Result<ProcessRunner> {
+    pub fn new(
+        workdir: &Path,
+        confine: bool,
+        net: bool,
+        require_namespaces: bool,
+    ) -> anyhow::Result<ProcessRunner> {
         if !confine {
             return Ok(ProcessRunner {
                 workdir: workdir.to_path_buf(),
@@ -35,13 +49,19 @@ impl ProcessRunner {
         let rules = airlock_core::sandbox::tool_ruleset(abi, workdir, net).map_err(|e| {
             anyhow::anyhow!("cannot confine tools ({e}); pass --no-sandbox to run them unconfined")
         })?;
-        let prepared = crate::sandbox::prepare(&rules).context("preparing the tool sandbox")?;
+        let mode = crate::confine::ns_mode(require_namespaces)?;
         let describe = format!(
-            "sandbox: Landlock ABI {abi}: system locations read+execute, {} read-write, network {}",
+            "sandbox: namespaces {}, seccomp, no capabilities, Landlock ABI {abi}: system locations read+execute, {} read-write, network {}",
+            match mode {
+                airlock_core::sandbox::NsMode::Off => "off",
+                airlock_core::sandbox::NsMode::Try => "where available",
+                airlock_core::sandbox::NsMode::Require => "required",
+            },
             workdir.display(),
             if net { "allowed (--tool-net)" } else { "denied" }
         );
-        Ok(ProcessRunner { workdir: workdir.to_path_buf(), sandbox: Some(prepared), describe })
+        let sandbox = Sandbox { ruleset: rules, mode, net };
+        Ok(ProcessRunner { workdir: workdir.to_path_buf(), sandbox: Some(sandbox), describe })
     }
 
     /// For the startup line: which sandbox is in force.
@@ -67,33 +87,51 @@ impl ProcessRunner {
         let (rd, wr) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| other(e.into()))?;
         let wr2 = wr.try_clone().map_err(other)?;
-        let mut cmd = tokio::process::Command::new(&program);
-        cmd.args(req.args.iter().map(|a| OsStr::from_bytes(a)))
-            .current_dir(&real)
+        let argv: Vec<OsString> = std::iter::once(program.clone())
+            .chain(req.args.iter().map(|a| OsString::from_vec(a.clone())))
+            .collect();
+        let (mut cmd, pending) = match &self.sandbox {
+            Some(sb) => {
+                let view = airlock_core::sandbox::view_for(&sb.ruleset, real.clone());
+                let plan = crate::confine::confinement(sb.ruleset.clone(), view, sb.mode, sb.net, 2);
+                let (cmd, pending) =
+                    crate::confine::command(&plan, &argv).map_err(|e| SpawnError::Other(format!("{e:#}")))?;
+                (cmd, Some(pending))
+            }
+            None => {
+                let mut cmd = tokio::process::Command::new(&program);
+                cmd.args(req.args.iter().map(|a| OsStr::from_bytes(a)));
+                (cmd, None)
+            }
+        };
+        cmd.current_dir(&real)
             .env_remove(TOKEN_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::from(wr))
             .stderr(Stdio::from(wr2))
             .process_group(0)
             .kill_on_drop(true);
-        let ruleset = self.sandbox.as_ref().map(|p| std::os::fd::AsRawFd::as_raw_fd(&p.ruleset));
-        let seccomp = self.sandbox.as_ref().and_then(|p| p.seccomp.clone());
         let parent = rustix::process::getpid();
+        let confined = pending.is_some();
         // SAFETY: the closure runs in the forked child before exec and makes
-        // only system calls (prctl, getppid, and the sandbox's prctl,
-        // seccomp and landlock_restrict_self); it allocates nothing. The
-        // ruleset descriptor stays open in the parent (`self` owns it).
+        // only system calls (prctl, getppid, close_range); it allocates
+        // nothing.
         unsafe {
             cmd.pre_exec(move || {
                 rustix::process::set_parent_process_death_signal(Some(crate::child::PARENT_DEATH_SIGNAL))?;
                 if rustix::process::getppid() != Some(parent) {
                     return Err(std::io::Error::other("airlock exited while starting the tool"));
                 }
-                if let Some(fd) = ruleset {
-                    crate::sandbox::enforce(fd, seccomp.as_ref())?;
+                // Unconfined tools, too, get nothing airlock inherited (the
+                // confinement stage closes the rest itself).
+                if !confined {
+                    close_above_stdio_on_exec();
                 }
                 Ok(())
             });
+        }
+        if let Some(p) = &pending {
+            p.install(&mut cmd);
         }
         let spawned = cmd.spawn();
         // The write ends live in `cmd`; ours must go, or EOF never arrives.
@@ -101,18 +139,42 @@ impl ProcessRunner {
         let child = match spawned {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SpawnError::NotInstalled),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                return Err(SpawnError::Other(format!(
-                    "{}: permission denied (not executable, or outside what the sandbox lets tools execute)",
-                    program.to_string_lossy()
-                )))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(denied(&program)),
             Err(e) => return Err(other(e)),
         };
+        let mut child = child;
+        match pending.map(crate::confine::Pending::wait).transpose() {
+            Ok(None | Some(StageStatus::Applied(_))) => {}
+            Ok(Some(StageStatus::ExecFailed { errno })) => {
+                let _ = child.start_kill();
+                return Err(if errno == libc::ENOENT { SpawnError::NotInstalled } else { denied(&program) });
+            }
+            Ok(Some(StageStatus::Refused { message })) => {
+                let _ = child.start_kill();
+                return Err(SpawnError::Other(message));
+            }
+            Err(e) => {
+                let _ = child.start_kill();
+                return Err(SpawnError::Other(format!("{e:#}")));
+            }
+        }
         let pgid = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32));
         let pipe = pipe::Receiver::from_owned_fd(rd).map_err(other)?;
         Ok((Running { child, pgid, status: None }, OutputPipe { pipe, buf: Vec::new() }))
     }
+}
+
+fn denied(program: &OsStr) -> SpawnError {
+    SpawnError::Other(format!(
+        "{}: permission denied (not executable, or outside what the sandbox lets tools execute)",
+        program.to_string_lossy()
+    ))
+}
+
+/// Mark every descriptor above 2 close-on-exec.
+fn close_above_stdio_on_exec() {
+    // SAFETY: close_range only changes descriptor flags; no memory is passed.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
 }
 
 /// A started tool.

@@ -60,6 +60,11 @@ pub struct ServeArgs {
     /// Run tools unconfined.
     #[arg(long)]
     pub no_sandbox: bool,
+    /// Refuse to start when unprivileged namespaces are not available,
+    /// instead of confining tools with seccomp, capabilities and Landlock
+    /// alone.
+    #[arg(long)]
+    pub require_namespaces: bool,
 }
 
 /// The environment variable holding the token, read at start and removed
@@ -101,7 +106,7 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<i32> {
     config.max_body = args.max_body;
     config.max_buffered = args.max_buffered;
     config.header_timeout = Duration::from_secs(args.header_timeout);
-    let runner = ProcessRunner::new(&workdir, !args.no_sandbox, args.tool_net)?;
+    let runner = ProcessRunner::new(&workdir, !args.no_sandbox, args.tool_net, args.require_namespaces)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(run(args, config, runner, generated))
 }

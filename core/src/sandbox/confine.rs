@@ -5,8 +5,8 @@
 //! seccomp, and the descriptors closed before exec.
 
 use super::{
-    private_dirs, seccomp_policy, Applied, Grant, Namespace, NsMode, PathRule, Ruleset, SeccompInputs,
-    Source, SyscallRule, View, ViewInputs, view,
+    private_dirs, seccomp_policy, view, Applied, Grant, Namespace, NsMode, PathRule, Ruleset, SeccompInputs,
+    Source, SyscallRule, View, ViewInputs,
 };
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

@@ -416,6 +416,27 @@ pub fn tool_ruleset(abi: u32, work_dir: &Path, net: bool) -> Result<Ruleset, Ref
     Ok(ruleset(abi, net, paths))
 }
 
+impl Ruleset {
+    /// Grant `path` (absolute, resolved) read and execute, as a
+    /// `--sandbox-ro` path: a program's own files named on its command
+    /// line.
+    pub fn grant_read_exec(&mut self, path: PathBuf) {
+        let mut paths = Paths { abi: self.abi, rules: std::mem::take(&mut self.paths) };
+        paths.add(path, Grant::ReadExec, Source::User);
+        self.paths = paths.rules;
+    }
+}
+
+/// A ruleset with the defaults alone: a program that reaches project
+/// files only through a protocol (the VFS tool) and the network only when
+/// `net`.
+pub fn system_ruleset(abi: u32, net: bool) -> Result<Ruleset, Refusal> {
+    if abi < MIN_ABI {
+        return Err(Refusal::NoLandlock { abi });
+    }
+    Ok(ruleset(abi, net, Paths::defaults(abi.min(KNOWN_ABI))))
+}
+
 fn ruleset(kernel_abi: u32, net: bool, paths: Paths) -> Ruleset {
     let abi = paths.abi;
     let handled_fs = FsRight::ALL.into_iter().filter(|r| r.since() <= abi).collect();

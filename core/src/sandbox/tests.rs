@@ -253,3 +253,168 @@ proptest! {
         }
     }
 }
+
+// The confinement's description: namespaces, view, seccomp, report.
+
+fn all_ns() -> Applied {
+    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true }
+}
+
+#[test]
+fn under_every_namespace_abi_7_has_no_gap() {
+    let p = policy(&[]);
+    let o = Options::default();
+    let plan = Plan::Confined(confined(&inputs(&p, &o, 7)));
+    let f = plan.in_force_with(&all_ns(), false);
+    assert!(f.not_enforced.is_empty(), "{:?}", f.not_enforced);
+    assert_eq!(f.namespaces.len(), 6);
+    assert_eq!((f.seccomp, f.capabilities, f.net), (true, "dropped", "denied"));
+}
+
+#[test]
+fn the_fallback_lists_each_namespace_and_the_abstract_bind() {
+    let p = policy(&[]);
+    let o = Options::default();
+    let plan = Plan::Confined(confined(&inputs(&p, &o, 7)));
+    let applied = Applied { seccomp: true, ..Applied::default() };
+    let f = plan.in_force_with(&applied, false);
+    assert_eq!(
+        f.not_enforced,
+        vec!["ns_user", "ns_pid", "ns_ipc", "ns_net", "ns_uts", "ns_mount", "abstract_unix_bind"]
+    );
+    // UDP: seccomp refuses UDP sockets there, so it is not listed…
+    assert!(!f.not_enforced.contains(&"udp"));
+    // …but with the network allowed it is open, and listed.
+    let o = Options { net: true, ..Options::default() };
+    let plan = Plan::Confined(confined(&inputs(&p, &o, 7)));
+    let f = plan.in_force_with(&applied, true);
+    assert!(f.not_enforced.contains(&"udp"));
+    assert!(!f.not_enforced.contains(&"ns_net"), "the network namespace is not wanted with --sandbox-net");
+}
+
+#[test]
+fn an_old_abi_under_namespaces_lists_only_what_no_namespace_closes() {
+    let p = policy(&[]);
+    let o = Options::default();
+    let plan = Plan::Confined(confined(&inputs(&p, &o, 3)));
+    let f = plan.in_force_with(&all_ns(), false);
+    assert_eq!(f.not_enforced, vec!["ioctl_dev"]);
+    assert_eq!(f.net, "denied");
+}
+
+proptest! {
+    #[test]
+    fn every_missing_namespace_is_listed_and_udp_only_when_open(
+        abi in 1u32..=12,
+        mask in 0u8..64,
+        net in any::<bool>(),
+        seccomp in any::<bool>(),
+    ) {
+        let p = policy(&[]);
+        let o = Options { net, ..Options::default() };
+        let plan = Plan::Confined(confined(&inputs(&p, &o, abi)));
+        let namespaces: Vec<Namespace> =
+            Namespace::ALL.into_iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n).collect();
+        let applied = Applied { namespaces: namespaces.clone(), seccomp, proc: true };
+        let f = plan.in_force_with(&applied, net);
+        for ns in Namespace::ALL {
+            let wanted = !(net && ns == Namespace::Net);
+            prop_assert_eq!(f.not_enforced.contains(&ns_gap(ns)), wanted && !namespaces.contains(&ns));
+        }
+        let net_ns = namespaces.contains(&Namespace::Net);
+        let udp_open = abi < 10 && !net_ns && (net || !seccomp);
+        prop_assert_eq!(f.not_enforced.contains(&"udp"), udp_open);
+        prop_assert_eq!(f.not_enforced.contains(&"seccomp"), !seccomp);
+    }
+}
+
+#[test]
+fn seccomp_always_refuses_the_dangerous_calls_and_ipc_only_without_its_namespace() {
+    let fallback = seccomp_policy(&SeccompInputs::default());
+    let inside = seccomp_policy(&SeccompInputs {
+        ipc_ns: true,
+        net_ns: true,
+        mount_ns: true,
+        ..SeccompInputs::default()
+    });
+    for rules in [&fallback, &inside] {
+        for call in ALWAYS_DENIED {
+            let r = rules.iter().find(|r| r.call == *call).unwrap();
+            assert!(r.when.is_empty() && r.errno == Errno::Perm, "{call}");
+        }
+        let clone3 = rules.iter().find(|r| r.call == "clone3").unwrap();
+        assert_eq!(clone3.errno, Errno::Nosys);
+        let calls: Vec<_> = rules.iter().map(|r| r.call).collect();
+        let mut unique = calls.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), calls.len(), "one rule per call");
+        for call in ["clone", "unshare"] {
+            assert_eq!(rules.iter().find(|r| r.call == call).unwrap().when.len(), NAMESPACE_FLAGS.len());
+        }
+    }
+    for call in HOST_IPC {
+        assert!(fallback.iter().any(|r| r.call == *call), "{call}");
+        assert!(!inside.iter().any(|r| r.call == *call), "{call}");
+    }
+    let socket = |rules: &[SyscallRule]| rules.iter().find(|r| r.call == "socket").unwrap().when.clone();
+    let udp = vec![
+        Cond { arg: 0, dword: true, op: Op::Eq, value: AF_INET },
+        Cond { arg: 1, dword: true, op: Op::MaskedEq(SOCK_TYPE_MASK), value: SOCK_DGRAM },
+    ];
+    assert!(socket(&fallback).contains(&udp));
+    assert!(!socket(&inside).contains(&udp));
+    let mptcp = vec![Cond { arg: 2, dword: true, op: Op::Eq, value: IPPROTO_MPTCP }];
+    assert!(socket(&fallback).contains(&mptcp) && socket(&inside).contains(&mptcp));
+}
+
+#[test]
+fn the_view_puts_grants_on_top_of_the_private_tmpfs_and_the_cwd_last() {
+    let mut inputs = ViewInputs::new(PathBuf::from("/tmp/project"));
+    inputs.read_only = vec![PathBuf::from("/tmp/project/agent.py"), PathBuf::from("/opt/tool")];
+    inputs.read_write = vec![PathBuf::from("/tmp/work")];
+    inputs.airlock = Some(PathBuf::from("/opt/airlock/bin/airlock"));
+    let v = view(&inputs);
+    let at = |p: &str| v.mounts.iter().position(|m| m.path() == Path::new(p)).unwrap();
+    assert!(at("/tmp") < at("/tmp/project/agent.py"));
+    assert!(at("/tmp") < at("/tmp/work"));
+    assert!(at("/dev") < at("/dev/null") && at("/dev") < at("/dev/shm"));
+    assert_eq!(v.mounts.last(), Some(&Mount::Dir { path: PathBuf::from("/tmp/project") }));
+    assert!(matches!(v.mounts[at("/tmp/work")], Mount::Bind { writable: true, required: true, .. }));
+    assert!(matches!(v.mounts[at("/opt/tool")], Mount::Bind { writable: false, required: true, .. }));
+    assert!(matches!(v.mounts[at("/etc")], Mount::Bind { writable: false, required: false, .. }));
+    assert_eq!(private_dirs(&v), vec![PathBuf::from("/dev/shm"), PathBuf::from("/tmp")]);
+    assert!(!v.mounts.iter().any(|m| m.path().starts_with("/run") || m.path().starts_with("/home")));
+}
+
+#[test]
+fn private_dirs_are_granted_read_write_only_inside_the_view() {
+    let p = policy(&[]);
+    let o = Options::default();
+    let r = confined(&inputs(&p, &o, 7));
+    let v = view_for(&r, PathBuf::from("/work/project"));
+    let c = Confinement {
+        namespaces: NsMode::Try,
+        net: false,
+        ruleset: r.clone(),
+        view: v,
+        keep_fds: 3,
+        status_fd: 4,
+    };
+    assert_eq!(c.ruleset_for(&Applied::default()), r);
+    let inside = c.ruleset_for(&all_ns());
+    let private: Vec<_> =
+        inside.paths.iter().filter(|p| p.source == Source::Private).map(|p| p.path.clone()).collect();
+    assert_eq!(private, vec![PathBuf::from("/dev/shm"), PathBuf::from("/tmp")]);
+    // The plan survives the trip to the stage.
+    let text = serde_json::to_string(&c).unwrap();
+    assert_eq!(serde_json::from_str::<Confinement>(&text).unwrap(), c);
+}
+
+#[test]
+fn the_namespace_flag_and_the_environment_override_do_not_mix() {
+    assert_eq!(NsMode::from_flags(false, false), Ok(NsMode::Try));
+    assert_eq!(NsMode::from_flags(true, false), Ok(NsMode::Require));
+    assert_eq!(NsMode::from_flags(false, true), Ok(NsMode::Off));
+    assert!(NsMode::from_flags(true, true).is_err());
+}
