@@ -112,6 +112,9 @@ pub fn spawn(
     drop(theirs);
     drop(cmd);
     let applied = pending.map(crate::confine::Pending::wait).transpose()?;
+    if let Some(airlock_core::sandbox::StageStatus::ExecFailed { errno }) = applied {
+        bail!("starting {}: {}", program.to_string_lossy(), std::io::Error::from_raw_os_error(errno));
+    }
     ours.set_nonblocking(true)?;
     Ok(Spawned { child, conn: UnixStream::from_std(ours)?, applied })
 }

@@ -427,8 +427,9 @@ fn payload_exec(
     send(status, &StageStatus::Applied(applied));
     let Some((program, args)) = argv.split_first() else { return REFUSED_EXIT };
     let err = std::process::Command::new(program).args(args).exec();
+    // airlock says why, naming the program, as it would for an
+    // unconfined start.
     send(status, &StageStatus::ExecFailed { errno: err.raw_os_error().unwrap_or(0) });
-    eprintln!("airlock: {}: {err}", program.to_string_lossy());
     match err.kind() {
         std::io::ErrorKind::NotFound => 127,
         _ => 126,
