@@ -1004,10 +1004,15 @@ fn a_rustup_toolchain_builds_through_toolexec_once_granted() {
     let server = Serve::start(&work, Mode::Namespaces, &["--tool", "cargo"], None);
     let out = cargo_through_shim(&work, &server, &krate);
     drop(server);
-    let said = String::from_utf8_lossy(&out.stderr);
+    // The shim passes the server's refusal on as the tool's output, on
+    // its stdout.
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!out.status.success(), "cargo ran without its grants: {said}");
     assert!(
-        said.contains("--sandbox-ro") && said.contains(cargo_home.to_str().unwrap()),
-        "the refusal names neither the flag nor the path: {said}"
+        said.contains("spawn failed")
+            && said.contains("--sandbox-ro")
+            && said.contains(cargo_home.to_str().unwrap()),
+        "the refusal names neither the flag nor the path ({:?}): {said}",
+        out.status
     );
 }

@@ -334,6 +334,12 @@ assert (st, header(h, "X-Exit-Code"), body) == (504, "124", b""), (st, h, body)
     );
 }
 
+/// Grandchildren on the tool's pipe. One left in the tool's group dies
+/// with it. One that left the group (`setsid`) is ended by the
+/// confinement stage when the tool ends, so the answer comes at once and
+/// nothing outlives it; an unconfined tool (`--no-sandbox`, no stage) can
+/// leave one behind, and then the answer still comes, after the drain
+/// grace.
 #[test]
 fn grandchildren_on_the_pipe_do_not_hold_the_answer() {
     let s = Server::start(&["--kill-grace", "2"]);
@@ -345,11 +351,25 @@ st, _, body, tr = exchange(request(form("sh", "-c", 'sleep 1000 & echo $! > gc; 
 assert (st, body, tr) == (200, b"hi\n", {"X-Exit-Code": "0"}), (st, body, tr)
 assert time.monotonic() - t < 3
 assert wait_dead(int(open(os.path.join(work, "gc")).read()), 3), "grandchild outlived the tool"
-# One that left the process group: the answer still comes, after the grace.
 t = time.monotonic()
 st, _, body, tr = exchange(request(form("sh", "-c", 'setsid sleep 1000 & echo $! > esc; sleep 0.5; echo hi'), proto="1"))
 took = time.monotonic() - t
-os.kill(int(open(os.path.join(work, "esc")).read()), 9)
+assert (st, body) == (200, b"hi\n"), (st, body)
+assert took < 2, "the answer waited for the drain grace: %.2f s" % took
+assert wait_dead(int(open(os.path.join(work, "esc")).read()), 3), "a setsid grandchild outlived the confined tool"
+"#,
+    );
+    let s = Server::start(&["--kill-grace", "2", "--no-sandbox"]);
+    s.attack(
+        r#"
+work = os.environ["WORK"]
+t = time.monotonic()
+st, _, body, tr = exchange(request(form("sh", "-c", 'setsid sleep 1000 & echo $! > esc; sleep 0.5; echo hi'), proto="1"))
+took = time.monotonic() - t
+esc = int(open(os.path.join(work, "esc")).read())
+alive = pid_alive(esc)
+os.kill(esc, 9)
+assert alive, "no escapee: the drain grace went untested"
 assert (st, body) == (200, b"hi\n"), (st, body)
 assert 2.3 < took < 6.5, took
 "#,
@@ -358,10 +378,13 @@ assert 2.3 < took < 6.5, took
 
 /// A server stalled (SIGSTOP) across the whole drain grace wakes to an
 /// expired timer and a readable pipe at once: what the pipe holds then is
-/// still read into the answer, whichever it handles first.
+/// still read into the answer, whichever it handles first. Only an
+/// unconfined tool can leave a writer behind past its own end (the
+/// confinement stage ends a confined tool's, as the test above checks),
+/// so this runs with `--no-sandbox`.
 #[test]
 fn a_server_stalled_past_the_drain_grace_still_reads_the_pipe() {
-    let s = Server::start(&["--kill-grace", "1"]);
+    let s = Server::start(&["--kill-grace", "1", "--no-sandbox"]);
     s.attack(
         r#"
 import signal, threading
@@ -387,15 +410,20 @@ for n in range(3):
 }
 
 /// Grandchildren that left the group and flood the pipe cannot keep the
-/// answer open: once the drain grace is over, the read that does not wait
-/// ends it, with its trailer. (That this read stops after `FINAL_DRAIN`
-/// bytes even if the pipe never runs dry is the core's unit test: here the
-/// server drains faster than the writers fill.)
+/// answer open. Confined, the stage ends them with the tool. Unconfined
+/// (`--no-sandbox`), once the drain grace is over, the read that does not
+/// wait ends the answer, with its trailer. (That this read stops after
+/// `FINAL_DRAIN` bytes even if the pipe never runs dry is the core's unit
+/// test: here the server drains faster than the writers fill.)
 #[test]
 fn a_flooding_escaped_grandchild_cannot_hold_the_answer_open() {
-    let s = Server::start(&["--kill-grace", "1"]);
-    s.attack(
-        r#"
+    for (args, confined) in
+        [(&["--kill-grace", "1"][..], true), (&["--kill-grace", "1", "--no-sandbox"][..], false)]
+    {
+        let s = Server::start(args);
+        s.attack(&format!(
+            r#"
+confined = {}
 work = os.environ["WORK"]
 c = connect()
 # Four writers in a session of their own keep the pipe from ever running dry.
@@ -411,12 +439,27 @@ while True:
     total += len(b)
     tail = (tail + b)[-4096:]
 took = time.monotonic() - t
-os.killpg(int(open(os.path.join(work, "esc")).read()), 9)
+esc = int(open(os.path.join(work, "esc")).read())
+if confined:
+    assert wait_dead(esc, 3), "the flooding grandchild outlived the confined tool"
+else:
+    # Once the answer ends the server closes the pipe and the writers
+    # die of SIGPIPE; any still alive go now.
+    try:
+        os.killpg(esc, 9)
+    except ProcessLookupError:
+        pass
 assert tail.endswith(b"0\r\nX-Exit-Code: 0\r\n\r\n"), tail[-200:]
-assert took < 6, took
+if confined:
+    assert took < 2, "the answer waited for the drain grace: %.2f s" % took
+else:
+    # The tool ends at 0.3 s; the writers hold the pipe through the 1 s grace.
+    assert 1.2 < took < 6, took
 print(total)
 "#,
-    );
+            if confined { "True" } else { "False" }
+        ));
+    }
 }
 
 #[test]

@@ -24,6 +24,35 @@ pub struct ProcessRunner {
     describe: String,
 }
 
+/// Paths tools may reach beyond the defaults and the working directory
+/// (`--sandbox-ro`, `--sandbox-rw`): absolute and resolved through
+/// symlinks, as Landlock and the mount view see them.
+#[derive(Debug, Clone, Default)]
+pub struct Grants {
+    pub read_exec: Vec<PathBuf>,
+    pub read_write: Vec<PathBuf>,
+}
+
+impl Grants {
+    /// Resolve the flags' paths against `cwd`; a path that does not exist
+    /// is an error naming its flag.
+    pub fn resolve(cwd: &Path, read_exec: &[PathBuf], read_write: &[PathBuf]) -> anyhow::Result<Grants> {
+        let resolve = |flag: &str, paths: &[PathBuf]| {
+            paths
+                .iter()
+                .map(|p| {
+                    std::fs::canonicalize(cwd.join(p))
+                        .map_err(|e| anyhow::anyhow!("{flag} {}: {e}", p.display()))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        Ok(Grants {
+            read_exec: resolve("--sandbox-ro", read_exec)?,
+            read_write: resolve("--sandbox-rw", read_write)?,
+        })
+    }
+}
+
 /// What each tool is confined by.
 struct Sandbox {
     ruleset: airlock_core::sandbox::Ruleset,
@@ -37,6 +66,7 @@ impl ProcessRunner {
         confine: bool,
         net: bool,
         require_namespaces: bool,
+        grants: &Grants,
     ) -> anyhow::Result<ProcessRunner> {
         if !confine {
             return Ok(ProcessRunner {
@@ -46,13 +76,24 @@ impl ProcessRunner {
             });
         }
         let abi = crate::sandbox::detect_abi();
-        let rules = airlock_core::sandbox::tool_ruleset(abi, workdir, net).map_err(|e| {
+        let mut rules = airlock_core::sandbox::tool_ruleset(abi, workdir, net).map_err(|e| {
             anyhow::anyhow!("cannot confine tools ({e}); pass --no-sandbox to run them unconfined")
         })?;
+        for p in &grants.read_exec {
+            rules.grant_read_exec(p.clone());
+        }
+        for p in &grants.read_write {
+            rules.grant_read_write(p.clone());
+        }
         let mode = crate::confine::ns_mode(require_namespaces)?;
+        let extra = |label: &str, paths: &[PathBuf]| {
+            paths.iter().map(|p| format!(", {} {label}", p.display())).collect::<String>()
+        };
         let describe = format!(
-            "sandbox: Landlock ABI {abi}: system locations read+execute, {} read-write, network {}; seccomp, no capabilities, namespaces {}",
+            "sandbox: Landlock ABI {abi}: system locations{} read+execute, {}{} read-write, network {}; seccomp, no capabilities, namespaces {}",
+            extra("(--sandbox-ro)", &grants.read_exec),
             workdir.display(),
+            extra("(--sandbox-rw)", &grants.read_write),
             if net { "allowed (--tool-net)" } else { "denied" },
             match mode {
                 airlock_core::sandbox::NsMode::Off => "off",
@@ -139,7 +180,9 @@ impl ProcessRunner {
         let child = match spawned {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(SpawnError::NotInstalled),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(denied(&program)),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(denied(&program, &real))
+            }
             Err(e) => return Err(other(e)),
         };
         let mut child = child;
@@ -147,7 +190,14 @@ impl ProcessRunner {
             Ok(None | Some(StageStatus::Applied(_))) => {}
             Ok(Some(StageStatus::ExecFailed { errno })) => {
                 let _ = child.start_kill();
-                return Err(if errno == libc::ENOENT { SpawnError::NotInstalled } else { denied(&program) });
+                // A program the host has but the view hides is the
+                // sandbox's doing, not a missing install.
+                let on_host = resolve_on_host(&program, &real).is_some();
+                return Err(if errno == libc::ENOENT && !on_host {
+                    SpawnError::NotInstalled
+                } else {
+                    denied(&program, &real)
+                });
             }
             Ok(Some(StageStatus::Refused { message })) => {
                 let _ = child.start_kill();
@@ -164,11 +214,42 @@ impl ProcessRunner {
     }
 }
 
-fn denied(program: &OsStr) -> SpawnError {
+/// The refusal, naming what to grant: the directory holding the program
+/// as the host resolves it (through symlinks, so a rustup proxy names
+/// rustup's directory), and for a rustup proxy its toolchains too.
+fn denied(program: &OsStr, cwd: &Path) -> SpawnError {
+    let name = program.to_string_lossy();
+    let Some(real) = resolve_on_host(program, cwd) else {
+        return SpawnError::Other(format!(
+            "{name}: permission denied (not executable, or outside what the sandbox lets tools execute; \
+             grant its directory with --sandbox-ro PATH)"
+        ));
+    };
+    let dir = real.parent().unwrap_or(&real);
+    let mut need = format!("--sandbox-ro {}", dir.display());
+    if real.file_name().is_some_and(|n| n == "rustup") {
+        let home = std::env::var_os("RUSTUP_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".rustup")));
+        if let Some(home) = home {
+            need.push_str(&format!(" --sandbox-ro {} (the toolchains rustup runs)", home.display()));
+        }
+    }
     SpawnError::Other(format!(
-        "{}: permission denied (not executable, or outside what the sandbox lets tools execute)",
-        program.to_string_lossy()
+        "{name}: permission denied: {} is outside what the sandbox lets tools execute; grant it with {need}",
+        real.display()
     ))
+}
+
+/// Where the host would find `program` (a path, resolved against `cwd`,
+/// or a name looked up on PATH), through symlinks; None when nowhere.
+fn resolve_on_host(program: &OsStr, cwd: &Path) -> Option<PathBuf> {
+    let is_file = |p: &Path| std::fs::canonicalize(p).ok().filter(|r| r.is_file());
+    if program.as_bytes().contains(&b'/') {
+        return is_file(&cwd.join(program));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).find_map(|dir| is_file(&cwd.join(dir).join(program)))
 }
 
 /// Mark every descriptor above 2 close-on-exec.

@@ -7,7 +7,7 @@
 //! group's number).
 
 use super::listen::{Listener, Listeners};
-use super::process::ProcessRunner;
+use super::process::{Grants, ProcessRunner};
 use super::service::Service;
 use airlock_core::toolexec::{validate_token, Config, Gate, EXIT_BAD_TOKEN};
 use anyhow::Context;
@@ -60,6 +60,14 @@ pub struct ServeArgs {
     /// Run tools unconfined.
     #[arg(long)]
     pub no_sandbox: bool,
+    /// Let tools also read and execute PATH directly (a toolchain outside
+    /// the system locations, say `~/.cargo` and `~/.rustup`). Repeats.
+    #[arg(long = "sandbox-ro", value_name = "PATH")]
+    pub sandbox_ro: Vec<PathBuf>,
+    /// Let tools also read and write PATH (a toolchain's cache, say
+    /// `~/.cargo/registry`). Repeats.
+    #[arg(long = "sandbox-rw", value_name = "PATH")]
+    pub sandbox_rw: Vec<PathBuf>,
     /// Refuse to start when unprivileged namespaces are not available,
     /// instead of confining tools with seccomp, capabilities and Landlock
     /// alone.
@@ -106,7 +114,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<i32> {
     config.max_body = args.max_body;
     config.max_buffered = args.max_buffered;
     config.header_timeout = Duration::from_secs(args.header_timeout);
-    let runner = ProcessRunner::new(&workdir, !args.no_sandbox, args.tool_net, args.require_namespaces)?;
+    let grants = Grants::resolve(&workdir, &args.sandbox_ro, &args.sandbox_rw)?;
+    let runner =
+        ProcessRunner::new(&workdir, !args.no_sandbox, args.tool_net, args.require_namespaces, &grants)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(run(args, config, runner, generated))
 }
