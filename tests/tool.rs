@@ -428,6 +428,19 @@ print(json.dumps({"jsonrpc": "2.0", "method": "result", "params": {"content": na
     assert!(names.contains(&"TZ".to_string()) && names.contains(&"LC_ALL".to_string()), "{names:?}");
 }
 
+/// `--require-namespaces` refuses to start a tool it could not put in
+/// namespaces (here forced off), naming why, and starts it where it can.
+#[test]
+fn require_namespaces_refuses_without_them() {
+    let f = Fixture::new();
+    let out = f.run_env(&["--require-namespaces"], &f.py("result('in')"), &[("AIRLOCK_NO_NAMESPACES", "1")]);
+    assert_eq!(out.code(), Some(125), "{}", out.stderr());
+    assert!(out.stdout().is_empty(), "{}", out.stdout());
+    assert!(out.stderr().contains("--require-namespaces"), "{}", out.stderr());
+    let out = f.run(&["--require-namespaces"], &f.py("result('in')"));
+    assert_eq!(out.text(), "in", "{}", out.stderr());
+}
+
 /// Host pids and groups: under the fallback, where the tool's pids are the
 /// host's. The default is `the_tool_runs_in_its_own_pid_namespace_by_default`.
 #[test]
