@@ -51,13 +51,36 @@ impl Fixture {
         self.py_raw(&format!("INIT = init()\n{body}"))
     }
 
+    /// The tool's library read-only and the notes directory read-write,
+    /// directly: the tool is confined to the system locations otherwise.
+    fn grants(&self) -> Vec<String> {
+        vec![
+            "--sandbox-ro".into(),
+            common::support("").display().to_string(),
+            "--sandbox-rw".into(),
+            self.scratch.path().display().to_string(),
+        ]
+    }
+
+    /// The process name `mark(path)` gives the tool and the processes it
+    /// forks, unique to this fixture: found on the host by name, whatever
+    /// PID namespace the tool is in.
+    fn marker(&self) -> String {
+        let dir = self.scratch.path().file_name().unwrap().to_string_lossy();
+        let tail: String = dir.chars().filter(char::is_ascii_alphanumeric).collect();
+        format!("vt{}", &tail[tail.len().saturating_sub(10)..])
+    }
+
     /// A Python tool that reads nothing before `body`.
     fn py_raw(&self, body: &str) -> Vec<String> {
         let path = self.scratch.path().join(format!("tool{}.py", unique()));
         let prelude = format!(
-            "import sys, os, json, time, signal, base64\nsys.dont_write_bytecode = True\nsys.path.insert(0, {:?})\nfrom vfstool import *\nNOTES = {:?}\n",
+            "import sys, os, json, time, signal, base64\nsys.dont_write_bytecode = True\nsys.path.insert(0, {:?})\nfrom vfstool import *\nNOTES = {:?}\n\
+             def mark(path):\n    import ctypes\n    ctypes.CDLL(None).prctl(15, {:?}.encode(), 0, 0, 0)\n    note(path, {:?})\n",
             common::support("").display().to_string(),
             self.scratch.path().display().to_string(),
+            self.marker(),
+            self.marker(),
         );
         std::fs::write(&path, format!("{prelude}{body}\n")).unwrap();
         vec!["python3".into(), path.display().to_string()]
@@ -70,7 +93,7 @@ impl Fixture {
     fn run_env(&self, args: &[&str], cmd: &[String], env: &[(&str, &str)]) -> Out {
         let start = Instant::now();
         let mut c = Command::new(airlock());
-        c.current_dir(self.root()).arg("tool").args(args).arg("--").args(cmd);
+        c.current_dir(self.root()).arg("tool").args(self.grants()).args(args).arg("--").args(cmd);
         for (k, v) in env {
             c.env(k, v);
         }
@@ -140,32 +163,32 @@ impl Out {
     }
 }
 
-/// Processes (zombies excluded) whose process group is `pgid`.
-fn group_members(pgid: i32) -> Vec<i32> {
+/// Live (not zombie) host processes named `marker` (the tool's `mark()`
+/// names it and every process it forks so).
+fn marked(marker: &str) -> Vec<i32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // state, ppid, pgrp
-        if fields.len() > 2 && fields[0] != "Z" && fields[2].parse() == Ok(pgid) {
+        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+        let name = head.split_once('(').map(|(_, n)| n).unwrap_or_default();
+        if name == marker && !rest.trim_start().starts_with('Z') {
             found.push(pid);
         }
     }
     found
 }
 
-/// Waits (briefly) for the group to be empty; the kernel may take a moment
-/// to tear down processes killed just before airlock exited.
-fn assert_group_gone(pgid: i32) {
+/// Waits (briefly) for every marked process to be gone; the kernel may
+/// take a moment to tear down processes killed just before airlock exited.
+fn assert_group_gone(marker: &str) {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let left = group_members(pgid);
+        let left = marked(marker);
         if left.is_empty() {
             return;
         }
-        assert!(Instant::now() < deadline, "processes of group {pgid} outlive airlock: {left:?}");
+        assert!(Instant::now() < deadline, "processes marked {marker} outlive airlock: {left:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -183,8 +206,9 @@ fn wait_for_file(path: &Path, limit: Duration) -> String {
     }
 }
 
-fn read_pgid(f: &Fixture, name: &str) -> i32 {
-    wait_for_file(&f.note(name), Duration::from_secs(10)).trim().parse().unwrap()
+/// The marker the tool wrote once it named itself (`mark()`).
+fn read_pgid(f: &Fixture, name: &str) -> String {
+    wait_for_file(&f.note(name), Duration::from_secs(10)).trim().to_owned()
 }
 
 // ---------------------------------------------------------------- outcomes
@@ -313,11 +337,11 @@ fn a_silent_tool_times_out_with_124_and_its_group_is_gone() {
     let f = Fixture::new();
     let out = f.run(
         &["--timeout", "3", "--kill-grace", "0.3"],
-        &f.py("note(NOTES + '/pgid', str(os.getpgid(0)))\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)"),
+        &f.py("mark(NOTES + '/pgid')\nif os.fork() == 0:\n    time.sleep(60)\ntime.sleep(60)"),
     );
     out.expect("timeout", 124);
     assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
-    assert_group_gone(read_pgid(&f, "pgid"));
+    assert_group_gone(&read_pgid(&f, "pgid"));
 }
 
 #[test]
@@ -382,13 +406,16 @@ fn init_carries_name_arguments_and_protocol_version() {
 #[test]
 fn the_tool_sees_only_the_allowed_environment() {
     let f = Fixture::new();
-    // The environment the tool was started with, as the kernel kept it
-    // (a shell's own additions such as PWD come later and are not in it).
-    let tool = r#"read -r init; names=$(tr '\0' '\n' < /proc/$$/environ | cut -d= -f1 | sort | tr '\n' ' ')
-printf '{"jsonrpc":"2.0","method":"result","params":{"content":"%s"}}\n' "$names""#;
+    // The environment the tool was started with, as Python read it at
+    // start-up (a shell would add PWD of its own; the confined tool has no
+    // /proc to read it from).
+    let tool = r#"import json, os, sys
+sys.stdin.readline()
+names = " ".join(sorted(os.environ))
+print(json.dumps({"jsonrpc": "2.0", "method": "result", "params": {"content": names}}), flush=True)"#;
     let out = f.run_env(
         &[],
-        &["sh".into(), "-c".into(), tool.into()],
+        &["python3".into(), "-c".into(), tool.into()],
         &[("SECRET_API_KEY", "sk-123456"), ("LC_ALL", "C"), ("TZ", "UTC"), ("AIRLOCK_FD", "3")],
     );
     let text = out.text();
@@ -401,11 +428,48 @@ printf '{"jsonrpc":"2.0","method":"result","params":{"content":"%s"}}\n' "$names
     assert!(names.contains(&"TZ".to_string()) && names.contains(&"LC_ALL".to_string()), "{names:?}");
 }
 
+/// `--require-namespaces` refuses to start a tool it could not put in
+/// namespaces (here forced off), naming why, and starts it where it can.
+#[test]
+fn require_namespaces_refuses_without_them() {
+    let f = Fixture::new();
+    let out = f.run_env(&["--require-namespaces"], &f.py("result('in')"), &[("AIRLOCK_NO_NAMESPACES", "1")]);
+    assert_eq!(out.code(), Some(125), "{}", out.stderr());
+    assert!(out.stdout().is_empty(), "{}", out.stdout());
+    assert!(out.stderr().contains("--require-namespaces"), "{}", out.stderr());
+    let out = f.run(&["--require-namespaces"], &f.py("result('in')"));
+    assert_eq!(out.text(), "in", "{}", out.stderr());
+}
+
+/// Host pids and groups: under the fallback, where the tool's pids are the
+/// host's. The default is `the_tool_runs_in_its_own_pid_namespace_by_default`.
 #[test]
 fn the_tool_runs_in_its_own_process_group() {
     let f = Fixture::new();
-    let out = f.run(&[], &f.py("result(str(os.getpgid(0) == os.getpid()))"));
-    assert_eq!(out.text(), "True");
+    let out = f.run_env(
+        &[],
+        &f.py("result(json.dumps([os.getpgid(0), os.getppid(), os.getpgid(os.getppid())]))"),
+        &[("AIRLOCK_NO_NAMESPACES", "1")],
+    );
+    let got: Vec<i32> = serde_json::from_str(&out.text()).unwrap();
+    // The confinement stage (the tool's parent, its reaper) leads a group
+    // of its own, not the test's.
+    assert_eq!(got[0], got[1], "{got:?}");
+    assert_eq!(got[2], got[1], "{got:?}");
+    // SAFETY: getpgrp(2) reads our own group.
+    assert_ne!(got[0], unsafe { libc::getpgrp() }, "{got:?}");
+}
+
+/// By default the tool is in a PID namespace of its own, under airlock's
+/// reaper: it sees none of the host's processes.
+#[test]
+fn the_tool_runs_in_its_own_pid_namespace_by_default() {
+    let f = Fixture::new();
+    let out = f.run(
+        &[],
+        &f.py(&format!("result(json.dumps([os.getppid(), os.path.exists('/proc/{}')]))", std::process::id())),
+    );
+    assert_eq!(out.text(), "[1, false]", "{}", out.stderr());
 }
 
 // ---------------------------------------------------------------- methods
@@ -697,35 +761,37 @@ fn the_tool_cancels_its_own_pending_process() {
     let out = f.run(
         &["--allow-cmd", "sh"],
         &f.py(&format!(
-            "request('process.run', {{'program': 'sh', 'args': ['-c', 'echo $$ > {}; exec sleep 30']}}, id=1)\n\
-             while not os.path.exists({:?}): time.sleep(0.01)\n\
+            "request('process.run', {{'program': 'sh', 'args': ['-c', 'cp /bin/sleep {m}; echo $$ > {n}; exec {m} 30']}}, id=1)\n\
+             while not os.path.exists({n:?}): time.sleep(0.01)\n\
              time.sleep(0.1)\n\
              send({{'jsonrpc': '2.0', 'method': 'cancel', 'params': {{'id': 1}}}})\n\
              r = recv()\n\
              result(json.dumps(r))",
-            f.note("runpid").display(),
-            f.note("runpid").display()
+            m = f.note(&f.marker()).display(),
+            n = f.note("runpid").display(),
         )),
     );
     let got: Value = serde_json::from_str(&out.text()).unwrap();
     assert_eq!(got["id"], 1);
     assert_eq!(got["error"]["code"], -32005);
     assert!(out.elapsed < Duration::from_secs(15));
-    let pid: i32 = std::fs::read_to_string(f.note("runpid")).unwrap().trim().parse().unwrap();
-    assert_group_gone(pid);
+    assert!(f.note("runpid").exists(), "the process never ran: {}", out.stderr());
+    // A sleep named by the marker: found on the host whatever its pid there.
+    assert_group_gone(&f.marker());
 }
 
 // ---------------------------------------------------------------- cancel and signals
 
 /// airlock with the tool running; `signal` sent once the tool wrote its pgid.
-fn signalled(f: &Fixture, args: &[&str], body: &str, signal: i32) -> (Out, i32) {
+fn signalled(f: &Fixture, args: &[&str], body: &str, signal: i32) -> (Out, String) {
     let start = Instant::now();
     let child = Command::new(airlock())
         .current_dir(f.root())
         .arg("tool")
+        .args(f.grants())
         .args(args)
         .arg("--")
-        .args(f.py(&format!("note(NOTES + '/pgid', str(os.getpgid(0)))\n{body}")))
+        .args(f.py(&format!("mark(NOTES + '/pgid')\n{body}")))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -754,7 +820,7 @@ fn int_term_hup_cancel_with_128_plus_n() {
         let got: Value = serde_json::from_str(&std::fs::read_to_string(f.note("got")).unwrap()).unwrap();
         assert_eq!(got["method"], "cancel", "{got}");
         assert!(out.elapsed < Duration::from_secs(4), "tool left at cancel: {:?}", out.elapsed);
-        assert_group_gone(pgid);
+        assert_group_gone(&pgid);
     }
 }
 
@@ -772,7 +838,7 @@ fn cancel_escalates_to_sigterm_then_sigkill_for_a_tool_that_ignores_it() {
     let j = out.expect("cancelled", 130);
     assert_eq!(j["tool_exit"], json!({"signal": 9}));
     assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
-    assert_group_gone(pgid);
+    assert_group_gone(&pgid);
 }
 
 #[test]
@@ -791,7 +857,7 @@ fn cancel_answers_the_pending_request_with_32005() {
     assert_eq!(got[0]["id"], 3);
     assert_eq!(got[0]["error"]["code"], -32005);
     assert_eq!(got[1]["method"], "cancel");
-    assert_group_gone(pgid);
+    assert_group_gone(&pgid);
 }
 
 #[test]
@@ -818,7 +884,7 @@ fn after_the_result_the_group_is_killed_even_if_it_ignores_sigterm() {
     let out = f.run(
         &["--kill-grace", "0.3"],
         &f.py(
-            "note(NOTES + '/pgid', str(os.getpgid(0)))\n\
+            "mark(NOTES + '/pgid')\n\
              signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
              if os.fork() == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60); os._exit(0)\n\
              result('done')\n\
@@ -828,7 +894,7 @@ fn after_the_result_the_group_is_killed_even_if_it_ignores_sigterm() {
     let j = out.completed();
     assert_eq!(j["tool_exit"], json!({"signal": 9}));
     assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
-    assert_group_gone(read_pgid(&f, "pgid"));
+    assert_group_gone(&read_pgid(&f, "pgid"));
 }
 
 #[test]
@@ -836,13 +902,13 @@ fn a_grandchild_holding_stdout_does_not_keep_airlock_alive() {
     let f = Fixture::new();
     let out = f.run(
         &["--kill-grace", "0.3"],
-        &f.py("note(NOTES + '/pgid', str(os.getpgid(0)))\n\
+        &f.py("mark(NOTES + '/pgid')\n\
              if os.fork() == 0:\n    time.sleep(60); os._exit(0)\n\
              result('bye')\nos._exit(0)"),
     );
     out.completed();
     assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
-    assert_group_gone(read_pgid(&f, "pgid"));
+    assert_group_gone(&read_pgid(&f, "pgid"));
 }
 
 /// A tool that closes both of its pipes and lives on can say nothing
@@ -852,12 +918,12 @@ fn a_tool_that_closes_its_pipes_and_lives_on_is_stopped_by_the_grace() {
     let f = Fixture::new();
     let out = f.run(
         &["--timeout", "30", "--kill-grace", "0.3"],
-        &f.py("note(NOTES + '/pgid', str(os.getpgid(0)))\nos.close(0)\nos.close(1)\ntime.sleep(60)"),
+        &f.py("mark(NOTES + '/pgid')\nos.close(0)\nos.close(1)\ntime.sleep(60)"),
     );
     let j = out.expect("no_result", 3);
     assert_eq!(j["tool_exit"], json!({"signal": 15}), "{j}");
     assert!(out.elapsed < Duration::from_secs(5), "{:?}", out.elapsed);
-    assert_group_gone(read_pgid(&f, "pgid"));
+    assert_group_gone(&read_pgid(&f, "pgid"));
 }
 
 #[test]
@@ -988,7 +1054,8 @@ fn attack_symlink_swapped_to_escape_between_calls() {
     std::fs::write(&outside, "SECRET").unwrap();
     let link = f.root().join("l");
     let out = f.run(
-        &["--allow-rw", "."],
+        // The tool swaps the link itself, directly: the project granted.
+        &["--allow-rw", ".", "--sandbox-rw", &f.root().display().to_string()],
         &f.py(&format!(
             "bad = 0\n\
              for i in range(100):\n\
@@ -1165,16 +1232,19 @@ fn process_run_is_killed_with_its_group_on_op_timeout() {
     let out = f.run(
         &["--allow-cmd", "sh", "--op-timeout", "1"],
         &f.py(&format!(
-            "r = call('process.run', {{'program': 'sh', 'args': ['-c', 'echo $$ > {}; sleep 60 & sleep 60']}})\n\
+            "r = call('process.run', {{'program': 'sh', 'args': ['-c', 'cp /bin/sleep {m}; echo $$ > {n}; {m} 60 & {m} 60']}})\n\
              result(json.dumps(r))",
-            f.note("runpid").display()
+            m = f.note(&f.marker()).display(),
+            n = f.note("runpid").display(),
         )),
     );
     let got: Value = serde_json::from_str(&out.text()).unwrap();
     assert_eq!(got["error"]["code"], -32004, "{got}");
     assert!(out.elapsed < Duration::from_secs(10));
-    let pid: i32 = std::fs::read_to_string(f.note("runpid")).unwrap().trim().parse().unwrap();
-    assert_group_gone(pid);
+    assert!(f.note("runpid").exists(), "the process never ran: {}", out.stderr());
+    // Both sleeps are named by the marker: found on the host whatever
+    // their pids there.
+    assert_group_gone(&f.marker());
 }
 
 #[test]
@@ -1606,25 +1676,52 @@ fn a_multi_line_secret_is_redacted_whole_in_grep_read_and_the_record() {
     assert_eq!(code, Some(0), "the scrubbed recording replays: {stdout}");
 }
 
-/// What a same-user tool finds in `/proc/$PPID/environ`: as root (who may
-/// read a non-dumpable process's files) no secret, since airlock removed
-/// it; as an ordinary user, nothing at all, since airlock is not dumpable.
+/// What airlock's `/proc/<pid>/environ` holds while its tool runs, read
+/// by the test as root (who may read a non-dumpable process's files): no
+/// secret, since airlock removed it. The confined tool reaches no part of
+/// its parent's `/proc` at all (Landlock grants none; by default it is in
+/// a PID namespace of its own), in both modes, as root and, below, as an
+/// ordinary user.
 #[test]
 fn the_tool_finds_no_secret_in_airlocks_environ() {
     let probe = "try:\n\
                  \x20   with open('/proc/%d/environ' % os.getppid(), 'rb') as fh:\n\
                  \x20       env = fh.read()\n\
                  \x20   r = ['read', b'sekrit-value-42' in env]\n\
-                 except PermissionError:\n\
+                 except OSError:\n\
                  \x20   r = ['refused']\n\
+                 note(NOTES + '/ready', 'y')\n\
+                 while not os.path.exists(NOTES + '/go'): time.sleep(0.01)\n\
                  result(json.dumps(r))";
-    // As root.
     let f = Fixture::new();
-    let out = f.run_env(&["--env-allow", "HIDE_ME"], &f.py(probe), &[("HIDE_ME", "sekrit-value-42")]);
-    let got: Value = serde_json::from_str(&out.text()).unwrap();
-    assert_eq!(got, json!(["read", false]), "root reads it, without the secret");
+    for no_ns in ["0", "1"] {
+        let _ = std::fs::remove_file(f.note("ready"));
+        let _ = std::fs::remove_file(f.note("go"));
+        let child = Command::new(airlock())
+            .current_dir(f.root())
+            .arg("tool")
+            .args(f.grants())
+            .args(["--env-allow", "HIDE_ME", "--"])
+            .args(f.py(probe))
+            .env("HIDE_ME", "sekrit-value-42")
+            .env("AIRLOCK_NO_NAMESPACES", no_ns)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_file(&f.note("ready"), Duration::from_secs(10));
+        let env =
+            std::fs::read(format!("/proc/{}/environ", child.id())).expect("root reads airlock's environ");
+        assert!(!env.windows(15).any(|w| w == b"sekrit-value-42"), "the secret is in airlock's environ");
+        std::fs::write(f.note("go"), "y").unwrap();
+        let out = Out::new(child.wait_with_output().unwrap(), Duration::ZERO);
+        let got: Value = serde_json::from_str(&out.text()).unwrap();
+        assert_eq!(got, json!(["refused"]), "no namespaces: {no_ns}: the tool read its parent's environ");
+    }
 
-    // As an ordinary user, airlock and the tool alike.
+    // As an ordinary user, airlock and the tool alike (`go` is there).
+    std::fs::remove_file(f.note("ready")).unwrap();
     use std::os::unix::fs::PermissionsExt;
     for d in [f.root(), f.scratch.path()] {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -1636,7 +1733,9 @@ fn the_tool_finds_no_secret_in_airlocks_environ() {
     let output = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(airlock())
-        .args(["tool", "--env-allow", "HIDE_ME", "--"])
+        .arg("tool")
+        .args(f.grants())
+        .args(["--env-allow", "HIDE_ME", "--"])
         .args(&cmd)
         .current_dir(f.root())
         .env("HIDE_ME", "sekrit-value-42")

@@ -248,6 +248,7 @@ fn with_namespaces(
     drop(alive_rd);
     // Ours goes: the payload's exec (or PID 1's exit) ends the status stream.
     drop(status.take());
+    release_stdio();
     forward_signals_to(pid1);
     let st = wait_pid(pid1);
     drop(alive_wr);
@@ -310,6 +311,7 @@ fn init(
     // PID 1's copy of the status pipe must go, so its reader sees EOF once
     // the payload has exec'd.
     drop(status.take());
+    release_stdio();
     // Reap everything until the payload ends.
     loop {
         let mut st = 0;
@@ -321,6 +323,27 @@ fn init(
         }
         if r < 0 && errno().raw_os_error() == Some(libc::ECHILD) {
             return 1;
+        }
+    }
+}
+
+/// Point the stage's own stdin, stdout and stderr at `/dev/null` (or close
+/// them), once the payload has its copies: a payload that closes its
+/// output is then seen to close it, not kept open by the stages above it.
+fn release_stdio() {
+    // SAFETY: open/dup2/close on our own descriptors; nothing else holds
+    // them in this single-threaded stage.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        for fd in 0..3 {
+            if null >= 0 {
+                libc::dup2(null, fd);
+            } else {
+                libc::close(fd);
+            }
+        }
+        if null > 2 {
+            libc::close(null);
         }
     }
 }
@@ -345,6 +368,7 @@ fn fallback(plan: &Confinement, argv: &[OsString], status: &mut Option<std::fs::
         unsafe { libc::_exit(code) };
     }
     drop(status.take());
+    release_stdio();
     forward_signals_to(payload);
     let mut result = None;
     loop {

@@ -56,7 +56,7 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
         None => None,
     };
     let program = argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut child = process::spawn_tool(argv).with_context(|| format!("starting {program}"))?;
+    let mut child = process::spawn_tool(argv, &p.grants).with_context(|| format!("starting {program}"))?;
     let group = GroupGuard::new(child.id());
 
     let base = tokio::time::Instant::now();
@@ -65,6 +65,7 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
     if let Some(r) = recorder.as_mut() {
         r.start(VfsHeader::new(p.config.clone(), &p.policy_config, started).forget_env_values());
     }
+    let grants = p.grants.clone();
     let mut host = Host::new(started, p.config, p.policy);
 
     let mut stdout = child.stdout.take();
@@ -134,7 +135,10 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
                             effects.spawn(async move { (id, EffectResult::Http(c.run(req).await)) })
                         }
                         Effect::Process(run) => {
-                            effects.spawn(async move { (id, EffectResult::Process(process::run(run).await)) })
+                            let grants = grants.clone();
+                            effects.spawn(async move {
+                                (id, EffectResult::Process(process::run(run, &grants).await))
+                            })
                         }
                     };
                     aborts.insert(id, handle);

@@ -71,6 +71,19 @@ pub struct ToolArgs {
     /// Write a trace of the run (no secret in it) to FILE.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
+    /// Refuse to start when unprivileged namespaces are not available,
+    /// instead of confining the tool with seccomp, capabilities and
+    /// Landlock alone.
+    #[arg(long)]
+    pub require_namespaces: bool,
+    /// Let the tool and its `process.run` programs also read and execute
+    /// PATH directly (a library directory, say).
+    #[arg(long = "sandbox-ro", value_name = "PATH")]
+    pub sandbox_ro: Vec<PathBuf>,
+    /// Let the tool and its `process.run` programs also read and write
+    /// PATH directly (a scratch directory).
+    #[arg(long = "sandbox-rw", value_name = "PATH")]
+    pub sandbox_rw: Vec<PathBuf>,
     /// The tool and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub argv: Vec<OsString>,
@@ -89,6 +102,8 @@ pub(crate) struct Prepared {
     /// What `policy` was built from, for a trace's header.
     pub policy_config: PolicyConfig,
     pub record: Option<PathBuf>,
+    /// What the tool and its processes reach directly.
+    pub grants: process::Grants,
 }
 
 fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
@@ -127,7 +142,18 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         path_env,
     };
     let policy = ToolPolicy::new(&policy_config)?;
-    Ok(Prepared { project, config, policy, policy_config, record: a.record.clone() })
+    Ok(Prepared {
+        project,
+        config,
+        policy,
+        policy_config,
+        record: a.record.clone(),
+        grants: process::Grants {
+            require_namespaces: a.require_namespaces,
+            read_only: canonical_all(&a.sandbox_ro, "--sandbox-ro")?,
+            read_write: canonical_all(&a.sandbox_rw, "--sandbox-rw")?,
+        },
+    })
 }
 
 /// An `--env-allow` value, removed from airlock's own environment (as
@@ -141,6 +167,13 @@ fn take_secret(name: &str) -> Option<String> {
     } else {
         crate::secrets::take_env(name)
     }
+}
+
+fn canonical_all(paths: &[PathBuf], flag: &str) -> anyhow::Result<Vec<PathBuf>> {
+    paths
+        .iter()
+        .map(|p| std::fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display())))
+        .collect()
 }
 
 /// An `--allow-cmd` as the absolute program it names, found now.

@@ -9,7 +9,6 @@ use rustix::process::{Pid, Signal};
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::Command;
 
 /// SIGKILLs its process group when dropped.
 pub struct GroupGuard {
@@ -41,38 +40,139 @@ pub fn tool_env_allowed(name: &str) -> bool {
     matches!(name, "PATH" | "HOME" | "USER" | "LANG" | "TZ" | "TMPDIR") || name.starts_with("LC_")
 }
 
-/// A `Command` for a new process group with exactly `env`.
-fn grouped(program: &std::ffi::OsStr) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.process_group(0).env_clear().kill_on_drop(true);
-    cmd
+/// What `--sandbox-ro`, `--sandbox-rw` and `--require-namespaces` give
+/// the tool and its `process.run` programs.
+#[derive(Clone, Debug, Default)]
+pub struct Grants {
+    pub require_namespaces: bool,
+    /// Resolved paths, read and executed directly.
+    pub read_only: Vec<std::path::PathBuf>,
+    /// Resolved paths, read and written directly.
+    pub read_write: Vec<std::path::PathBuf>,
 }
 
-/// Start the tool: own group, filtered environment, three pipes.
-pub fn spawn_tool(argv: &[std::ffi::OsString]) -> std::io::Result<tokio::process::Child> {
-    let Some((program, args)) = argv.split_first() else {
-        return Err(std::io::Error::other("no command given"));
-    };
-    let mut cmd = grouped(program);
-    cmd.args(args)
+impl Grants {
+    fn apply(&self, ruleset: &mut airlock_core::sandbox::Ruleset) {
+        for p in &self.read_only {
+            ruleset.grant_read_exec(p.clone());
+        }
+        for p in &self.read_write {
+            ruleset.grant_read_write(p.clone());
+        }
+    }
+}
+
+/// Start the tool: own group, filtered environment, three pipes, and
+/// airlock's one confinement (`crate::confine`): the system locations
+/// only, an empty read-only working directory (project files come through
+/// the JSON-RPC protocol alone), no network, nothing inherited beyond
+/// stdio.
+pub fn spawn_tool(argv: &[std::ffi::OsString], grants: &Grants) -> anyhow::Result<tokio::process::Child> {
+    use airlock_core::sandbox::StageStatus;
+    if argv.is_empty() {
+        anyhow::bail!("no command given");
+    }
+    let abi = crate::sandbox::detect_abi();
+    let mut ruleset = airlock_core::sandbox::system_ruleset(abi, false)
+        .map_err(|e| anyhow::anyhow!("cannot confine the tool: {e}"))?;
+    let cwd = std::env::current_dir()?;
+    grants.apply(&mut ruleset);
+    // The tool's own files named on its command line (its script), read
+    // and executed directly; nothing else of the project.
+    for arg in argv {
+        let path = cwd.join(arg);
+        if path.is_file() {
+            if let Ok(real) = std::fs::canonicalize(&path) {
+                if !ruleset.paths.iter().any(|r| real.starts_with(&r.path)) {
+                    ruleset.grant_read_exec(real);
+                }
+            }
+        }
+    }
+    let view = airlock_core::sandbox::view_for(&ruleset, cwd);
+    let mode = crate::confine::ns_mode(grants.require_namespaces)?;
+    let plan = crate::confine::confinement(ruleset, view, mode, false, 2);
+    let (mut cmd, pending) = crate::confine::command(&plan, argv)?;
+    cmd.process_group(0)
+        .env_clear()
+        .kill_on_drop(true)
         .envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(tool_env_allowed)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    cmd.spawn()
+    pending.install(&mut cmd);
+    let mut child = cmd.spawn()?;
+    drop(cmd);
+    match pending.wait() {
+        Ok(StageStatus::Applied(_)) => Ok(child),
+        Ok(StageStatus::Refused { message }) => {
+            let _ = child.start_kill();
+            anyhow::bail!("{message}")
+        }
+        Ok(StageStatus::ExecFailed { errno }) => {
+            let _ = child.start_kill();
+            Err(std::io::Error::from_raw_os_error(errno).into())
+        }
+        Err(e) => {
+            let _ = child.start_kill();
+            Err(e)
+        }
+    }
 }
 
 /// Run one `process.run` effect to its end. Dropping the future kills the
 /// group (the core cancelled it or its `--op-timeout` passed).
-pub async fn run(p: ProcessRun) -> Result<ProcessOutput, OpError> {
-    let mut cmd = grouped(p.program.as_os_str());
-    cmd.args(&p.args)
+///
+/// The process goes through airlock's one confinement: the system
+/// locations, its program, the project read-write (its working directory,
+/// as `airlock tool` has always granted it), the network as before, and
+/// nothing else of the host; namespaces where available.
+pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpError> {
+    use airlock_core::sandbox::StageStatus;
+    let starting = |e: &dyn std::fmt::Display| OpError::io(format!("starting {}: {e}", p.program.display()));
+    let abi = crate::sandbox::detect_abi();
+    let mut ruleset = airlock_core::sandbox::tool_ruleset(abi, &p.cwd, true).map_err(|e| starting(&e))?;
+    grants.apply(&mut ruleset);
+    // The program itself, unless a granted location (the system's, the
+    // project) already holds it: a file bound over one inside a bound
+    // directory (or over a symlink there) cannot be mounted.
+    if let Ok(real) = std::fs::canonicalize(&p.program) {
+        if !ruleset.paths.iter().any(|r| real.starts_with(&r.path)) {
+            ruleset.grant_read_exec(real);
+        }
+    }
+    let view = airlock_core::sandbox::view_for(&ruleset, p.cwd.clone());
+    let mode = crate::confine::ns_mode(grants.require_namespaces).map_err(|e| starting(&e))?;
+    let plan = crate::confine::confinement(ruleset, view, mode, true, 2);
+    let argv: Vec<std::ffi::OsString> =
+        std::iter::once(p.program.clone().into_os_string()).chain(p.args.iter().map(Into::into)).collect();
+    let (mut cmd, pending) = crate::confine::command(&plan, &argv).map_err(|e| starting(&e))?;
+    cmd.process_group(0)
+        .env_clear()
+        .kill_on_drop(true)
         .envs(p.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&p.cwd)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| OpError::io(format!("starting {}: {e}", p.program.display())))?;
+    pending.install(&mut cmd);
+    let mut child = cmd.spawn().map_err(|e| starting(&e))?;
+    drop(cmd);
+    match pending.wait() {
+        Ok(StageStatus::Applied(_)) => {}
+        Ok(StageStatus::ExecFailed { errno }) => {
+            let _ = child.start_kill();
+            return Err(starting(&std::io::Error::from_raw_os_error(errno)));
+        }
+        Ok(StageStatus::Refused { message }) => {
+            let _ = child.start_kill();
+            return Err(starting(&message));
+        }
+        Err(e) => {
+            let _ = child.start_kill();
+            return Err(starting(&e));
+        }
+    }
     let guard = GroupGuard::new(child.id());
     let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
         return Err(OpError::io("the process has no output pipes"));
