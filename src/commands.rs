@@ -287,8 +287,12 @@ impl ServeArgs {
         command: &str,
     ) -> anyhow::Result<(Session, Vec<OsString>, Option<OutFile>)> {
         let config = self.config(stdio, upstream.is_some())?;
-        for note in missing_root_notes(config.policy.cwd(), &self.allow, &self.allow_rw)? {
-            eprintln!("airlock: note: {note}");
+        // A nested level's roots are its upstream's files, which its own
+        // (confined) view need not hold: only the top level checks them.
+        if upstream.is_none() {
+            for note in missing_root_notes(config.policy.cwd(), &self.allow, &self.allow_rw)? {
+                eprintln!("airlock: note: {note}");
+            }
         }
         let host =
             if upstream.is_some() { HostFs::nested(&config.policy)? } else { HostFs::new(&config.policy)? };

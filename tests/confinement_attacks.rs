@@ -746,7 +746,9 @@ fn xattrs_of_host_files_outside_every_root_stay_unchanged() {
 /// what it tried directly: reading the project's `.env` (never accessible
 /// through the protocol), a file outside the project, and a TCP connect to
 /// a host listener. All fail in both modes; `tool` writes no report, so
-/// nothing here may be listed instead.
+/// nothing here may be listed instead. `.env` is also named on the tool's
+/// command line: a file named there is granted to the tool directly only
+/// when its policy would let it read the file, and `.env` never is.
 #[test]
 fn the_vfs_tool_itself_reaches_nothing_directly() {
     let project = tempfile::tempdir().unwrap();
@@ -776,7 +778,7 @@ print(json.dumps({{"jsonrpc": "2.0", "method": "result", "params": {{"content": 
     );
     for mode in MODES {
         let mut c = Command::new(airlock());
-        c.current_dir(project.path()).args(["tool", "--", "python3", "-c", &script]).stdin(Stdio::null());
+        c.current_dir(project.path()).args(["tool", "--", "python3", "-c", &script, ".env"]).stdin(Stdio::null());
         mode.apply(&mut c);
         let out = c.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -814,6 +816,9 @@ impl Serve {
             .args(["toolexec", "serve", "--token-file", "token"])
             .args(args)
             .env_remove("AIFO_TOOLEEXEC_TOKEN")
+            // Tools get the server's environment: a target directory the
+            // test runner was given lies outside what they may write.
+            .env_remove("CARGO_TARGET_DIR")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

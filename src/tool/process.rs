@@ -67,7 +67,11 @@ impl Grants {
 /// only, an empty read-only working directory (project files come through
 /// the JSON-RPC protocol alone), no network, nothing inherited beyond
 /// stdio.
-pub fn spawn_tool(argv: &[std::ffi::OsString], grants: &Grants) -> anyhow::Result<tokio::process::Child> {
+pub fn spawn_tool(
+    argv: &[std::ffi::OsString],
+    grants: &Grants,
+    policy: &airlock_core::vfs::ToolPolicy,
+) -> anyhow::Result<tokio::process::Child> {
     use airlock_core::sandbox::StageStatus;
     if argv.is_empty() {
         anyhow::bail!("no command given");
@@ -78,12 +82,14 @@ pub fn spawn_tool(argv: &[std::ffi::OsString], grants: &Grants) -> anyhow::Resul
     let cwd = std::env::current_dir()?;
     grants.apply(&mut ruleset);
     // The tool's own files named on its command line (its script), read
-    // and executed directly; nothing else of the project.
+    // and executed directly; nothing else of the project, and never a
+    // project file the tool's policy would refuse it (`.env`, a --deny
+    // glob, outside every root): naming one grants nothing.
     for arg in argv {
         let path = cwd.join(arg);
         if path.is_file() {
             if let Ok(real) = std::fs::canonicalize(&path) {
-                if !ruleset.paths.iter().any(|r| real.starts_with(&r.path)) {
+                if readable_by_policy(policy, &real) && !ruleset.paths.iter().any(|r| real.starts_with(&r.path)) {
                     ruleset.grant_read_exec(real);
                 }
             }
@@ -118,6 +124,16 @@ pub fn spawn_tool(argv: &[std::ffi::OsString], grants: &Grants) -> anyhow::Resul
             Err(e)
         }
     }
+}
+
+/// Whether the tool's policy lets it read `real` (resolved): a file
+/// outside the project is the user's to name; one inside must pass the
+/// same check an `fs.read` of it would.
+fn readable_by_policy(policy: &airlock_core::vfs::ToolPolicy, real: &std::path::Path) -> bool {
+    let Ok(project) = std::fs::canonicalize(policy.project()) else { return false };
+    let Ok(rel) = real.strip_prefix(&project) else { return true };
+    let Some(text) = rel.to_str() else { return false };
+    policy.project_path(text).is_ok_and(|pp| policy.gate().check(&pp, false, false).is_ok())
 }
 
 /// Run one `process.run` effect to its end. Dropping the future kills the
