@@ -32,10 +32,6 @@ fn project() -> (tempfile::TempDir, PathBuf) {
     (dir, project)
 }
 
-/// The system's own python3, whatever the caller's PATH puts first (a
-/// version manager's shim would be refused, as the last test shows).
-const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-
 fn run(cwd: &Path, args: &[&str], path_env: Option<&str>) -> Output {
     Command::new(airlock())
         .current_dir(cwd)
@@ -173,7 +169,7 @@ fn sandbox_ro_of_the_root_or_above_it_is_refused_naming_the_root() {
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(125), "{ro}: {stderr}");
         assert!(stderr.contains(root.to_str().unwrap()), "{ro}: {stderr}");
-        assert!(stderr.contains("whole allowed root"), "{ro}: {stderr}");
+        assert!(stderr.contains("expose the whole root"), "{ro}: {stderr}");
         assert!(out.stdout.is_empty(), "{ro}: {}", text(&out.stdout));
     }
 }

@@ -335,8 +335,9 @@ impl fmt::Display for Refusal {
             Refusal::BadPath { path } => write!(f, "--sandbox-ro {}: not a usable path", path.display()),
             Refusal::OverlapsRoot { path, root } => write!(
                 f,
-                "--sandbox-ro {} would expose the whole allowed root {} to the child directly: \
-                 name the files it must read or run, inside the root, instead",
+                "--sandbox-ro {} overlaps the allowed root {}: it would expose the whole root to the \
+                 child, which reaches roots only through airlock; name the files inside the root it \
+                 must read or run instead",
                 path.display(),
                 root.display()
             ),
