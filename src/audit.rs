@@ -23,8 +23,23 @@ impl AuditWriter {
     }
 
     pub fn write(&mut self, record: &AuditRecord) {
+        self.write_value(serde_json::to_value(record).unwrap_or_default());
+    }
+
+    /// At start, one line per `--sandbox-ro` path inside an allowed root:
+    /// the child reads those directly, so no later line records it.
+    pub fn direct_read(&mut self, path: &Path) {
+        let value = serde_json::json!({
+            "op": "direct_read",
+            "path": path.to_string_lossy(),
+            "allowed": true,
+            "reason": "--sandbox-ro inside an allowed root: read by the child directly, not through airlock",
+        });
+        self.write_value(value);
+    }
+
+    fn write_value(&mut self, mut value: serde_json::Value) {
         let Some(out) = &mut self.out else { return };
-        let mut value = serde_json::to_value(record).unwrap_or_default();
         if let Some(obj) = value.as_object_mut() {
             obj.insert("ts".into(), crate::telemetry::rfc3339(std::time::SystemTime::now()).into());
         }

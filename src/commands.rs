@@ -22,7 +22,7 @@ use airlock_core::fsproxy::{
 };
 use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
-use airlock_core::sandbox::{Applied, InForce, StageStatus};
+use airlock_core::sandbox::{Applied, InForce, Plan, StageStatus};
 use anyhow::Context;
 use std::ffi::OsString;
 use std::io::Write;
@@ -374,6 +374,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
     let secrets = args.secrets()?;
     let policy = args.policy()?;
     let plan = sandbox.plan(&policy)?;
+    crate::sandbox::check_command(&plan, policy.cwd(), argv)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     block_on(async {
         let upstream = nested_upstream()?;
@@ -381,6 +382,9 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
             args.session(secrets, StdioRole::Local, upstream.as_ref().map(|u| u.as_fd()), "run")?;
         if let Some(up) = upstream {
             session.set_upstream(up);
+        }
+        if let Plan::Confined(rules) = &plan {
+            session.audit_direct_reads(&rules.direct_read);
         }
         // Lets a process of the session whose descriptor 3 was closed on
         // the way (Python's subprocess does so) reach it still.

@@ -4,14 +4,15 @@
 //! that it enforces on itself between fork and exec with two system calls.
 
 use airlock_core::policy::{Policy, Root};
-use airlock_core::sandbox::{self, FsRight, NetRight, Options, Plan, Ruleset, ScopeKind};
+use airlock_core::sandbox::{self, FsRight, NetRight, Options, Plan, Ruleset, ScopeKind, Use};
 use anyhow::{bail, Context};
 use landlock::{
     AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, RulesetAttr, RulesetCreatedAttr,
     Scope,
 };
+use std::ffi::{OsStr, OsString};
 use std::os::fd::{OwnedFd, RawFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `airlock run`'s sandbox options.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -20,8 +21,10 @@ pub struct SandboxArgs {
     /// process of yours would.
     #[arg(long)]
     pub no_sandbox: bool,
-    /// Let the child also read and execute PATH directly (a toolchain, say).
-    /// PATH must not overlap an --allow/--allow-rw root.
+    /// Let the child also read and execute PATH directly (a toolchain, the
+    /// agent's own code). Inside an --allow/--allow-rw root it is a direct
+    /// read, listed in the report and the audit log; a root itself, or a
+    /// directory holding one, is refused.
     #[arg(long = "sandbox-ro", value_name = "PATH")]
     pub sandbox_ro: Vec<PathBuf>,
     /// Let the child use the network (TCP bind and connect).
@@ -257,4 +260,79 @@ pub fn enforce(ruleset: RawFd, seccomp: Option<&seccompiler::BpfProgram>) -> std
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Before starting a confined child: every file its command line names
+/// that it could not use directly is refused here, naming the flag,
+/// instead of failing inside (or, for the program, silently running
+/// another one further along `PATH`, as `execvp` does past a refusal).
+/// The program is found the way `execvp` finds it; an argument counts
+/// when it names an existing file. Arguments of airlock itself (`"$AIRLOCK"
+/// fs cat data.txt`) are paths for the proxy, not files to read, and are
+/// left alone.
+pub fn check_command(plan: &Plan, cwd: &Path, argv: &[OsString]) -> anyhow::Result<()> {
+    let Plan::Confined(rules) = plan else { return Ok(()) };
+    let Some(prog) = argv.first() else { return Ok(()) };
+    let Some(found) = find_program(prog, cwd, std::env::var_os("PATH").as_deref()) else {
+        return Ok(());
+    };
+    let real = std::fs::canonicalize(&found).unwrap_or_else(|_| found.clone());
+    if !rules.permits(&real, Use::Execute) {
+        bail!(
+            "the program {} is {}, which the sandboxed child may not run (it would fail, or run \
+             another {} found later on PATH); pass --sandbox-ro {} (or a directory holding it and \
+             what it runs), or put another first on PATH",
+            Path::new(prog).display(),
+            found.display(),
+            Path::new(prog).display(),
+            found.display()
+        );
+    }
+    let airlock = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
+    if airlock.as_deref() == Some(real.as_path()) {
+        return Ok(());
+    }
+    for arg in &argv[1..] {
+        if arg.is_empty() {
+            continue;
+        }
+        let path = cwd.join(arg);
+        if !std::fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false) {
+            continue;
+        }
+        let real = std::fs::canonicalize(&path).unwrap_or(path);
+        if !rules.permits(&real, Use::Read) {
+            bail!(
+                "{} is a file the sandboxed child may not read directly ({}); pass --sandbox-ro {} \
+                 to let it, or --no-sandbox",
+                Path::new(arg).display(),
+                real.display(),
+                Path::new(arg).display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Where `execvp` would find `prog`: a name with a slash is a path (from
+/// `cwd`); otherwise the first regular, executable file of that name along
+/// `path` (an empty entry is the working directory).
+pub fn find_program(prog: &OsStr, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let runnable =
+        |p: &Path| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    if prog.as_bytes().contains(&b'/') {
+        let p = cwd.join(prog);
+        return runnable(&p).unwrap_or(false).then_some(p);
+    }
+    if prog.is_empty() {
+        return None;
+    }
+    let dirs = path.unwrap_or(OsStr::new("/bin:/usr/bin"));
+    dirs.as_bytes().split(|b| *b == b':').find_map(|dir| {
+        let dir = if dir.is_empty() { cwd.to_path_buf() } else { cwd.join(OsStr::from_bytes(dir)) };
+        let p = dir.join(prog);
+        runnable(&p).unwrap_or(false).then_some(p)
+    })
 }

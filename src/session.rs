@@ -372,6 +372,16 @@ impl Session {
         self.audit = Some(writer);
     }
 
+    /// Record, in the audit log if any, the paths the child reads
+    /// directly (see `AuditWriter::direct_read`).
+    pub fn audit_direct_reads(&mut self, paths: &[std::path::PathBuf]) {
+        if let Some(audit) = &mut self.audit {
+            for p in paths {
+                audit.direct_read(p);
+            }
+        }
+    }
+
     /// Make the broker's provider calls with `shell.provider` and write its
     /// telemetry to `shell.telemetry`.
     pub fn set_broker_shell(&mut self, shell: BrokerShell) {

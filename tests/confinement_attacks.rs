@@ -80,6 +80,7 @@ fn command(dir: &Path, mode: Mode, args: &[&str], report: &Path, cmd: &[String])
         .current_dir(dir)
         .env_remove("AIRLOCK_FD")
         .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PATH", SYSTEM_PATH)
         .stdin(Stdio::null());
     mode.apply(&mut c);
     c
@@ -732,7 +733,12 @@ fn xattrs_of_host_files_outside_every_root_stay_unchanged() {
     assert_eq!(r, 0, "setxattr on the host: {}", errno());
     let before = xattrs(&file);
     for mode in MODES {
-        let run = run_mode(dir.path(), mode, &[], &attack("xattr.py", &[file.display().to_string()]));
+        let run = run_mode(
+            dir.path(),
+            mode,
+            &[],
+            &attack("xattr.py", &[outside.path().display().to_string(), "host.txt".to_owned()]),
+        );
         assert_eq!(run.code(), Some(0), "{mode:?}: {}", run.stderr());
         let got = outcomes(&run);
         let after = xattrs(&file);

@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// A PATH of system locations only, which the default sandbox lets the
+/// child execute from.
+pub const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
 pub fn airlock() -> &'static str {
     env!("CARGO_BIN_EXE_airlock")
 }
@@ -91,6 +95,9 @@ pub fn run_with_stdin(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio) -
         .env_remove("AIRLOCK_FD")
         .env("SUPPORT", support(""))
         .env("PYTHONPATH", support(""))
+        // The system's python3: a version manager's shim first on the
+        // caller's PATH is refused under the sandbox (tests/agent_project.rs).
+        .env("PATH", SYSTEM_PATH)
         .stdin(stdin)
         .output()
         .expect("airlock runs");

@@ -304,6 +304,11 @@ pub struct Ruleset {
     /// by a seccomp filter instead. `socketpair` stays allowed, so attach
     /// and pipes between the child's own processes still work.
     pub deny_unix_socket_create: bool,
+    /// `--sandbox-ro` paths inside an `--allow`/`--allow-rw` root: the
+    /// child reads them directly, past the proxy's audit log, so the
+    /// report and the audit log list them.
+    #[serde(default)]
+    pub direct_read: Vec<PathBuf>,
 }
 
 /// Why `airlock run` will not start.
@@ -313,8 +318,9 @@ pub enum Refusal {
     NoLandlock { abi: u32 },
     /// A `--sandbox-ro` path is not absolute after resolution.
     BadPath { path: PathBuf },
-    /// A `--sandbox-ro` path overlaps an `--allow`/`--allow-rw` root: the
-    /// child would reach the root's files directly.
+    /// A `--sandbox-ro` path is an `--allow`/`--allow-rw` root or lies
+    /// above one: the child would reach the whole root directly. (A path
+    /// strictly inside a root is a direct read, allowed and listed.)
     OverlapsRoot { path: PathBuf, root: PathBuf },
 }
 
@@ -329,7 +335,9 @@ impl fmt::Display for Refusal {
             Refusal::BadPath { path } => write!(f, "--sandbox-ro {}: not a usable path", path.display()),
             Refusal::OverlapsRoot { path, root } => write!(
                 f,
-                "--sandbox-ro {} overlaps the allowed root {}: the child reaches roots only through airlock",
+                "--sandbox-ro {} overlaps the allowed root {}: it would expose the whole root to the \
+                 child, which reaches roots only through airlock; name the files inside the root it \
+                 must read or run instead",
                 path.display(),
                 root.display()
             ),
@@ -399,19 +407,23 @@ pub fn plan(inputs: &Inputs<'_>) -> Result<Plan, Refusal> {
         paths.add(exe.clone(), Grant::ReadExec, Source::Airlock);
     }
     let cwd = inputs.policy.cwd();
+    let mut direct = Vec::new();
     for raw in &inputs.options.read_only {
         let path = match normalize(&cwd.join(raw)) {
             Some(p) if p.is_absolute() && p.parent().is_some() => p,
             _ => return Err(Refusal::BadPath { path: raw.clone() }),
         };
-        if let Some(root) =
-            inputs.policy.roots().iter().find(|r| within(&path, &r.path) || within(&r.path, &path))
-        {
+        if let Some(root) = inputs.policy.roots().iter().find(|r| within(&r.path, &path)) {
             return Err(Refusal::OverlapsRoot { path, root: root.path.clone() });
+        }
+        if inputs.policy.roots().iter().any(|r| within(&path, &r.path)) && !direct.contains(&path) {
+            direct.push(path.clone());
         }
         paths.add(path, Grant::ReadExec, Source::User);
     }
-    Ok(Plan::Confined(ruleset(inputs.abi, inputs.options.net, paths)))
+    let mut rules = ruleset(inputs.abi, inputs.options.net, paths);
+    rules.direct_read = direct;
+    Ok(Plan::Confined(rules))
 }
 
 /// A ruleset for a tool runner: the defaults, everything beneath
@@ -469,5 +481,36 @@ fn ruleset(kernel_abi: u32, net: bool, paths: Paths) -> Ruleset {
         if net { BTreeSet::new() } else { NetRight::ALL.into_iter().filter(|r| r.since() <= abi).collect() };
     let scoped = ScopeKind::ALL.into_iter().filter(|s| s.since() <= abi).collect();
     let deny_unix_socket_create = abi < FsRight::ResolveUnix.since();
-    Ruleset { kernel_abi, abi, handled_fs, handled_net, scoped, paths: paths.rules, deny_unix_socket_create }
+    Ruleset {
+        kernel_abi,
+        abi,
+        handled_fs,
+        handled_net,
+        scoped,
+        paths: paths.rules,
+        deny_unix_socket_create,
+        direct_read: Vec::new(),
+    }
+}
+
+/// What the child would do with a path named on its command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// Run it (the program).
+    Execute,
+    /// Read it (an argument).
+    Read,
+}
+
+impl Ruleset {
+    /// Whether the child may `use_` the absolute, resolved `path` directly:
+    /// some rule covering it (the path itself or a directory above it)
+    /// grants the right. Lexical only: the shell resolves symlinks first.
+    pub fn permits(&self, path: &Path, use_: Use) -> bool {
+        let right = match use_ {
+            Use::Execute => FsRight::Execute,
+            Use::Read => FsRight::ReadFile,
+        };
+        self.paths.iter().any(|r| within(path, &r.path) && r.rights.contains(&right))
+    }
 }

@@ -50,6 +50,10 @@ pub struct InForce {
     /// Every class no layer closes, by name: `ns_*` for a namespace not in
     /// force, the Landlock rights a newer kernel would add otherwise.
     pub not_enforced: Vec<&'static str>,
+    /// `--sandbox-ro` paths inside an allowed root, which the child reads
+    /// directly: the audit log does not see those reads.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub direct_read: Vec<std::path::PathBuf>,
 }
 
 /// The report's name for a namespace not in force.
@@ -78,6 +82,7 @@ impl Plan {
                 seccomp: false,
                 capabilities: "kept",
                 not_enforced: vec!["fs", "net", "scopes"],
+                direct_read: Vec::new(),
             },
             Plan::Confined(r) => landlock_view(r),
         }
@@ -181,5 +186,6 @@ fn landlock_view(r: &Ruleset) -> InForce {
         seccomp: false,
         capabilities: "dropped",
         not_enforced: gaps,
+        direct_read: r.direct_read.clone(),
     }
 }

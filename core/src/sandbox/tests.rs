@@ -148,7 +148,7 @@ fn sandbox_ro_paths_resolve_against_the_working_directory() {
 #[test]
 fn sandbox_ro_overlapping_a_root_is_refused() {
     let p = policy(&[("/data/in", Access::ReadOnly), ("/data/out", Access::ReadWrite)]);
-    for (ro, root) in [("/data/in", "/data/in"), ("/data", "/data/in"), ("/data/out/sub", "/data/out")] {
+    for (ro, root) in [("/data/in", "/data/in"), ("/data", "/data/in"), ("/data/out", "/data/out")] {
         let o = Options { read_only: vec![PathBuf::from(ro)], ..Options::default() };
         let err = plan(&inputs(&p, &o, 7)).unwrap_err();
         assert_eq!(err, Refusal::OverlapsRoot { path: ro.into(), root: root.into() });
@@ -235,8 +235,10 @@ proptest! {
                     prop_assert!(rule.grant != Grant::ReadWrite);
                     if rule.source == Source::User {
                         for root in p.roots() {
-                            prop_assert!(!within(&rule.path, &root.path), "{:?} under {:?}", rule, root);
                             prop_assert!(!within(&root.path, &rule.path), "{:?} over {:?}", rule, root);
+                            if within(&rule.path, &root.path) {
+                                prop_assert!(r.direct_read.contains(&rule.path), "{:?} not listed", rule);
+                            }
                         }
                     } else {
                         prop_assert!(rule.source == Source::Default || rule.source == Source::Airlock);
@@ -432,4 +434,68 @@ fn the_namespace_flag_and_the_environment_override_do_not_mix() {
     assert_eq!(NsMode::from_flags(true, false), Ok(NsMode::Require));
     assert_eq!(NsMode::from_flags(false, true), Ok(NsMode::Off));
     assert!(NsMode::from_flags(true, true).is_err());
+}
+
+#[test]
+fn sandbox_ro_inside_a_root_is_a_listed_direct_read() {
+    let p = policy(&[("/work/project", Access::ReadWrite), ("/data/in", Access::ReadOnly)]);
+    let o = Options {
+        read_only: vec![PathBuf::from("agent.py"), PathBuf::from("/data/in/lib"), PathBuf::from("/opt/sdk")],
+        ..Options::default()
+    };
+    let r = confined(&inputs(&p, &o, 7));
+    assert_eq!(r.direct_read, vec![PathBuf::from("/work/project/agent.py"), PathBuf::from("/data/in/lib")]);
+    let rule = r.paths.iter().find(|x| x.path == Path::new("/work/project/agent.py")).unwrap();
+    assert_eq!((rule.grant, rule.source), (Grant::ReadExec, Source::User));
+    // The view binds it read-only at its own path, before the working
+    // directory's empty placeholder (which then finds it in place).
+    let view = view_for(&r, PathBuf::from("/work/project"));
+    let bind = view
+        .mounts
+        .iter()
+        .position(|m| {
+            *m == Mount::Bind { path: "/work/project/agent.py".into(), writable: false, required: true }
+        })
+        .unwrap();
+    let cwd = view.mounts.iter().position(|m| *m == Mount::Dir { path: "/work/project".into() }).unwrap();
+    assert!(bind < cwd);
+}
+
+#[test]
+fn sandbox_ro_of_a_root_or_above_one_names_the_root() {
+    let p = policy(&[("/work/project", Access::ReadWrite)]);
+    for ro in [".", "/work/project", "/work", "/"] {
+        let o = Options { read_only: vec![PathBuf::from(ro)], ..Options::default() };
+        match plan(&inputs(&p, &o, 7)) {
+            Err(Refusal::OverlapsRoot { root, .. }) => assert_eq!(root, Path::new("/work/project")),
+            Err(Refusal::BadPath { .. }) if ro == "/" => {}
+            other => panic!("{ro}: {other:?}"),
+        }
+    }
+    let o = Options { read_only: vec![PathBuf::from("/work")], ..Options::default() };
+    let msg = plan(&inputs(&p, &o, 7)).unwrap_err().to_string();
+    assert!(msg.contains("/work/project") && msg.contains("--sandbox-ro /work"), "{msg}");
+}
+
+#[test]
+fn permits_follows_the_rules_rights() {
+    let p = policy(&[("/work/project", Access::ReadWrite)]);
+    let o = Options { read_only: vec![PathBuf::from("agent.py")], ..Options::default() };
+    let r = confined(&inputs(&p, &o, 7));
+    assert!(r.permits(Path::new("/usr/bin/python3"), Use::Execute));
+    assert!(r.permits(Path::new("/work/project/agent.py"), Use::Read));
+    assert!(r.permits(Path::new("/work/project/agent.py"), Use::Execute));
+    // Read but not execute: the loader's cache.
+    assert!(r.permits(Path::new("/etc/ld.so.cache"), Use::Read));
+    assert!(!r.permits(Path::new("/etc/ld.so.cache"), Use::Execute));
+    // Not granted: the rest of the root, a home's toolchain, a sibling
+    // whose name merely starts like a granted one.
+    for path in
+        ["/work/project/data.txt", "/root/.pyenv/shims/python3", "/usr2/bin/x", "/work/project/agent.pyc"]
+    {
+        assert!(!r.permits(Path::new(path), Use::Read), "{path}");
+        assert!(!r.permits(Path::new(path), Use::Execute), "{path}");
+    }
+    // A sink is no read grant for a program.
+    assert!(!r.permits(Path::new("/dev/null"), Use::Execute));
 }
