@@ -17,7 +17,7 @@ use crate::fsproxy::{
 use crate::handles::ClientId;
 use crate::policy::{Access, Policy, Root, RootId};
 use crate::time::Instant;
-use airlock_heapcount::Tag;
+use crate::heapcount::Tag;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, PathBuf};
@@ -208,13 +208,13 @@ pub struct Shell {
 static NEXT_HEAP_TAG: AtomicUsize = AtomicUsize::new(0);
 
 fn next_heap_tag() -> Tag {
-    Tag::new(1 + NEXT_HEAP_TAG.fetch_add(1, Ordering::Relaxed) % (airlock_heapcount::MAX_TAGS - 1))
+    Tag::new(1 + NEXT_HEAP_TAG.fetch_add(1, Ordering::Relaxed) % (crate::heapcount::MAX_TAGS - 1))
 }
 
 impl Shell {
     pub fn new(config: Config, fs: MemFs) -> Self {
         let tag = next_heap_tag();
-        let base = airlock_heapcount::live(tag).unwrap_or(0);
+        let base = crate::heapcount::live(tag).unwrap_or(0);
         Shell {
             heap: (tag, base),
             proxy: tag.scope(|| FsProxy::new(config)),
@@ -310,7 +310,7 @@ impl Shell {
     /// effect's result is the machine's from then on.
     fn handle(&mut self, now: Instant, input: Input) {
         if let Input::EffectDone { result: EffectResult::Data { data, .. }, .. } = &input {
-            airlock_heapcount::retag(data, self.heap.0);
+            crate::heapcount::retag(data, self.heap.0);
         }
         let proxy = &mut self.proxy;
         self.heap.0.scope(|| proxy.handle(now, input));
@@ -321,7 +321,7 @@ impl Shell {
     /// global one (the fuzz targets and the corpus replay install it).
     pub fn check_heap(&self) {
         let (tag, base) = self.heap;
-        if let Some(live) = airlock_heapcount::live(tag) {
+        if let Some(live) = crate::heapcount::live(tag) {
             if let Err(m) = self.proxy.heap_check(live.wrapping_sub(base), u64::MAX) {
                 panic!("bounded_memory: the machine {m}");
             }
@@ -354,7 +354,7 @@ impl Shell {
                 ..
             } = &out
             {
-                airlock_heapcount::retag(data, Tag::HARNESS);
+                crate::heapcount::retag(data, Tag::HARNESS);
             }
             match out {
                 Output::Send { client, data } => {

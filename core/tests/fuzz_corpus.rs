@@ -4,8 +4,8 @@
 
 // The heap is counted, so every input's bounded-memory check runs.
 #[global_allocator]
-static HEAP: airlock_heapcount::Counting<std::alloc::System> =
-    airlock_heapcount::Counting(std::alloc::System);
+static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+    airlock_core::heapcount::Counting(std::alloc::System);
 
 #[path = "support/url_oracle.rs"]
 mod url_oracle;

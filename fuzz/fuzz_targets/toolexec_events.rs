@@ -2,8 +2,8 @@
 
 // The heap is counted, so every input's bounded-memory check runs.
 #[global_allocator]
-static HEAP: airlock_heapcount::Counting<std::alloc::System> =
-    airlock_heapcount::Counting(std::alloc::System);
+static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+    airlock_core::heapcount::Counting(std::alloc::System);
 
 use libfuzzer_sys::fuzz_target;
 

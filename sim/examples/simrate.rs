@@ -4,8 +4,8 @@
 // The heap is counted, so the bounded-memory checker (invariant 11 against
 // the real allocation) runs in every world.
 #[global_allocator]
-static HEAP: airlock_heapcount::Counting<std::alloc::System> =
-    airlock_heapcount::Counting(std::alloc::System);
+static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+    airlock_core::heapcount::Counting(std::alloc::System);
 
 use airlock_sim::{run_many, Scenario, SimOptions};
 

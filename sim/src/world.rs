@@ -585,7 +585,7 @@ impl World {
         }
         let tag = heap::tag(level);
         if let Input::EffectDone { result: EffectResult::Data { data, .. }, .. } = &input {
-            airlock_heapcount::retag(data, tag);
+            airlock_core::heapcount::retag(data, tag);
         }
         tag.scope(|| self.levels[level].m.handle(now, input));
         while let Some(out) = tag.scope(|| self.levels[level].m.poll_output()) {

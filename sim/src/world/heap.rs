@@ -15,7 +15,7 @@
 use super::{violation, Check, World};
 use airlock_core::fsproxy::bounds::HEAP_SLACK;
 use airlock_core::fsproxy::{Effect, Output};
-use airlock_heapcount::{self as heapcount, Tag};
+use airlock_core::heapcount::{self as heapcount, Tag};
 
 /// The heap tag of level `level`'s machine (0 is the world's own).
 pub(super) fn tag(level: usize) -> Tag {

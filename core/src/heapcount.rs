@@ -5,18 +5,18 @@
 //!
 //! A harness installs it over the system allocator:
 //!
-//! ```
+//! ```text
 //! #[global_allocator]
-//! static HEAP: airlock_heapcount::Counting<std::alloc::System> =
-//!     airlock_heapcount::Counting(std::alloc::System);
+//! static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+//!     airlock_core::heapcount::Counting(std::alloc::System);
 //!
 //! fn main() {
-//!     let machine = airlock_heapcount::Tag::new(1);
-//!     let base = airlock_heapcount::live(machine).unwrap();
+//!     let machine = airlock_core::heapcount::Tag::new(1);
+//!     let base = airlock_core::heapcount::live(machine).unwrap();
 //!     let v: Vec<u8> = machine.scope(|| Vec::with_capacity(1000));
-//!     assert_eq!(airlock_heapcount::live(machine), Some(base + 1000));
+//!     assert_eq!(airlock_core::heapcount::live(machine), Some(base + 1000));
 //!     drop(v);
-//!     assert_eq!(airlock_heapcount::live(machine), Some(base));
+//!     assert_eq!(airlock_core::heapcount::live(machine), Some(base));
 //! }
 //! ```
 //!
