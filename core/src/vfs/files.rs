@@ -140,6 +140,8 @@ pub struct Gate {
     max_grep_lines: usize,
     /// `PlantedBug::ToolLexicalOnly`.
     lexical_only: bool,
+    /// `PlantedBug::ToolReopenByPath`.
+    reopen_by_path: bool,
 }
 
 impl Gate {
@@ -152,11 +154,22 @@ impl Gate {
             max_file: super::DEFAULT_MAX_FILE,
             max_grep_lines: super::DEFAULT_MAX_GREP_LINES,
             lexical_only: false,
+            reopen_by_path: false,
         }
     }
 
     pub(crate) fn plant_lexical_only(&mut self) {
         self.lexical_only = true;
+    }
+
+    pub(crate) fn plant_reopen_by_path(&mut self) {
+        self.reopen_by_path = true;
+    }
+
+    /// Whether the planted bug that acts on a path reached again from the
+    /// root, rather than in the directory checked, is on.
+    pub(crate) fn reopen_by_path(&self) -> bool {
+        self.reopen_by_path
     }
 
     pub(crate) fn set_limits(&mut self, max_file: usize, max_grep_lines: usize) {

@@ -62,6 +62,29 @@ impl MemFiles {
         }
     }
 
+    /// Move `from` (with everything under it) to `to`, which must not
+    /// exist: the simulator's adversary, as a `rename(2)` by a process
+    /// outside the host. `false` when it cannot be done.
+    pub fn move_tree(&mut self, from: &ProjectPath, to: &ProjectPath) -> bool {
+        let parent_ok = to.parent().is_some_and(|p| self.nodes.get(&p) == Some(&MemNode::Dir));
+        if from.is_root() || self.nodes.contains_key(to) || !self.nodes.contains_key(from) || !parent_ok {
+            return false;
+        }
+        let prefix = format!("{}/", from.as_str());
+        if to.as_str().starts_with(&prefix) {
+            return false;
+        }
+        let moved: Vec<ProjectPath> =
+            self.nodes.keys().filter(|k| *k == from || k.as_str().starts_with(&prefix)).cloned().collect();
+        for k in moved {
+            if let Some(node) = self.nodes.remove(&k) {
+                let rest = &k.as_str()[from.as_str().len()..];
+                self.nodes.insert(ProjectPath::from_parts([to.as_str(), rest.trim_start_matches('/')]), node);
+            }
+        }
+        true
+    }
+
     pub fn get(&self, path: &str) -> Option<&MemNode> {
         ProjectPath::parse(path).ok().and_then(|p| self.nodes.get(&p))
     }

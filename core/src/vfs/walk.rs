@@ -184,7 +184,60 @@ where
         }
         let resolved = relative(self.project, path, self.shown)?;
         self.gate.check_as(&resolved, self.shown, self.how.write, node == Node::Dir)?;
+        if self.gate.reopen_by_path() {
+            if let Some(parent) = resolved.parent() {
+                let dir = reopen(ns, self.project, &parent).map_err(|r| refused(self.shown, r))?;
+                return (self.act)(ns, &dir, name, &resolved, node).map(Step::Done);
+            }
+        }
         (self.act)(ns, dir, name, &resolved, node).map(Step::Done)
+    }
+}
+
+/// The planted bug's second walk: `dir` reached again by its path from
+/// the root, following every symlink on the way unchecked.
+fn reopen<N: ProjectNs>(ns: &mut N, project: &[u8], dir: &ProjectPath) -> Result<N::Dir, Refusal> {
+    let mut parts: Vec<Vec<u8>> = dir.parts().map(|p| p.as_bytes().to_vec()).collect();
+    let mut hops = 0;
+    'walk: loop {
+        let mut d = ns.anchor(0)?;
+        for i in 0..parts.len() {
+            match ns.lookup(&d, OsStr::from_bytes(&parts[i]))? {
+                resolve::Entry::Dir(next) => d = next,
+                resolve::Entry::Symlink(target) => {
+                    hops += 1;
+                    if hops > MAX_SYMLINK_HOPS {
+                        return Err(Refusal::TooManyLinks);
+                    }
+                    let t = target.as_os_str().as_bytes();
+                    let mut next: Vec<Vec<u8>> = match t.strip_prefix(project) {
+                        Some(rest) if t.first() == Some(&b'/') => {
+                            rest.split(|&b| b == b'/').map(<[u8]>::to_vec).collect()
+                        }
+                        _ if t.first() == Some(&b'/') => return Err(Refusal::NotFound),
+                        _ => parts[..i]
+                            .iter()
+                            .cloned()
+                            .chain(t.split(|&b| b == b'/').map(<[u8]>::to_vec))
+                            .collect(),
+                    };
+                    let mut norm: Vec<Vec<u8>> = Vec::new();
+                    for c in next.drain(..).chain(parts[i + 1..].iter().cloned()) {
+                        match &c[..] {
+                            b"" | b"." => {}
+                            b".." => {
+                                norm.pop();
+                            }
+                            _ => norm.push(c),
+                        }
+                    }
+                    parts = norm;
+                    continue 'walk;
+                }
+                _ => return Err(Refusal::NotFound),
+            }
+        }
+        return Ok(d);
     }
 }
 
