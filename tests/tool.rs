@@ -1469,3 +1469,35 @@ fn attack_swapping_a_middle_directory_never_redirects_an_operation() {
     assert_eq!(snapshot("secret"), secret_before);
     assert_eq!(snapshot("ro"), ro_before);
 }
+
+/// A refusal names the path the tool asked for and the rule, never where a
+/// symlink on it leads: the names inside a denied directory stay unknown.
+#[test]
+fn attack_refusals_never_name_a_denied_symlink_target() {
+    let f = Fixture::new();
+    f.file("secret/hidden-name.txt", "TOPSECRET");
+    f.file("pub/a.txt", "a");
+    std::os::unix::fs::symlink("../secret/hidden-name.txt", f.root().join("pub/file-link")).unwrap();
+    std::os::unix::fs::symlink("../secret", f.root().join("pub/dir-link")).unwrap();
+    let out = f.run(
+        &["--allow-rw", ".", "--deny", "secret/"],
+        &f.py(
+            "rs = [call('fs.read', {'path': 'pub/file-link'}),\n\
+             \x20     call('fs.write', {'path': 'pub/file-link', 'content': 'x'}),\n\
+             \x20     call('fs.metadata', {'path': 'pub/file-link'}),\n\
+             \x20     call('fs.exists', {'path': 'pub/dir-link/hidden-name.txt'}),\n\
+             \x20     call('fs.read', {'path': 'pub/dir-link/nothing-here.txt'}),\n\
+             \x20     call('fs.list_dir', {'path': 'pub/dir-link'})]\n\
+             result(json.dumps(rs))",
+        ),
+    );
+    let text = out.text();
+    let rs: Vec<Value> = serde_json::from_str(&text).unwrap();
+    for r in &rs {
+        assert_eq!(r["error"]["code"], -32001, "{r}");
+        let m = r["error"]["message"].as_str().unwrap();
+        assert!(m.contains("--deny"), "the rule is named: {m}");
+    }
+    assert!(!text.contains("secret") && !text.contains("hidden-name"), "{text}");
+    assert_eq!(f.read("secret/hidden-name.txt").unwrap(), b"TOPSECRET");
+}
