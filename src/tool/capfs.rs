@@ -148,9 +148,9 @@ impl ProjectNs for CapFiles {
     }
 
     fn list(&mut self, dir: &OwnedFd) -> Result<Vec<(String, Node)>, Refusal> {
-        let mut entries = rustix::fs::Dir::read_from(dir).map_err(errno_refusal)?;
+        let entries = rustix::fs::Dir::read_from(dir).map_err(errno_refusal)?;
         let mut out = Vec::new();
-        while let Some(entry) = entries.next() {
+        for entry in entries {
             let entry = entry.map_err(errno_refusal)?;
             let name = entry.file_name().to_bytes();
             if name == b"." || name == b".." {

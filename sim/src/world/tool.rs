@@ -758,7 +758,9 @@ impl ToolWorld {
                     swaps: &mut self.swaps,
                 };
                 let r = op.run(&mut racing, self.host.gate());
-                for swap in self.swaps[before..].to_vec() {
+                // Copied out: logging borrows the world.
+                let made: Vec<Value> = self.swaps[before..].to_vec();
+                for swap in made {
                     self.log(&json!({ "note": { "race": swap } }));
                 }
                 self.check_files(op)?;
