@@ -16,7 +16,7 @@
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{Effect, EffectResult, FileId, FsErrorKind};
 use airlock_core::policy::{Policy, RootId};
-use airlock_core::resolve::{self, Entry, Final, Namespace, Refusal};
+use airlock_core::resolve::{self, Entry, Final, Namespace, OpenFinal, Refusal};
 use airlock_core::scope::Scope;
 use anyhow::{bail, Context};
 use cap_std::ambient_authority;
@@ -53,7 +53,7 @@ fn io_failure(e: &io::Error) -> EffectResult {
     failed(kind, e.to_string())
 }
 
-fn errno_refusal(e: Errno) -> Refusal {
+pub(crate) fn errno_refusal(e: Errno) -> Refusal {
     match e {
         Errno::NOENT | Errno::NOTDIR => Refusal::NotFound,
         Errno::ACCESS | Errno::PERM | Errno::ISDIR | Errno::NXIO | Errno::ROFS => {
@@ -70,7 +70,6 @@ struct Caps<'a> {
 
 impl Namespace for Caps<'_> {
     type Dir = OwnedFd;
-    type File = File;
 
     fn anchor(&mut self, index: usize) -> Result<OwnedFd, Refusal> {
         let dir = self.dirs.get(index).ok_or_else(|| Refusal::Fs("unknown anchor".into()))?;
@@ -84,23 +83,12 @@ impl Namespace for Caps<'_> {
     }
 
     fn lookup(&mut self, dir: &OwnedFd, name: &OsStr) -> Result<Entry<OwnedFd>, Refusal> {
-        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(dir, name, flags, rustix::fs::Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) => return Ok(Entry::Missing),
-            Err(e) => return Err(errno_refusal(e)),
-        };
-        let stat = rustix::fs::fstat(&fd).map_err(errno_refusal)?;
-        Ok(match FileType::from_raw_mode(stat.st_mode) {
-            FileType::Directory => Entry::Dir(fd),
-            // Read from the link's own descriptor: the link looked at.
-            FileType::Symlink => {
-                let target = rustix::fs::readlinkat(&fd, "", Vec::new()).map_err(errno_refusal)?;
-                Entry::Symlink(PathBuf::from(OsString::from_vec(target.into_bytes())))
-            }
-            _ => Entry::NotDir,
-        })
+        lookup_at(dir, name)
     }
+}
+
+impl OpenFinal for Caps<'_> {
+    type File = File;
 
     fn open_final(
         &mut self,
@@ -134,6 +122,28 @@ impl Namespace for Caps<'_> {
             Err(e) => Err(errno_refusal(e)),
         }
     }
+}
+
+/// What `name` is in `dir`, not following it: a directory as an
+/// `O_PATH` descriptor, a symlink's target read from the link's own
+/// descriptor (the link looked at). The one lookup every walk of host
+/// files makes.
+pub(crate) fn lookup_at(dir: &OwnedFd, name: &OsStr) -> Result<Entry<OwnedFd>, Refusal> {
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match rustix::fs::openat(dir, name, flags, rustix::fs::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(Entry::Missing),
+        Err(e) => return Err(errno_refusal(e)),
+    };
+    let stat = rustix::fs::fstat(&fd).map_err(errno_refusal)?;
+    Ok(match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => Entry::Dir(fd),
+        FileType::Symlink => {
+            let target = rustix::fs::readlinkat(&fd, "", Vec::new()).map_err(errno_refusal)?;
+            Entry::Symlink(PathBuf::from(OsString::from_vec(target.into_bytes())))
+        }
+        _ => Entry::NotDir,
+    })
 }
 
 impl HostFs {

@@ -1771,3 +1771,122 @@ fn list_dir_names_are_relative_to_the_listed_directory() {
     assert_eq!(got[1], json!([13]), "a tool joining the name to the directory reads the file");
     assert_eq!(got[2], json!({"entries": [{"path": "mod.rs", "kind": "file"}]}));
 }
+
+// ------------------------------------------------- check-then-use races
+
+/// A tool that may write `w/` swaps the directory `w/d` for a symlink to
+/// the denied `secret/` or the read-only `ro/` in a tight loop (a forked
+/// process), while it asks for every file operation on paths through
+/// `w/d`. Each answer comes from the walk that checked it: no read, grep,
+/// listing, `exists` or `metadata` shows anything of `secret/`, and
+/// nothing in `ro/` or `secret/` is created, removed or moved.
+#[test]
+fn attack_swapping_a_middle_directory_never_redirects_an_operation() {
+    let f = Fixture::new();
+    f.file("w/d/k.txt", "public");
+    f.file("secret/k.txt", "TOPSECRET-k");
+    f.file("secret/only_secret.txt", "TOPSECRET-o");
+    f.file("secret/victim.txt", "TOPSECRET-v");
+    f.file("secret/mv.txt", "TOPSECRET-m");
+    f.file("ro/k.txt", "rofile");
+    f.file("ro/victim.txt", "rovictim");
+    f.file("ro/mv.txt", "romv");
+    std::os::unix::fs::symlink("../secret", f.root().join("w/d.s")).unwrap();
+    std::os::unix::fs::symlink("../ro", f.root().join("w/d.r")).unwrap();
+    let snapshot = |dir: &str| {
+        let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(f.root().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap()))
+            .collect();
+        v.sort();
+        v
+    };
+    let (secret_before, ro_before) = (snapshot("secret"), snapshot("ro"));
+    let rounds = 400;
+    let out = f.run(
+        &["--allow", ".", "--allow-rw", "w", "--deny", "secret/"],
+        &f.py(&format!(
+            "W = {w:?}\n\
+             stop = os.path.join(NOTES, 'stop')\n\
+             pid = os.fork()\n\
+             if pid == 0:\n\
+             \x20   n = 0\n\
+             \x20   while not os.path.exists(stop):\n\
+             \x20       link = W + ('/d.s' if n % 2 else '/d.r')\n\
+             \x20       for a, b in ((W + '/d', W + '/d.real'), (link, W + '/d'), (W + '/d', link), (W + '/d.real', W + '/d')):\n\
+             \x20           try: os.rename(a, b)\n\
+             \x20           except OSError: pass\n\
+             \x20       n += 1\n\
+             \x20   open(os.path.join(NOTES, 'swaps'), 'w').write(str(n))\n\
+             \x20   os._exit(0)\n\
+             bad, refused, served = [], 0, 0\n\
+             def ask(method, params):\n\
+             \x20   global refused, served\n\
+             \x20   r = call(method, params)\n\
+             \x20   if 'error' in r: refused += 1\n\
+             \x20   else: served += 1\n\
+             \x20   return r\n\
+             for i in range({rounds}):\n\
+             \x20   rs = [ask('fs.read', {{'path': 'w/d/k.txt'}}),\n\
+             \x20         ask('fs.list_dir', {{'path': 'w/d'}}),\n\
+             \x20         ask('fs.grep', {{'pattern': 'TOPSECRET|rofile|public', 'paths': ['w/d', 'w']}})]\n\
+             \x20   for r in rs:\n\
+             \x20       if 'TOPSECRET' in json.dumps(r) or 'only_secret' in json.dumps(r): bad.append(r)\n\
+             \x20   r = ask('fs.exists', {{'path': 'w/d/only_secret.txt'}})\n\
+             \x20   if r.get('result', {{}}).get('exists'): bad.append(r)\n\
+             \x20   r = ask('fs.metadata', {{'path': 'w/d/k.txt'}})\n\
+             \x20   if r.get('result', {{}}).get('size') not in (None, 6, 6): bad.append(r)\n\
+             \x20   ask('fs.write', {{'path': 'w/d/new%d.txt' % i, 'content': 'x'}})\n\
+             \x20   ask('fs.delete', {{'path': 'w/d/victim.txt'}})\n\
+             \x20   ask('fs.rename', {{'from': 'w/d/mv.txt', 'to': 'w/moved%d.txt' % i}})\n\
+             open(stop, 'w').close()\n\
+             os.waitpid(pid, 0)\n\
+             result(json.dumps({{'bad': bad[:3], 'refused': refused, 'served': served}}))",
+            w = f.root().join("w").display().to_string(),
+        )),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout()));
+    assert_eq!(got["bad"], json!([]), "{got}");
+    // The race was run: thousands of requests, some through the link
+    // (refused), some through the directory (served).
+    let (refused, served) = (got["refused"].as_u64().unwrap(), got["served"].as_u64().unwrap());
+    assert_eq!(refused + served, 8 * rounds);
+    assert!(refused > 0 && served > 0, "{got}");
+    let swaps: u64 = std::fs::read_to_string(f.note("swaps")).unwrap().parse().unwrap();
+    assert!(swaps > 100, "{swaps} swaps");
+    assert_eq!(snapshot("secret"), secret_before);
+    assert_eq!(snapshot("ro"), ro_before);
+}
+
+/// A refusal names the path the tool asked for and the rule, never where a
+/// symlink on it leads: the names inside a denied directory stay unknown.
+#[test]
+fn attack_refusals_never_name_a_denied_symlink_target() {
+    let f = Fixture::new();
+    f.file("secret/hidden-name.txt", "TOPSECRET");
+    f.file("pub/a.txt", "a");
+    std::os::unix::fs::symlink("../secret/hidden-name.txt", f.root().join("pub/file-link")).unwrap();
+    std::os::unix::fs::symlink("../secret", f.root().join("pub/dir-link")).unwrap();
+    let out = f.run(
+        &["--allow-rw", ".", "--deny", "secret/"],
+        &f.py("rs = [call('fs.read', {'path': 'pub/file-link'}),\n\
+             \x20     call('fs.write', {'path': 'pub/file-link', 'content': 'x'}),\n\
+             \x20     call('fs.metadata', {'path': 'pub/file-link'}),\n\
+             \x20     call('fs.exists', {'path': 'pub/dir-link/hidden-name.txt'}),\n\
+             \x20     call('fs.read', {'path': 'pub/dir-link/nothing-here.txt'}),\n\
+             \x20     call('fs.list_dir', {'path': 'pub/dir-link'})]\n\
+             result(json.dumps(rs))"),
+    );
+    let text = out.text();
+    let rs: Vec<Value> = serde_json::from_str(&text).unwrap();
+    for (i, r) in rs.iter().enumerate() {
+        assert_eq!(r["error"]["code"], -32001, "{r}");
+        let m = r["error"]["message"].as_str().unwrap();
+        assert!(m.contains("--deny"), "the rule is named: {m}");
+        assert!(!m.contains("secret"), "{m}");
+        // The one request that names the file itself may see it echoed.
+        assert!(i == 3 || !m.contains("hidden-name"), "{m}");
+    }
+    assert_eq!(f.read("secret/hidden-name.txt").unwrap(), b"TOPSECRET");
+}

@@ -142,11 +142,15 @@ impl std::fmt::Display for Refusal {
 /// implementation holds open.
 pub trait Namespace {
     type Dir;
-    type File;
     /// The anchor directory `index` (see [`open`]'s `anchors`).
     fn anchor(&mut self, index: usize) -> Result<Self::Dir, Refusal>;
     /// What `name` is in `dir`, not following it.
     fn lookup(&mut self, dir: &Self::Dir, name: &OsStr) -> Result<Entry<Self::Dir>, Refusal>;
+}
+
+/// Opening the final component of a path as the FS proxy does.
+pub trait OpenFinal: Namespace {
+    type File;
     /// Open `name` in `dir` in `mode`, never following a symlink there
     /// (and never creating through one). `path` is its resolved absolute
     /// path, for the record.
@@ -157,6 +161,59 @@ pub trait Namespace {
         path: &Path,
         mode: Mode,
     ) -> Result<Final<Self::File>, Refusal>;
+}
+
+/// What a [`walk`] does once it holds the directory a path's last name is
+/// in, and how it decides and reports: the FS proxy's open is one
+/// (decided by a [`Scope`]), each of the VFS tool host's file operations
+/// another (decided by its gate). The walk itself, one component at a time
+/// from descriptors already reached, is the same for all of them.
+pub trait Finish<N: Namespace + ?Sized> {
+    type Out;
+    type Err;
+    /// How a failure of the namespace is reported.
+    fn refused(&mut self, r: Refusal) -> Self::Err;
+    /// `path` (canonical) is under no anchor.
+    fn outside(&mut self, path: &[u8]) -> Self::Err;
+    /// The symlink at `link` (canonical) is about to be followed.
+    fn link(&mut self, _link: &[u8]) -> Result<(), Self::Err> {
+        Ok(())
+    }
+    /// The directory `name` in `dir`, on the way to `path` (canonical), is
+    /// missing (`not_dir` false) or not a directory. `Ok(true)`: it was
+    /// made, look again.
+    fn missing(
+        &mut self,
+        _ns: &mut N,
+        _dir: &N::Dir,
+        _name: &OsStr,
+        _path: &[u8],
+        _not_dir: bool,
+    ) -> Result<bool, Self::Err> {
+        Err(self.refused(Refusal::NotFound))
+    }
+    /// `path` (canonical) is anchor `index` itself, and the directory it
+    /// is in is under no anchor.
+    fn anchored(&mut self, _ns: &mut N, _index: usize, path: &[u8]) -> Result<Step<Self::Out>, Self::Err> {
+        Err(self.outside(path))
+    }
+    /// Decide on `path` (canonical, every directory on the way resolved),
+    /// the name `name` in `dir`, and act on it without following it there.
+    fn last(
+        &mut self,
+        ns: &mut N,
+        dir: &N::Dir,
+        name: &OsStr,
+        path: &[u8],
+    ) -> Result<Step<Self::Out>, Self::Err>;
+}
+
+/// What [`Finish::last`] did.
+#[derive(Debug)]
+pub enum Step<T> {
+    Done(T),
+    /// The last name is a symlink to this, to be followed.
+    Follow(PathBuf),
 }
 
 /// The path being walked: absolute, one normal name per component, kept
@@ -262,7 +319,7 @@ fn path_of(b: &[u8]) -> PathBuf {
 /// from the `anchors` (physical absolute paths of directories the
 /// namespace holds, by index) and checking the resolved path against
 /// `scope`. Returns the file and its resolved path.
-pub fn open<N: Namespace>(
+pub fn open<N: OpenFinal>(
     ns: &mut N,
     anchors: &[PathBuf],
     path: &Path,
@@ -275,7 +332,7 @@ pub fn open<N: Namespace>(
 /// [`open`], given each anchor's [`bytes::spelled_count`] (`counts[i]`
 /// for `anchors[i]`; one not given is counted here), for a caller that
 /// opens again and again from the same anchors.
-pub fn open_counted<N: Namespace>(
+pub fn open_counted<N: OpenFinal>(
     ns: &mut N,
     anchors: &[PathBuf],
     counts: &[Option<usize>],
@@ -283,81 +340,169 @@ pub fn open_counted<N: Namespace>(
     mode: Mode,
     scope: &Scope,
 ) -> Result<(N::File, PathBuf), Refusal> {
-    debug_assert!(counts.iter().zip(anchors).all(|(c, a)| *c == bytes::spelled_count(bytes::bytes(a))));
-    let mut parts = Walked::of(path);
-    let mut hops = 0;
-    // The first symlink followed: what a refusal names.
-    let mut via: Option<Via> = None;
+    walk(ns, anchors, counts, path, &mut ProxyOpen { scope, mode, via: None })
+}
+
+/// The FS proxy's open as a [`Finish`].
+struct ProxyOpen<'s> {
+    scope: &'s Scope,
+    mode: Mode,
+    /// The first symlink followed: what a refusal names.
+    via: Option<Via>,
+}
+
+impl ProxyOpen<'_> {
     // Every path the walk builds is spelled canonically: a root and
     // normal names.
-    let rule_for = |p: &[u8]| scope.rule_for_spelled(p, true);
-    let note = |link: PathBuf, via: &mut Option<Via>| {
-        if via.is_none() {
-            let root = rule_for(bytes::bytes(&link)).filter(|r| r.access.is_some()).map(|r| r.path.clone());
-            *via = Some(Via { link, root });
+    fn rule_for(&self, p: &[u8]) -> Option<&Rule> {
+        self.scope.rule_for_spelled(p, true)
+    }
+}
+
+impl<N: OpenFinal> Finish<N> for ProxyOpen<'_> {
+    type Out = N::File;
+    type Err = Refusal;
+
+    fn refused(&mut self, r: Refusal) -> Refusal {
+        r
+    }
+
+    fn outside(&mut self, path: &[u8]) -> Refusal {
+        outside(self.rule_for(path), path_of(path), self.via.clone())
+    }
+
+    fn anchored(&mut self, _ns: &mut N, _index: usize, path: &[u8]) -> Result<Step<N::File>, Refusal> {
+        // A directory root itself: no anchor holds the directory it is
+        // in, yet the scope reaches it. It is a directory, not a file out
+        // of reach.
+        let rule = self.rule_for(path);
+        if rule.is_some_and(|r| r.access.is_some()) {
+            return Err(Refusal::Denied("is a directory, not a regular file".into()));
         }
+        Err(outside(rule, path_of(path), self.via.clone()))
+    }
+
+    fn link(&mut self, link: &[u8]) -> Result<(), Refusal> {
+        if self.via.is_none() {
+            let root = self.rule_for(link).filter(|r| r.access.is_some()).map(|r| r.path.clone());
+            self.via = Some(Via { link: path_of(link), root });
+        }
+        Ok(())
+    }
+
+    fn last(
+        &mut self,
+        ns: &mut N,
+        dir: &N::Dir,
+        name: &OsStr,
+        path: &[u8],
+    ) -> Result<Step<N::File>, Refusal> {
+        let full = path_of(path);
+        // One rule decides both the read and the write question.
+        let rule = self.rule_for(path);
+        match rule.and_then(|r| r.access) {
+            None => return Err(outside(rule, full, self.via.clone())),
+            Some(Access::ReadOnly) if self.mode.writable() => {
+                let root = rule.map_or_else(|| full.clone(), |r| r.path.clone());
+                return Err(Refusal::ReadOnly { path: full, root, via: self.via.clone() });
+            }
+            Some(_) => {}
+        }
+        Ok(match ns.open_final(dir, name, &full, self.mode)? {
+            Final::File(f) => Step::Done(f),
+            Final::Symlink(target) => Step::Follow(target),
+        })
+    }
+}
+
+/// Resolve `path` (absolute, lexically normal) from the `anchors`, one
+/// component at a time from the descriptors of the directories already
+/// reached, and hand its last name to `fin` in the directory it is in.
+/// Symlinks on the way (and the last one when `fin` follows it) rewrite
+/// the path, which is walked again from its deepest anchor. Returns what
+/// `fin` made and the path it was made at (canonical).
+pub fn walk<N: Namespace, F: Finish<N>>(
+    ns: &mut N,
+    anchors: &[PathBuf],
+    counts: &[Option<usize>],
+    path: &Path,
+    fin: &mut F,
+) -> Result<(F::Out, PathBuf), F::Err> {
+    debug_assert!(counts.iter().zip(anchors).all(|(c, a)| *c == bytes::spelled_count(bytes::bytes(a))));
+    let mut parts = Walked::of(path);
+    // Symlinks followed, and directories made and then gone again: both
+    // bounded, so neither a loop nor a racing peer keeps the walk going.
+    let mut hops = 0;
+    let count = |i: usize, a: &PathBuf| {
+        counts.get(i).copied().unwrap_or_else(|| bytes::spelled_count(bytes::bytes(a)))
     };
     'walk: loop {
         let Some(parent) = parts.len().checked_sub(1) else {
-            return Err(Refusal::Denied("not a regular file".into()));
+            return Err(fin.refused(Refusal::Denied("not a regular file".into())));
         };
         let parent_path = parts.prefix(parent);
         // The deepest anchor containing the directory the file is in.
-        let count = |i: usize, a: &PathBuf| {
-            counts.get(i).copied().unwrap_or_else(|| bytes::spelled_count(bytes::bytes(a)))
-        };
         let counted = anchors.iter().enumerate().map(|(i, a)| (a, count(i, a)));
         // The depth found is the anchor's number of components.
         let Some((index, _, depth)) = bytes::deepest_spelled(parent_path, true, counted, PathBuf::as_path)
         else {
-            let rule = rule_for(&parts.buf);
-            // A directory root itself: no anchor holds the directory it is
-            // in, yet the scope reaches it. It is a directory, not a file
-            // out of reach.
-            if rule.is_some_and(|r| r.access.is_some())
-                && anchors.iter().any(|a| Walked::of(a).buf == parts.buf)
-            {
-                return Err(Refusal::Denied("is a directory, not a regular file".into()));
+            // The path may be an anchor itself.
+            let counted = anchors.iter().enumerate().map(|(i, a)| (a, count(i, a)));
+            let step = match bytes::deepest_spelled(&parts.buf, true, counted, PathBuf::as_path) {
+                Some((index, _, depth)) if depth == parts.len() + 1 => fin.anchored(ns, index, &parts.buf)?,
+                _ => return Err(fin.outside(&parts.buf)),
+            };
+            match step {
+                Step::Done(out) => return Ok((out, path_of(&parts.buf))),
+                Step::Follow(target) => {
+                    hops += 1;
+                    if hops > MAX_SYMLINK_HOPS {
+                        return Err(fin.refused(Refusal::TooManyLinks));
+                    }
+                    fin.link(&parts.buf)?;
+                    parts = parts.rewrite(parent, &target, parts.len());
+                    continue 'walk;
+                }
             }
-            return Err(outside(rule, path_of(&parts.buf), via));
         };
         let depth = depth - 1;
-        let mut dir = ns.anchor(index)?;
-        for i in depth..parent {
-            match ns.lookup(&dir, bytes::os(parts.name(i)))? {
+        let mut dir = ns.anchor(index).map_err(|e| fin.refused(e))?;
+        let mut i = depth;
+        while i < parent {
+            let name = bytes::os(parts.name(i));
+            match ns.lookup(&dir, name).map_err(|e| fin.refused(e))? {
                 Entry::Dir(d) => dir = d,
                 Entry::Symlink(target) => {
                     hops += 1;
                     if hops > MAX_SYMLINK_HOPS {
-                        return Err(Refusal::TooManyLinks);
+                        return Err(fin.refused(Refusal::TooManyLinks));
                     }
-                    note(path_of(parts.prefix(i + 1)), &mut via);
+                    fin.link(parts.prefix(i + 1))?;
                     parts = parts.rewrite(i, &target, i + 1);
                     continue 'walk;
                 }
-                Entry::NotDir => return Err(Refusal::NotFound),
-                Entry::Missing => return Err(Refusal::NotFound),
+                e @ (Entry::NotDir | Entry::Missing) => {
+                    if !fin.missing(ns, &dir, name, &parts.buf, matches!(e, Entry::NotDir))? {
+                        return Err(fin.refused(Refusal::NotFound));
+                    }
+                    hops += 1;
+                    if hops > MAX_SYMLINK_HOPS {
+                        return Err(fin.refused(Refusal::TooManyLinks));
+                    }
+                    // Made: look at it again (it may have been swapped).
+                    continue;
+                }
             }
+            i += 1;
         }
-        let full = path_of(&parts.buf);
-        // One rule decides both the read and the write question.
-        let rule = rule_for(&parts.buf);
-        match rule.and_then(|r| r.access) {
-            None => return Err(outside(rule, full, via)),
-            Some(Access::ReadOnly) if mode.writable() => {
-                let root = rule.map_or_else(|| full.clone(), |r| r.path.clone());
-                return Err(Refusal::ReadOnly { path: full, root, via });
-            }
-            Some(_) => {}
-        }
-        match ns.open_final(&dir, bytes::os(parts.name(parent)), &full, mode)? {
-            Final::File(f) => return Ok((f, full)),
-            Final::Symlink(target) => {
+        match fin.last(ns, &dir, bytes::os(parts.name(parent)), &parts.buf)? {
+            Step::Done(out) => return Ok((out, path_of(&parts.buf))),
+            Step::Follow(target) => {
                 hops += 1;
                 if hops > MAX_SYMLINK_HOPS {
-                    return Err(Refusal::TooManyLinks);
+                    return Err(fin.refused(Refusal::TooManyLinks));
                 }
-                note(full, &mut via);
+                fin.link(&parts.buf)?;
                 parts = parts.rewrite(parent, &target, parts.len());
             }
         }
@@ -391,7 +536,6 @@ mod tests {
 
     impl Namespace for Mem {
         type Dir = PathBuf;
-        type File = PathBuf;
         fn anchor(&mut self, index: usize) -> Result<PathBuf, Refusal> {
             Ok(self.anchors[index].clone())
         }
@@ -404,6 +548,11 @@ mod tests {
                 None => Entry::Missing,
             })
         }
+    }
+
+    impl OpenFinal for Mem {
+        type File = PathBuf;
+
         fn open_final(
             &mut self,
             dir: &PathBuf,

@@ -6,7 +6,7 @@
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{EffectResult, FileId};
 use airlock_core::policy::bytes;
-use airlock_core::resolve::{self, Entry, Final, Namespace, Refusal};
+use airlock_core::resolve::{self, Entry, Final, Namespace, OpenFinal, Refusal};
 use airlock_core::scope::Scope;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,8 +85,6 @@ fn join_key(dir: &[u8], canonical: bool, name: &OsStr) -> (Vec<u8>, bool) {
 
 impl<'a> Namespace for Walk<'a> {
     type Dir = (Cow<'a, [u8]>, bool);
-    /// The file's path, and its key in `files`.
-    type File = (PathBuf, Vec<u8>);
 
     fn anchor(&mut self, index: usize) -> Result<(Cow<'a, [u8]>, bool), Refusal> {
         let canonical = self.counts.get(index).is_some_and(Option::is_some);
@@ -114,6 +112,11 @@ impl<'a> Namespace for Walk<'a> {
             Entry::Missing
         })
     }
+}
+
+impl<'a> OpenFinal for Walk<'a> {
+    /// The file's path, and its key in `files`.
+    type File = (PathBuf, Vec<u8>);
 
     fn open_final(
         &mut self,

@@ -129,7 +129,7 @@ fn planted_stdout_end_ignored_is_found() {
 fn tool_worlds_reach_every_outcome() {
     let mut statuses = std::collections::BTreeSet::new();
     let (mut cancels, mut refusals, mut timeouts) = (0, 0, 0);
-    for seed in 0..150 {
+    for seed in 0..300 {
         let (_, trace) = record_trace(seed, &opts(seed..seed + 1, 1));
         let text = String::from_utf8(trace).unwrap();
         for line in text.lines() {
@@ -159,4 +159,40 @@ fn tool_regression_seeds_pass() {
         let r = run_seed(seed, &opts(seed..seed + 1, 1));
         assert!(r.passed(), "{}", r.swarm_description());
     }
+}
+
+/// A file operation that decides on the path it resolved and then reaches
+/// it again by that path, rather than in the directory it checked, is
+/// found by the attacker that swaps a directory for a symlink mid-operation
+/// (within 1,000 seeds), and its shrunk trace replays and fails again.
+#[test]
+fn planted_reopen_by_path_is_found_and_its_trace_replays() {
+    let bug = PlantedBug::ToolReopenByPath;
+    let dir = std::env::temp_dir().join(format!("airlock-tool-reopen-{}", std::process::id()));
+    let mut o = opts(0..1, 1);
+    o.trace_dir = Some(dir.clone());
+    let res = (0..1000)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 1000 seeds"));
+    let failure = res.failure.clone().unwrap();
+    assert_eq!(failure.invariant, "policy", "{bug:?}: {}", res.swarm_description());
+    assert!(res.shrunk.is_some(), "the failing run is shrunk");
+    assert!(
+        run_seed(res.seed, &opts(res.seed..res.seed + 1, 1)).passed(),
+        "seed {} fails without the bug",
+        res.seed
+    );
+    let path = res.trace.clone().expect("the failing seed's trace is written");
+    let report = replay(std::io::BufReader::new(std::fs::File::open(&path).unwrap()))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(report.header.config.planted_bug, Some(bug));
+    let again = rerun_vfs(&report.header).unwrap();
+    assert_eq!(again.failure.map(|f| f.invariant), Some("policy".to_string()));
+    // `AIRLOCK_PLANTED_TRACE_DIR=$PWD/traces/planted` refreshes the kept copy.
+    if let Some(keep) = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR") {
+        let name = format!("{bug:?}-seed-{}-tool.jsonl", res.seed);
+        std::fs::copy(&path, std::path::PathBuf::from(keep).join(name)).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

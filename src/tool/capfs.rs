@@ -1,25 +1,38 @@
-//! The real [`ProjectFiles`]: the project directory opened once with
-//! cap-std, every operation relative to that handle, so no path (a `..`,
-//! an absolute symlink, a link swapped in by the tool mid-walk) can reach
-//! outside it. Policy is the core's: each method resolves symlinks with
-//! [`files::resolve`] over this directory and acts only on the resolved
-//! path the core's [`Gate`] allowed, never following a symlink at its last
-//! component (`O_NOFOLLOW`), and opening files non-blocking so a FIFO
-//! planted in the project cannot hang the host.
+//! The real [`ProjectFiles`]: the project directory opened once, every
+//! operation the core's one walk ([`walk`]) from that descriptor: each
+//! component looked up with `openat(O_PATH|O_NOFOLLOW)` in the directory
+//! already reached (the FS proxy's lookup, [`crate::hostfs`]), the last
+//! name decided on by the core's gate and then opened, listed, created,
+//! removed or renamed relative to the descriptor of its checked directory,
+//! never following a symlink there (`O_NOFOLLOW`, `unlinkat`,
+//! `renameat2(RENAME_NOREPLACE)`), files opened non-blocking so a FIFO
+//! planted in the project cannot hang the host. A tool swapping a
+//! directory for a symlink between the decision and the effect meets a
+//! descriptor that no longer has that name, or a symlink the open refuses:
+//! the request fails, and nothing outside the policy is touched.
 //!
 //! Semantics match the core's in-memory backend (property-tested in
-//! `tests/tool_backends.rs`). `fs.grep` walks with cap-std (depth-first,
-//! names in byte order) and searches each file with grep-searcher.
+//! `tests/tool_backends.rs`). `fs.grep` searches each file with
+//! grep-searcher.
 
-use airlock_core::vfs::files::{self, Lookup, Node};
+use airlock_core::resolve::{Entry, Namespace, Refusal};
+use airlock_core::vfs::files::Node;
+use airlock_core::vfs::walk::{self, Opened, ProjectNs};
 use airlock_core::vfs::{
-    DirEntry, EntryKind, Gate, GrepFile, GrepLine, GrepQuery, GrepResult, Metadata, OpError, ProjectFiles,
-    ProjectPath,
+    DirEntry, Gate, GrepFile, GrepLine, GrepQuery, GrepResult, Metadata, OpError, ProjectFiles, ProjectPath,
 };
-use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
+use cap_std::fs::Dir;
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
+use rustix::fs::{AtFlags, FileType, OFlags, RenameFlags};
+use rustix::io::Errno;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
+
+use crate::hostfs::{errno_refusal, lookup_at};
 
 pub struct CapFiles {
     root: Dir,
@@ -37,139 +50,157 @@ impl CapFiles {
     }
 }
 
-/// `.` for the root: cap-std wants a relative path, never an empty one.
-fn rel(p: &ProjectPath) -> PathBuf {
-    if p.is_root() {
-        PathBuf::from(".")
-    } else {
-        p.to_path()
+const NO_MODE: rustix::fs::Mode = rustix::fs::Mode::empty();
+/// Every file open: never through a symlink, never blocking (a FIFO),
+/// never a controlling terminal.
+const FILE_FLAGS: OFlags =
+    OFlags::NOFOLLOW.union(OFlags::NONBLOCK).union(OFlags::NOCTTY).union(OFlags::CLOEXEC);
+
+fn target_of(fd: &OwnedFd) -> Result<PathBuf, Refusal> {
+    let target = rustix::fs::readlinkat(fd, "", Vec::new()).map_err(errno_refusal)?;
+    Ok(PathBuf::from(OsString::from_vec(target.into_bytes())))
+}
+
+fn node_of_stat(stat: &rustix::fs::Stat) -> Node {
+    match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => Node::Dir,
+        FileType::RegularFile => Node::File { size: stat.st_size as u64 },
+        FileType::Symlink => Node::Symlink(PathBuf::new()),
+        _ => Node::Other,
     }
 }
 
-fn io_err(what: &ProjectPath, e: io::Error) -> OpError {
-    match e.kind() {
-        io::ErrorKind::NotFound => OpError::not_found(format!("{what} does not exist")),
-        io::ErrorKind::AlreadyExists => OpError::exists(format!("{what} already exists")),
-        // cap-std refuses a path leading out of the root this way.
-        io::ErrorKind::PermissionDenied => OpError::denied(format!("path {what} denied: {e}")),
-        _ => OpError::io(format!("{what}: {e}")),
+impl Namespace for CapFiles {
+    type Dir = OwnedFd;
+
+    fn anchor(&mut self, index: usize) -> Result<OwnedFd, Refusal> {
+        if index != 0 {
+            return Err(Refusal::Fs("unknown anchor".into()));
+        }
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        rustix::fs::openat(self.root.as_fd(), ".", flags, NO_MODE).map_err(errno_refusal)
+    }
+
+    fn lookup(&mut self, dir: &OwnedFd, name: &OsStr) -> Result<Entry<OwnedFd>, Refusal> {
+        lookup_at(dir, name)
     }
 }
 
-fn node_of(root: &Dir, p: &ProjectPath) -> Result<Node, OpError> {
-    match root.symlink_metadata(rel(p)) {
-        Ok(m) => {
-            let ft = m.file_type();
-            Ok(if ft.is_symlink() {
-                let target = root.read_link_contents(rel(p)).map_err(|e| io_err(p, e))?;
-                Node::Symlink(target)
-            } else if ft.is_dir() {
-                Node::Dir
-            } else if ft.is_file() {
-                Node::File { size: m.len() }
-            } else {
-                Node::Other
-            })
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Node::Missing),
-        // A file where a directory was expected on the way.
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(Node::Missing),
-        Err(e) => Err(io_err(p, e)),
+impl ProjectNs for CapFiles {
+    fn stat(&mut self, dir: &OwnedFd, name: &OsStr) -> Result<Node, Refusal> {
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(dir, name, flags, NO_MODE) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(Node::Missing),
+            Err(e) => return Err(errno_refusal(e)),
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(errno_refusal)?;
+        Ok(match node_of_stat(&stat) {
+            Node::Symlink(_) => Node::Symlink(target_of(&fd)?),
+            node => node,
+        })
     }
-}
 
-impl Lookup for CapFiles {
-    fn lookup(&mut self, path: &ProjectPath) -> Result<Node, OpError> {
-        node_of(&self.root, path)
-    }
-}
-
-impl CapFiles {
-    /// A regular file's content, at most `max` bytes, opened without
-    /// following a last-component symlink and without blocking on a FIFO.
-    fn read_regular(&self, p: &ProjectPath, shown: &ProjectPath, max: usize) -> Result<Vec<u8>, OpError> {
-        let mut opts = OpenOptions::new();
-        opts.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-        let mut f = self.root.open_with(rel(p), &opts).map_err(|e| io_err(shown, e))?;
-        let meta = f.metadata().map_err(|e| io_err(shown, e))?;
-        if meta.is_dir() {
-            return Err(OpError::invalid(format!("{shown} is a directory")));
+    fn read(&mut self, dir: &OwnedFd, name: &OsStr, max: usize) -> Result<Opened<Vec<u8>>, Refusal> {
+        let fd = match rustix::fs::openat(dir, name, OFlags::RDONLY | FILE_FLAGS, NO_MODE) {
+            Ok(fd) => fd,
+            Err(Errno::LOOP) => return Ok(Opened::Changed),
+            Err(e) => return Err(errno_refusal(e)),
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(errno_refusal)?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            return Ok(Opened::Changed);
         }
-        if !meta.is_file() {
-            return Err(OpError::invalid(format!("{shown} is not a regular file")));
+        if stat.st_size as u64 > max as u64 {
+            return Ok(Opened::TooLarge(stat.st_size as u64));
         }
-        if meta.len() > max as u64 {
-            return Err(OpError::too_large(&format!("file {shown} ({} bytes)", meta.len()), max));
-        }
-        let mut buf = Vec::with_capacity(meta.len() as usize);
+        let mut buf = Vec::with_capacity(stat.st_size as usize);
         // The file may grow while read: never past the limit.
-        (&mut f).take(max as u64 + 1).read_to_end(&mut buf).map_err(|e| io_err(shown, e))?;
+        File::from(fd).take(max as u64 + 1).read_to_end(&mut buf).map_err(|e| Refusal::Fs(e.to_string()))?;
         if buf.len() > max {
-            return Err(OpError::too_large(&format!("file {shown}"), max));
+            return Ok(Opened::TooLarge(buf.len() as u64));
         }
-        Ok(buf)
+        Ok(Opened::Done(buf))
     }
 
-    fn create_parents(&self, p: &ProjectPath) -> Result<(), OpError> {
-        let Some(parent) = p.parent() else { return Ok(()) };
-        if parent.is_root() {
-            return Ok(());
+    fn write(&mut self, dir: &OwnedFd, name: &OsStr, content: &[u8]) -> Result<Opened<()>, Refusal> {
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | FILE_FLAGS;
+        let fd = match rustix::fs::openat(dir, name, flags, rustix::fs::Mode::from_raw_mode(0o666)) {
+            Ok(fd) => fd,
+            Err(Errno::LOOP | Errno::ISDIR | Errno::NXIO) => return Ok(Opened::Changed),
+            Err(e) => return Err(errno_refusal(e)),
+        };
+        let stat = rustix::fs::fstat(&fd).map_err(errno_refusal)?;
+        if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+            return Ok(Opened::Changed);
         }
-        let mut dir = ProjectPath::ROOT;
-        for part in parent.parts() {
-            dir = dir.join(part);
-            match node_of(&self.root, &dir)? {
-                Node::Dir => {}
-                Node::Missing => match self.root.create_dir(rel(&dir)) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    Err(e) => return Err(io_err(&dir, e)),
-                },
-                _ => return Err(OpError::exists(format!("{dir} exists and is not a directory"))),
-            }
-        }
-        Ok(())
+        File::from(fd).write_all(content).map_err(|e| Refusal::Fs(e.to_string()))?;
+        Ok(Opened::Done(()))
     }
 
-    fn grep_walk(
-        &self,
-        gate: &Gate,
-        q: &GrepQuery,
-        matcher: &grep_regex::RegexMatcher,
-        path: &ProjectPath,
-        out: &mut GrepResult,
-    ) -> Result<bool, OpError> {
-        match node_of(&self.root, path)? {
-            Node::File { size } => {
-                if !q.wants(path) || size > gate.max_file() as u64 || gate.check(path, false, false).is_err()
-                {
-                    return Ok(true);
-                }
-                let content = match self.read_regular(path, path, gate.max_file()) {
-                    Ok(c) => c,
-                    // Gone or swapped since the walk saw it: skipped like a link.
-                    Err(_) => return Ok(true),
-                };
-                // Searched scrubbed: a match must not answer for a secret.
-                Ok(grep_content(matcher, path, &gate.scrubber().bytes(&content), q, gate.max_file(), out))
+    fn open_dir(&mut self, dir: &OwnedFd, name: &OsStr) -> Result<Opened<OwnedFd>, Refusal> {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(dir, name, flags, NO_MODE) {
+            Ok(fd) => Ok(Opened::Done(fd)),
+            Err(Errno::LOOP | Errno::NOTDIR) => Ok(Opened::Changed),
+            Err(e) => Err(errno_refusal(e)),
+        }
+    }
+
+    fn list(&mut self, dir: &OwnedFd) -> Result<Vec<(String, Node)>, Refusal> {
+        let entries = rustix::fs::Dir::read_from(dir).map_err(errno_refusal)?;
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(errno_refusal)?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
             }
-            Node::Dir => {
-                if gate.check(path, false, true).is_err() {
-                    return Ok(true);
-                }
-                let mut names: Vec<String> = match self.root.read_dir(rel(path)) {
-                    Ok(rd) => rd.flatten().filter_map(|e| e.file_name().into_string().ok()).collect(),
-                    Err(_) => return Ok(true),
-                };
-                names.sort();
-                for name in names {
-                    if !self.grep_walk(gate, q, matcher, &path.join(&name), out)? {
-                        return Ok(false);
+            // Names the protocol cannot carry (not UTF-8) are left out.
+            let Ok(text) = std::str::from_utf8(name) else { continue };
+            let node = match entry.file_type() {
+                FileType::Directory => Node::Dir,
+                FileType::RegularFile => Node::File { size: 0 },
+                FileType::Symlink => Node::Symlink(PathBuf::new()),
+                FileType::Unknown => {
+                    match rustix::fs::statat(dir, entry.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(st) => node_of_stat(&st),
+                        Err(_) => continue,
                     }
                 }
-                Ok(true)
-            }
-            _ => Ok(true),
+                _ => Node::Other,
+            };
+            out.push((text.to_string(), node));
+        }
+        Ok(out)
+    }
+
+    fn mkdir(&mut self, dir: &OwnedFd, name: &OsStr) -> Result<(), Refusal> {
+        match rustix::fs::mkdirat(dir, name, rustix::fs::Mode::from_raw_mode(0o777)) {
+            Ok(()) | Err(Errno::EXIST) => Ok(()),
+            Err(e) => Err(errno_refusal(e)),
+        }
+    }
+
+    fn unlink(&mut self, dir: &OwnedFd, name: &OsStr) -> Result<Opened<()>, Refusal> {
+        match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+            Ok(()) => Ok(Opened::Done(())),
+            Err(Errno::ISDIR) => Ok(Opened::Changed),
+            Err(e) => Err(errno_refusal(e)),
+        }
+    }
+
+    fn rename(
+        &mut self,
+        from_dir: &OwnedFd,
+        from: &OsStr,
+        to_dir: &OwnedFd,
+        to: &OsStr,
+    ) -> Result<Opened<bool>, Refusal> {
+        match rustix::fs::renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
+            Ok(()) => Ok(Opened::Done(true)),
+            Err(Errno::EXIST) => Ok(Opened::Done(false)),
+            Err(e) => Err(errno_refusal(e)),
         }
     }
 }
@@ -266,128 +297,38 @@ fn matcher(q: &GrepQuery) -> Result<grep_regex::RegexMatcher, OpError> {
 
 impl ProjectFiles for CapFiles {
     fn read(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<u8>, OpError> {
-        let r = files::resolve(self, gate, path, true, false)?;
-        match r.node {
-            Node::Missing => Err(OpError::not_found(format!("{path} does not exist"))),
-            Node::Dir => Err(OpError::invalid(format!("{path} is a directory"))),
-            Node::File { size } if size > gate.max_file() as u64 => {
-                Err(OpError::too_large(&format!("file {path} ({size} bytes)"), gate.max_file()))
-            }
-            Node::File { .. } => self.read_regular(&r.path, path, gate.max_file()),
-            _ => Err(OpError::invalid(format!("{path} is not a regular file"))),
-        }
+        walk::read(self, gate, path)
     }
 
     fn write(&mut self, gate: &Gate, path: &ProjectPath, content: &[u8]) -> Result<(), OpError> {
-        gate.check_write_size(path, content.len())?;
-        let r = files::resolve(self, gate, path, true, true)?;
-        match r.node {
-            Node::Dir => return Err(OpError::exists(format!("{path} is a directory"))),
-            Node::Other => return Err(OpError::invalid(format!("{path} is not a regular file"))),
-            _ => {}
-        }
-        if r.path.is_root() {
-            return Err(OpError::exists("the project root is a directory"));
-        }
-        self.create_parents(&r.path)?;
-        let mut opts = OpenOptions::new();
-        opts.write(true).create(true).truncate(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK);
-        let mut f = self.root.open_with(rel(&r.path), &opts).map_err(|e| io_err(path, e))?;
-        f.write_all(content).map_err(|e| io_err(path, e))?;
-        Ok(())
+        walk::write(self, gate, path, content)
     }
 
     fn exists(&mut self, gate: &Gate, path: &ProjectPath) -> Result<bool, OpError> {
-        let r = files::resolve(self, gate, path, true, false)?;
-        Ok(r.node != Node::Missing)
+        walk::exists(self, gate, path)
     }
 
     fn metadata(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Metadata, OpError> {
-        let r = files::resolve(self, gate, path, true, false)?;
-        match r.node {
-            Node::Missing => Err(OpError::not_found(format!("{path} does not exist"))),
-            Node::File { size } => Ok(Metadata { kind: EntryKind::File, size }),
-            Node::Dir => Ok(Metadata { kind: EntryKind::Dir, size: 0 }),
-            _ => Ok(Metadata { kind: EntryKind::Other, size: 0 }),
-        }
+        walk::metadata(self, gate, path)
     }
 
     fn list_dir(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<DirEntry>, OpError> {
-        let r = files::resolve(self, gate, path, true, false)?;
-        match r.node {
-            Node::Dir => {}
-            Node::Missing => return Err(OpError::not_found(format!("{path} does not exist"))),
-            _ => return Err(OpError::invalid(format!("{path} is not a directory"))),
-        }
-        let rd = self.root.read_dir(rel(&r.path)).map_err(|e| io_err(path, e))?;
-        let mut children = Vec::new();
-        for entry in rd.flatten() {
-            // Names the protocol cannot carry (not UTF-8) are left out.
-            let Ok(name) = entry.file_name().into_string() else { continue };
-            let Ok(ft) = entry.file_type() else { continue };
-            let node = if ft.is_symlink() {
-                Node::Symlink(PathBuf::new())
-            } else if ft.is_dir() {
-                Node::Dir
-            } else if ft.is_file() {
-                Node::File { size: 0 }
-            } else {
-                Node::Other
-            };
-            children.push((name, node));
-        }
-        Ok(files::listing(gate, path, &r.path, children))
+        walk::list_dir(self, gate, path)
     }
 
     fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {
-        let r = files::resolve(self, gate, path, false, true)?;
-        match r.node {
-            Node::Missing => Err(OpError::not_found(format!("{path} does not exist"))),
-            Node::Dir => {
-                Err(OpError::invalid(format!("{path} is a directory: fs.delete removes files only")))
-            }
-            _ => self.root.remove_file(rel(&r.path)).map_err(|e| io_err(path, e)),
-        }
+        walk::delete(self, gate, path)
     }
 
     fn rename(&mut self, gate: &Gate, from: &ProjectPath, to: &ProjectPath) -> Result<(), OpError> {
-        let f = files::resolve(self, gate, from, false, true)?;
-        match f.node {
-            Node::Missing => return Err(OpError::not_found(format!("{from} does not exist"))),
-            Node::Dir => {
-                return Err(OpError::invalid(format!("{from} is a directory: fs.rename moves files only")))
-            }
-            _ => {}
-        }
-        let t = files::resolve(self, gate, to, false, true)?;
-        if t.node != Node::Missing {
-            return Err(OpError::exists(format!("{to} already exists")));
-        }
-        if t.path.is_root() {
-            return Err(OpError::exists("the project root exists"));
-        }
-        self.create_parents(&t.path)?;
-        self.root.rename(rel(&f.path), &self.root, rel(&t.path)).map_err(|e| io_err(from, e))
+        walk::rename(self, gate, from, to)
     }
 
     fn grep(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError> {
         let matcher = matcher(q)?;
-        let mut out = GrepResult::default();
-        for p in &q.paths {
-            // A given symlink is skipped like any link met on the way.
-            // (A path through a symlinked directory is not a link itself:
-            // the walk below resolves it.)
-            if let Ok(Node::Symlink(_)) = node_of(&self.root, p) {
-                continue;
-            }
-            let r = files::resolve(self, gate, p, false, false)?;
-            if r.node == Node::Missing {
-                return Err(OpError::not_found(format!("{p} does not exist")));
-            }
-            if !self.grep_walk(gate, q, &matcher, &r.path, &mut out)? {
-                break;
-            }
-        }
-        Ok(out)
+        let max = gate.max_file();
+        walk::grep(self, gate, q, &mut |path, content, out| {
+            grep_content(&matcher, path, content, q, max, out)
+        })
     }
 }

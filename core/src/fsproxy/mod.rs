@@ -213,6 +213,10 @@ pub enum PlantedBug {
     /// VFS host: the end of the tool's stdout never begins the finish, so
     /// a tool that closed both pipes runs on until its silence times out.
     ToolStdoutEndIgnored,
+    /// VFS host: a file operation decides on the path it resolved, then
+    /// reaches it again by that path from the project root, following
+    /// whatever symlinks are there by then.
+    ToolReopenByPath,
 }
 
 impl PlantedBug {

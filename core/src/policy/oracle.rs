@@ -7,7 +7,7 @@
 use super::bytes;
 use super::{Access, Denied, Policy, Resolved, Root, RootId};
 use crate::fsproxy::wire::Mode;
-use crate::resolve::{self, Entry, Final, Namespace, Refusal, Via, MAX_SYMLINK_HOPS};
+use crate::resolve::{self, Entry, Final, Namespace, OpenFinal, Refusal, Via, MAX_SYMLINK_HOPS};
 use crate::scope::{Rule, Scope};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -142,7 +142,7 @@ fn old_outside(scope: &Scope, path: PathBuf, via: Option<Via>) -> Refusal {
     Refusal::Outside { path, denied_by, via }
 }
 
-fn old_open<N: Namespace>(
+fn old_open<N: OpenFinal>(
     ns: &mut N,
     anchors: &[PathBuf],
     path: &Path,
@@ -253,7 +253,6 @@ enum Node {
 
 impl Namespace for Mem {
     type Dir = PathBuf;
-    type File = PathBuf;
     fn anchor(&mut self, index: usize) -> Result<PathBuf, Refusal> {
         self.calls.push(format!("anchor {index}"));
         self.anchors.get(index).cloned().ok_or_else(|| Refusal::Fs("unknown anchor".into()))
@@ -268,6 +267,11 @@ impl Namespace for Mem {
             None => Entry::Missing,
         })
     }
+}
+
+impl OpenFinal for Mem {
+    type File = PathBuf;
+
     fn open_final(
         &mut self,
         dir: &PathBuf,

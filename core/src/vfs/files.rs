@@ -7,11 +7,9 @@
 //! writes, lists or deletes anything it must resolve the path's symlinks
 //! and ask [`Gate::check`] about the path it resolved to: a symlink
 //! resolving outside the project, outside every root, to a `.env` file or
-//! to a `--deny`ed path is refused there, by the core. [`resolve`] is that
-//! walk over any [`Lookup`] (a "what is this name, not following it"
-//! query), shared by both backends so they resolve identically; a backend
-//! then acts on the resolved path without following a symlink at its last
-//! component.
+//! to a `--deny`ed path is refused there, by the core. Both backends do it
+//! with [`super::walk`], the one walk that resolves, decides and acts in
+//! the directory it checked, so they resolve identically.
 //!
 //! Shared semantics (the in-memory backend is the reference the cap-std
 //! one is property-tested against):
@@ -30,13 +28,12 @@
 
 use super::effect::OpError;
 use super::scrub::Scrubber;
-use crate::codec::jsonrpc::ErrorCode;
 use crate::scope::Scope;
 use ignore::gitignore::Gitignore;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 /// A project-relative path with only normal components, UTF-8 (the tool
 /// sends JSON strings). Empty: the project root (`.`).
@@ -147,6 +144,8 @@ pub struct Gate {
     /// Content is scrubbed before a backend searches it (`fs.grep`), so a
     /// match cannot answer questions about a secret.
     scrubber: Scrubber,
+    /// `PlantedBug::ToolReopenByPath`.
+    reopen_by_path: bool,
 }
 
 impl Gate {
@@ -166,6 +165,7 @@ impl Gate {
             max_grep_lines: super::DEFAULT_MAX_GREP_LINES,
             lexical_only: false,
             scrubber,
+            reopen_by_path: false,
         }
     }
 
@@ -179,12 +179,14 @@ impl Gate {
         self.lexical_only = true;
     }
 
-    /// [`Gate::check`] of a resolved path (skipped by a planted bug).
-    fn check_resolved(&self, path: &ProjectPath, write: bool, is_dir: bool) -> Result<(), OpError> {
-        if self.lexical_only {
-            return Ok(());
-        }
-        self.check(path, write, is_dir)
+    pub(crate) fn plant_reopen_by_path(&mut self) {
+        self.reopen_by_path = true;
+    }
+
+    /// Whether the planted bug that acts on a path reached again from the
+    /// root, rather than in the directory checked, is on.
+    pub(crate) fn reopen_by_path(&self) -> bool {
+        self.reopen_by_path
     }
 
     pub(crate) fn set_limits(&mut self, max_file: usize, max_grep_lines: usize) {
@@ -220,55 +222,85 @@ impl Gate {
     /// in `/` match directories only). `.env` files, then `--deny`, then
     /// the most specific root decide.
     pub fn check(&self, path: &ProjectPath, write: bool, is_dir: bool) -> Result<(), OpError> {
+        match self.refusal(path, write, is_dir) {
+            None => Ok(()),
+            Some(rule) => Err(OpError::denied(format!("path {path} denied: {}", rule.direct()))),
+        }
+    }
+
+    /// [`Gate::check`] of `resolved`, the path the tool asked for as
+    /// `shown` resolved to (skipped by a planted bug). The refusal names
+    /// the rule and `shown`, never `resolved`: where a symlink into a
+    /// denied place leads is not the tool's to learn.
+    pub fn check_as(
+        &self,
+        resolved: &ProjectPath,
+        shown: &ProjectPath,
+        write: bool,
+        is_dir: bool,
+    ) -> Result<(), OpError> {
+        if self.lexical_only {
+            return Ok(());
+        }
+        let Some(rule) = self.refusal(resolved, write, is_dir) else { return Ok(()) };
+        let why = if resolved == shown { rule.direct() } else { rule.through_link() };
+        Err(OpError::denied(format!("path {shown} denied: {why}")))
+    }
+
+    /// Whether the planted bug that skips every check of a resolved path
+    /// is on.
+    pub(crate) fn lexical_only(&self) -> bool {
+        self.lexical_only
+    }
+
+    /// The rule that refuses `path` so, if one does.
+    fn refusal(&self, path: &ProjectPath, write: bool, is_dir: bool) -> Option<Refused> {
         let abs = self.project.join(path.as_str());
         if !path.is_root() {
             if self.env_files.matched_path_or_any_parents(&abs, is_dir).is_ignore() {
-                return Err(OpError::denied(format!("path {path} denied: .env files are never accessible")));
+                return Some(Refused::EnvFile);
             }
             if self.deny.matched_path_or_any_parents(&abs, is_dir).is_ignore() {
-                return Err(OpError::denied(format!("path {path} denied: it matches a --deny glob")));
+                return Some(Refused::Deny);
             }
         }
         let virt = Path::new("/").join(path.as_str());
         match self.scope.access(&virt) {
-            None => {
-                Err(OpError::denied(format!("path {path} denied: it is under no --allow or --allow-rw root")))
-            }
-            Some(crate::policy::Access::ReadOnly) if write => {
-                Err(OpError::denied(format!("path {path} denied: it is under a read-only root (--allow)")))
-            }
-            Some(_) => Ok(()),
+            None => Some(Refused::NoRoot),
+            Some(crate::policy::Access::ReadOnly) if write => Some(Refused::ReadOnly),
+            Some(_) => None,
+        }
+    }
+}
+
+/// The rule a [`Gate`] refuses a path by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refused {
+    EnvFile,
+    Deny,
+    NoRoot,
+    ReadOnly,
+}
+
+impl Refused {
+    /// Worded for the path itself.
+    fn direct(self) -> &'static str {
+        match self {
+            Refused::EnvFile => ".env files are never accessible",
+            Refused::Deny => "it matches a --deny glob",
+            Refused::NoRoot => "it is under no --allow or --allow-rw root",
+            Refused::ReadOnly => "it is under a read-only root (--allow)",
         }
     }
 
-    /// A symlink target (as read from the link in directory `dir`) as a
-    /// project path: `Err` (`-32001`) when it leads outside the project.
-    pub fn link_target(&self, dir: &ProjectPath, target: &Path) -> Result<Vec<String>, OpError> {
-        let outside = || OpError::denied(format!("a symlink in {dir} resolves outside the project"));
-        let (mut out, rest): (Vec<String>, &Path) = if target.is_absolute() {
-            (Vec::new(), target.strip_prefix(&self.project).map_err(|_| outside())?)
-        } else {
-            (dir.parts().map(str::to_string).collect(), target)
-        };
-        let comps: Vec<Component> = rest.components().collect();
-        for c in comps {
-            match c {
-                Component::Normal(n) => match n.to_str() {
-                    Some(s) => out.push(s.to_string()),
-                    None => {
-                        return Err(OpError::denied(format!("a symlink in {dir} has a non-UTF-8 target")))
-                    }
-                },
-                Component::ParentDir => {
-                    if out.pop().is_none() {
-                        return Err(outside());
-                    }
-                }
-                Component::CurDir => {}
-                Component::RootDir | Component::Prefix(_) => return Err(outside()),
-            }
+    /// Worded for a path a symlink on it leads to, which it does not name.
+    fn through_link(self) -> &'static str {
+        match self {
+            Refused::EnvFile => "a symlink on it leads to a .env file, never accessible",
+            Refused::Deny => "a symlink on it leads where a --deny glob matches",
+            Refused::NoRoot => "a symlink on it leads under no --allow or --allow-rw root",
+            Refused::ReadOnly => "a symlink on it leads under a read-only root (--allow)",
         }
-        Ok(out)
     }
 }
 
@@ -319,90 +351,6 @@ pub fn listing(
         .collect();
     out.sort();
     out
-}
-
-/// "What is this path, not following its last component": the one query
-/// [`resolve`] needs. Every component but the last is a directory the
-/// walk already resolved.
-pub trait Lookup {
-    fn lookup(&mut self, path: &ProjectPath) -> Result<Node, OpError>;
-}
-
-/// Symlinks followed in one resolution at most (the kernel's `MAXSYMLINKS`).
-pub const MAX_SYMLINK_HOPS: usize = 40;
-
-/// A path with its symlinks resolved.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resolved {
-    /// No component is a symlink, except the last when not followed.
-    pub path: ProjectPath,
-    /// What `path` is (`Missing` if it or a parent does not exist).
-    pub node: Node,
-}
-
-/// Resolve `path`'s symlinks (its last component's too when
-/// `follow_last`), then ask the gate about the result for reading or
-/// writing. A missing directory on the way ends the walk: the rest of the
-/// path is taken as is (`node: Missing`), which is what a write creating
-/// its parents needs.
-pub fn resolve<L: Lookup + ?Sized>(
-    ns: &mut L,
-    gate: &Gate,
-    path: &ProjectPath,
-    follow_last: bool,
-    write: bool,
-) -> Result<Resolved, OpError> {
-    let mut parts: Vec<String> = path.parts().map(str::to_string).collect();
-    let mut hops = 0usize;
-    'walk: loop {
-        let mut i = 0;
-        while i < parts.len() {
-            let here = ProjectPath::from_parts(parts[..=i].iter().map(String::as_str));
-            let last = i + 1 == parts.len();
-            let node = ns.lookup(&here)?;
-            match node {
-                Node::Symlink(target) if !last || follow_last => {
-                    hops += 1;
-                    if hops > MAX_SYMLINK_HOPS {
-                        return Err(OpError::new(
-                            ErrorCode::Internal,
-                            format!("path {path}: more than {MAX_SYMLINK_HOPS} symlinks"),
-                        ));
-                    }
-                    let dir = ProjectPath::from_parts(parts[..i].iter().map(String::as_str));
-                    let mut next = match gate.link_target(&dir, &target) {
-                        Ok(n) => n,
-                        // The planted bug lets a link out of the project
-                        // resolve to nothing there.
-                        Err(_) if gate.lexical_only => return Err(OpError::not_found(format!("{path}"))),
-                        Err(e) => return Err(e),
-                    };
-                    next.extend(parts[i + 1..].iter().cloned());
-                    parts = next;
-                    continue 'walk;
-                }
-                Node::Missing => {
-                    let resolved = ProjectPath::from_parts(parts.iter().map(String::as_str));
-                    gate.check_resolved(&resolved, write, false)?;
-                    return Ok(Resolved { path: resolved, node: Node::Missing });
-                }
-                Node::File { .. } | Node::Other if !last => {
-                    return Err(OpError::not_found(format!("path {path}: {here} is not a directory")));
-                }
-                node if last => {
-                    let resolved = here;
-                    gate.check_resolved(&resolved, write, node == Node::Dir)?;
-                    return Ok(Resolved { path: resolved, node });
-                }
-                _ => {}
-            }
-            i += 1;
-        }
-        // The root itself.
-        let resolved = ProjectPath::ROOT;
-        gate.check(&resolved, write, true)?;
-        return Ok(Resolved { path: resolved, node: Node::Dir });
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -725,29 +673,22 @@ mod tests {
                 f.put(&format!("{}/{}", NAMES[dir], NAMES[name]), MemNode::Symlink(TARGETS[t].into()));
             }
             let Ok(p) = ProjectPath::parse(&path) else { return Ok(()) };
-            if let Ok(r) = resolve(&mut f, &g, &p, follow, write) {
-                prop_assert!(g.check(&r.path, write, r.node == Node::Dir).is_ok(), "{} -> {}", p, r.path);
-                if let Some(parent) = r.path.parent() {
+            if let Ok((r, node)) = crate::vfs::walk::resolve(&mut f, &g, &p, follow, write) {
+                // A link not followed is decided on only when changed.
+                let link = matches!(node, Node::Symlink(_)) && !write;
+                if node != Node::Missing && !link {
+                    prop_assert!(g.check(&r, write, node == Node::Dir).is_ok(), "{} -> {}", p, r);
+                }
+                // A missing path is reported as asked for, not resolved.
+                if let Some(parent) = r.parent().filter(|_| node != Node::Missing) {
                     let mut dir = ProjectPath::ROOT;
                     for part in parent.parts() {
                         dir = dir.join(part);
-                        let n = f.lookup(&dir).unwrap();
-                        prop_assert!(matches!(n, Node::Dir | Node::Missing), "{dir} is {n:?}");
+                        let n = f.nodes().get(&dir);
+                        prop_assert!(matches!(n, Some(MemNode::Dir) | None), "{dir} is {n:?}");
                     }
                 }
             }
         }
-    }
-
-    #[test]
-    fn link_targets() {
-        let g = gate();
-        let dir = ProjectPath::parse("a/b").unwrap();
-        assert_eq!(g.link_target(&dir, Path::new("../c")).unwrap(), vec!["a", "c"]);
-        assert_eq!(g.link_target(&dir, Path::new("/p/x/./y")).unwrap(), vec!["x", "y"]);
-        assert!(g.link_target(&dir, Path::new("../../../etc")).is_err());
-        assert!(g.link_target(&dir, Path::new("/etc/passwd")).is_err());
-        assert!(g.link_target(&dir, Path::new("/pp/x")).is_err());
-        assert!(g.link_target(&dir, Path::new("/p/../etc")).is_err());
     }
 }

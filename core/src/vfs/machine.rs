@@ -177,6 +177,9 @@ impl Host {
         if cfg.planted_bug == Some(PlantedBug::ToolLexicalOnly) {
             policy.gate_mut().plant_lexical_only();
         }
+        if cfg.planted_bug == Some(PlantedBug::ToolReopenByPath) {
+            policy.gate_mut().plant_reopen_by_path();
+        }
         let mut h = Host {
             decoder: LineDecoder::new(cfg.max_line),
             applies: cfg.applies.iter().cloned().collect(),

@@ -4,10 +4,12 @@
 
 use super::effect::OpError;
 use super::files::{
-    self, grep_file, resolve, DirEntry, EntryKind, Gate, GrepQuery, GrepResult, Lookup, Metadata, Node,
-    ProjectFiles, ProjectPath,
+    grep_file, DirEntry, Gate, GrepQuery, GrepResult, Metadata, Node, ProjectFiles, ProjectPath,
 };
+use super::walk::{self, Opened, ProjectNs};
+use crate::resolve::{Entry, Namespace, Refusal};
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::path::PathBuf;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +62,29 @@ impl MemFiles {
         }
     }
 
+    /// Move `from` (with everything under it) to `to`, which must not
+    /// exist: the simulator's adversary, as a `rename(2)` by a process
+    /// outside the host. `false` when it cannot be done.
+    pub fn move_tree(&mut self, from: &ProjectPath, to: &ProjectPath) -> bool {
+        let parent_ok = to.parent().is_some_and(|p| self.nodes.get(&p) == Some(&MemNode::Dir));
+        if from.is_root() || self.nodes.contains_key(to) || !self.nodes.contains_key(from) || !parent_ok {
+            return false;
+        }
+        let prefix = format!("{}/", from.as_str());
+        if to.as_str().starts_with(&prefix) {
+            return false;
+        }
+        let moved: Vec<ProjectPath> =
+            self.nodes.keys().filter(|k| *k == from || k.as_str().starts_with(&prefix)).cloned().collect();
+        for k in moved {
+            if let Some(node) = self.nodes.remove(&k) {
+                let rest = &k.as_str()[from.as_str().len()..];
+                self.nodes.insert(ProjectPath::from_parts([to.as_str(), rest.trim_start_matches('/')]), node);
+            }
+        }
+        true
+    }
+
     pub fn get(&self, path: &str) -> Option<&MemNode> {
         ProjectPath::parse(path).ok().and_then(|p| self.nodes.get(&p))
     }
@@ -98,191 +123,163 @@ impl MemFiles {
             .collect()
     }
 
-    fn create_parents(&mut self, p: &ProjectPath) -> Result<(), OpError> {
-        let mut dir = ProjectPath::ROOT;
-        let parts: Vec<String> =
-            p.parent().map(|d| d.parts().map(str::to_string).collect()).unwrap_or_default();
-        for part in parts {
-            dir = dir.join(&part);
-            match self.nodes.get(&dir) {
-                Some(MemNode::Dir) => {}
-                None => {
-                    self.nodes.insert(dir.clone(), MemNode::Dir);
-                }
-                Some(_) => return Err(OpError::exists(format!("{dir} exists and is not a directory"))),
-            }
-        }
-        Ok(())
-    }
-
-    fn grep_walk(
-        &self,
-        gate: &Gate,
-        q: &GrepQuery,
-        re: &regex::Regex,
-        path: &ProjectPath,
-        out: &mut GrepResult,
-    ) -> bool {
-        match self.nodes.get(path) {
-            Some(MemNode::File(content)) => {
-                if !q.wants(path)
-                    || content.len() > gate.max_file()
-                    || gate.check(path, false, false).is_err()
-                {
-                    return true;
-                }
-                grep_file(re, path, &gate.scrubber().bytes(content), q, gate.max_file(), out)
-            }
-            Some(MemNode::Dir) => {
-                if gate.check(path, false, true).is_err() {
-                    return true;
-                }
-                for (name, _) in self.children(path) {
-                    if !self.grep_walk(gate, q, re, &path.join(&name), out) {
-                        return false;
-                    }
-                }
-                true
-            }
-            _ => true,
+    /// `name` in `dir` (`.`: `dir`), if a name a project path can hold.
+    fn at(dir: &ProjectPath, name: &OsStr) -> Option<ProjectPath> {
+        match name.to_str()? {
+            "." => Some(dir.clone()),
+            n => Some(dir.join(n)),
         }
     }
-}
 
-impl Lookup for MemFiles {
-    fn lookup(&mut self, path: &ProjectPath) -> Result<Node, OpError> {
-        Ok(match self.nodes.get(path) {
+    fn node(&self, p: &ProjectPath) -> Node {
+        match self.nodes.get(p) {
             None => Node::Missing,
             Some(MemNode::File(b)) => Node::File { size: b.len() as u64 },
             Some(MemNode::Dir) => Node::Dir,
             Some(MemNode::Symlink(t)) => Node::Symlink(t.clone()),
             Some(MemNode::Other) => Node::Other,
+        }
+    }
+}
+
+/// A directory handle is its path: nothing changes the tree while an
+/// operation runs, so a path names the directory it was checked as.
+impl Namespace for MemFiles {
+    type Dir = ProjectPath;
+
+    fn anchor(&mut self, index: usize) -> Result<ProjectPath, Refusal> {
+        match index {
+            0 => Ok(ProjectPath::ROOT),
+            _ => Err(Refusal::Fs("unknown anchor".into())),
+        }
+    }
+
+    fn lookup(&mut self, dir: &ProjectPath, name: &OsStr) -> Result<Entry<ProjectPath>, Refusal> {
+        let Some(p) = Self::at(dir, name) else { return Ok(Entry::Missing) };
+        Ok(match self.nodes.get(&p) {
+            None => Entry::Missing,
+            Some(MemNode::Dir) => Entry::Dir(p),
+            Some(MemNode::Symlink(t)) => Entry::Symlink(t.clone()),
+            Some(MemNode::File(_) | MemNode::Other) => Entry::NotDir,
         })
+    }
+}
+
+impl ProjectNs for MemFiles {
+    fn stat(&mut self, dir: &ProjectPath, name: &OsStr) -> Result<Node, Refusal> {
+        Ok(Self::at(dir, name).map_or(Node::Missing, |p| self.node(&p)))
+    }
+
+    fn read(&mut self, dir: &ProjectPath, name: &OsStr, max: usize) -> Result<Opened<Vec<u8>>, Refusal> {
+        let p = Self::at(dir, name).ok_or(Refusal::NotFound)?;
+        Ok(match self.nodes.get(&p) {
+            Some(MemNode::File(b)) if b.len() > max => Opened::TooLarge(b.len() as u64),
+            Some(MemNode::File(b)) => Opened::Done(b.clone()),
+            None => return Err(Refusal::NotFound),
+            Some(_) => Opened::Changed,
+        })
+    }
+
+    fn write(&mut self, dir: &ProjectPath, name: &OsStr, content: &[u8]) -> Result<Opened<()>, Refusal> {
+        let p = Self::at(dir, name).ok_or_else(|| Refusal::Denied("name is not UTF-8".into()))?;
+        match self.nodes.get(&p) {
+            None | Some(MemNode::File(_)) if !p.is_root() => {
+                self.nodes.insert(p, MemNode::File(content.to_vec()));
+                Ok(Opened::Done(()))
+            }
+            _ => Ok(Opened::Changed),
+        }
+    }
+
+    fn open_dir(&mut self, dir: &ProjectPath, name: &OsStr) -> Result<Opened<ProjectPath>, Refusal> {
+        let p = Self::at(dir, name).ok_or(Refusal::NotFound)?;
+        Ok(match self.nodes.get(&p) {
+            Some(MemNode::Dir) => Opened::Done(p),
+            None => return Err(Refusal::NotFound),
+            Some(_) => Opened::Changed,
+        })
+    }
+
+    fn list(&mut self, dir: &ProjectPath) -> Result<Vec<(String, Node)>, Refusal> {
+        let names: Vec<String> = self.children(dir).into_iter().map(|(n, _)| n).collect();
+        Ok(names.into_iter().map(|n| (n.clone(), self.node(&dir.join(&n)))).collect())
+    }
+
+    fn mkdir(&mut self, dir: &ProjectPath, name: &OsStr) -> Result<(), Refusal> {
+        let p = Self::at(dir, name).ok_or_else(|| Refusal::Denied("name is not UTF-8".into()))?;
+        self.nodes.entry(p).or_insert(MemNode::Dir);
+        Ok(())
+    }
+
+    fn unlink(&mut self, dir: &ProjectPath, name: &OsStr) -> Result<Opened<()>, Refusal> {
+        let p = Self::at(dir, name).ok_or(Refusal::NotFound)?;
+        match self.nodes.get(&p) {
+            None => Err(Refusal::NotFound),
+            Some(MemNode::Dir) => Ok(Opened::Changed),
+            Some(_) => {
+                self.nodes.remove(&p);
+                Ok(Opened::Done(()))
+            }
+        }
+    }
+
+    fn rename(
+        &mut self,
+        from_dir: &ProjectPath,
+        from: &OsStr,
+        to_dir: &ProjectPath,
+        to: &OsStr,
+    ) -> Result<Opened<bool>, Refusal> {
+        let f = Self::at(from_dir, from).ok_or(Refusal::NotFound)?;
+        let t = Self::at(to_dir, to).ok_or_else(|| Refusal::Denied("name is not UTF-8".into()))?;
+        if self.nodes.contains_key(&t) {
+            return Ok(Opened::Done(false));
+        }
+        match self.nodes.get(&f) {
+            None => Err(Refusal::NotFound),
+            Some(MemNode::Dir) => Ok(Opened::Changed),
+            Some(_) => {
+                if let Some(node) = self.nodes.remove(&f) {
+                    self.nodes.insert(t, node);
+                }
+                Ok(Opened::Done(true))
+            }
+        }
     }
 }
 
 impl ProjectFiles for MemFiles {
     fn read(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<u8>, OpError> {
-        let r = resolve(self, gate, path, true, false)?;
-        match self.nodes.get(&r.path) {
-            Some(MemNode::File(b)) if b.len() > gate.max_file() => {
-                Err(OpError::too_large(&format!("file {path} ({} bytes)", b.len()), gate.max_file()))
-            }
-            Some(MemNode::File(b)) => Ok(b.clone()),
-            Some(MemNode::Dir) => Err(OpError::invalid(format!("{path} is a directory"))),
-            Some(_) => Err(OpError::invalid(format!("{path} is not a regular file"))),
-            None => Err(OpError::not_found(format!("{path} does not exist"))),
-        }
+        walk::read(self, gate, path)
     }
 
     fn write(&mut self, gate: &Gate, path: &ProjectPath, content: &[u8]) -> Result<(), OpError> {
-        gate.check_write_size(path, content.len())?;
-        let r = resolve(self, gate, path, true, true)?;
-        match r.node {
-            Node::Dir => return Err(OpError::exists(format!("{path} is a directory"))),
-            Node::Other => return Err(OpError::invalid(format!("{path} is not a regular file"))),
-            _ => {}
-        }
-        if r.path.is_root() {
-            return Err(OpError::exists("the project root is a directory"));
-        }
-        self.create_parents(&r.path)?;
-        self.nodes.insert(r.path, MemNode::File(content.to_vec()));
-        Ok(())
+        walk::write(self, gate, path, content)
     }
 
     fn exists(&mut self, gate: &Gate, path: &ProjectPath) -> Result<bool, OpError> {
-        let r = resolve(self, gate, path, true, false)?;
-        Ok(r.node != Node::Missing)
+        walk::exists(self, gate, path)
     }
 
     fn metadata(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Metadata, OpError> {
-        let r = resolve(self, gate, path, true, false)?;
-        match r.node {
-            Node::Missing => Err(OpError::not_found(format!("{path} does not exist"))),
-            Node::File { size } => Ok(Metadata { kind: EntryKind::File, size }),
-            Node::Dir => Ok(Metadata { kind: EntryKind::Dir, size: 0 }),
-            _ => Ok(Metadata { kind: EntryKind::Other, size: 0 }),
-        }
+        walk::metadata(self, gate, path)
     }
 
     fn list_dir(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<DirEntry>, OpError> {
-        let r = resolve(self, gate, path, true, false)?;
-        match r.node {
-            Node::Dir => {}
-            Node::Missing => return Err(OpError::not_found(format!("{path} does not exist"))),
-            _ => return Err(OpError::invalid(format!("{path} is not a directory"))),
-        }
-        let children: Vec<(String, Node)> = self
-            .children(&r.path)
-            .into_iter()
-            .map(|(n, m)| {
-                let node = match m {
-                    MemNode::File(b) => Node::File { size: b.len() as u64 },
-                    MemNode::Dir => Node::Dir,
-                    MemNode::Symlink(t) => Node::Symlink(t.clone()),
-                    MemNode::Other => Node::Other,
-                };
-                (n, node)
-            })
-            .collect();
-        Ok(files::listing(gate, path, &r.path, children))
+        walk::list_dir(self, gate, path)
     }
 
     fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {
-        let r = resolve(self, gate, path, false, true)?;
-        match r.node {
-            Node::Missing => Err(OpError::not_found(format!("{path} does not exist"))),
-            Node::Dir => {
-                Err(OpError::invalid(format!("{path} is a directory: fs.delete removes files only")))
-            }
-            _ => {
-                self.nodes.remove(&r.path);
-                Ok(())
-            }
-        }
+        walk::delete(self, gate, path)
     }
 
     fn rename(&mut self, gate: &Gate, from: &ProjectPath, to: &ProjectPath) -> Result<(), OpError> {
-        let f = resolve(self, gate, from, false, true)?;
-        match f.node {
-            Node::Missing => return Err(OpError::not_found(format!("{from} does not exist"))),
-            Node::Dir => {
-                return Err(OpError::invalid(format!("{from} is a directory: fs.rename moves files only")))
-            }
-            _ => {}
-        }
-        let t = resolve(self, gate, to, false, true)?;
-        if t.node != Node::Missing {
-            return Err(OpError::exists(format!("{to} already exists")));
-        }
-        if t.path.is_root() {
-            return Err(OpError::exists("the project root exists"));
-        }
-        self.create_parents(&t.path)?;
-        if let Some(node) = self.nodes.remove(&f.path) {
-            self.nodes.insert(t.path, node);
-        }
-        Ok(())
+        walk::rename(self, gate, from, to)
     }
 
     fn grep(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError> {
         let re = q.regex()?;
-        let mut out = GrepResult::default();
-        for p in &q.paths {
-            // Given paths: checked lexically already; a symlink is skipped
-            // like any link met on the way.
-            if let Some(MemNode::Symlink(_)) = self.nodes.get(p) {
-                continue;
-            }
-            let r = resolve(self, gate, p, false, false)?;
-            if r.node == Node::Missing {
-                return Err(OpError::not_found(format!("{p} does not exist")));
-            }
-            if !self.grep_walk(gate, q, &re, &r.path, &mut out) {
-                break;
-            }
-        }
-        Ok(out)
+        let max = gate.max_file();
+        walk::grep(self, gate, q, &mut |path, content, out| grep_file(&re, path, content, q, max, out))
     }
 }

@@ -34,9 +34,10 @@
 //!
 //! File system effects: run them with [`FsOp::run`] on a [`ProjectFiles`]
 //! and the host's [`Gate`] ([`Host::gate`]), which decides on *resolved*
-//! paths: a backend resolves symlinks with [`files::resolve`] (or an
-//! equivalent walk of its own that ends with a [`Gate::check`] of the
-//! resolved project path) before it reads or writes anything.
+//! paths: a backend provides the primitives of [`walk::ProjectNs`] on
+//! its directory handles, and every operation is the one walk of
+//! [`walk`], which decides on each resolved path and acts in the
+//! directory it checked.
 
 pub mod files;
 /// The `vfs_host` fuzz target's harness (tests and the `fuzzing` feature).
@@ -47,6 +48,7 @@ pub mod memfs;
 pub mod policy;
 pub mod scrub;
 pub mod url;
+pub mod walk;
 
 mod effect;
 mod outcome;

@@ -4,7 +4,7 @@
 //! File decisions are made twice: on the path as the tool wrote it
 //! ([`ToolPolicy::project_path`] then [`Gate::check`]), and by the backend
 //! on the path it resolves to ([`Gate::check`] again, from
-//! [`super::files::resolve`]). Uncovered is denied: there is no inquiry.
+//! [`super::walk`]). Uncovered is denied: there is no inquiry.
 
 use super::effect::OpError;
 use super::files::{Gate, ProjectPath};

@@ -6,7 +6,7 @@ use super::HostFs;
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{EffectResult, FileId};
 use airlock_core::policy::Access;
-use airlock_core::resolve::{self, Entry, Final, Namespace, Refusal};
+use airlock_core::resolve::{self, Entry, Final, Namespace, OpenFinal, Refusal};
 use airlock_core::scope::{Rule, Scope};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,7 +43,6 @@ struct Walk<'a> {
 
 impl Namespace for Walk<'_> {
     type Dir = PathBuf;
-    type File = PathBuf;
 
     fn anchor(&mut self, index: usize) -> Result<PathBuf, Refusal> {
         self.anchors.get(index).cloned().ok_or_else(|| Refusal::Fs("unknown anchor".into()))
@@ -61,6 +60,10 @@ impl Namespace for Walk<'_> {
             Entry::Missing
         })
     }
+}
+
+impl OpenFinal for Walk<'_> {
+    type File = PathBuf;
 
     fn open_final(
         &mut self,

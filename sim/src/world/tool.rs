@@ -36,23 +36,32 @@ use crate::Failure;
 use crate::Scenario;
 use airlock_core::codec::jsonrpc::{self, Incoming};
 use airlock_core::fsproxy::PlantedBug;
+use airlock_core::resolve::{Entry, Namespace, Refusal};
 use airlock_core::time::Instant;
 use airlock_core::trace::vfs::Header as VfsHeader;
+use airlock_core::vfs::files::{grep_file, Node};
 use airlock_core::vfs::memfs::{MemFiles, MemNode};
+use airlock_core::vfs::walk::{self, Opened, ProjectNs};
 use airlock_core::vfs::{
     Config, Effect, EffectId, EffectResult, FsOp, Header, Host, HttpResponse, Input, OpError, Output,
     PolicyConfig, ProcessOutput, Signal, ToolExit, ToolPolicy, UserSignal, MAX_READ_CHUNK,
 };
+use airlock_core::vfs::{DirEntry, Gate, GrepQuery, GrepResult, Metadata, ProjectFiles, ProjectPath};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, VecDeque};
+use std::ffi::OsStr;
 use std::time::Duration;
 
 const SECRET: &str = "Kx7-tool-secret-Kx7";
 const MARKER: &str = "DENIED-CONTENT";
+/// Chance, in parts per million, that the attacker changes the project
+/// before each step of a file operation (at least: a swarm's symlink
+/// swap rate, when higher).
+const RACE_PPM: u32 = 20_000;
 /// Steps allowed after the tool's work for the run to end.
 const WIND_DOWN_STEPS: u64 = 20_000;
 
@@ -83,6 +92,10 @@ fn project() -> MemFiles {
     f.put("out/a.txt", MemNode::File(b"a\n".to_vec()));
     f.put("out/link", MemNode::Symlink("a.txt".into()));
     f.put("out/dir", MemNode::Symlink("../src".into()));
+    // A directory the attacker swaps for a symlink mid-operation, with
+    // names that are also in `private/` and `src/`.
+    f.put("out/sub/notes.txt", MemNode::File(b"notes\n".to_vec()));
+    f.put("out/sub/main.rs", MemNode::File(b"// copy\n".to_vec()));
     f
 }
 
@@ -115,6 +128,10 @@ const PATHS: &[&str] = &[
     "out/dir/main.rs",
     "out/new/deep/f.txt",
     "out/b.txt",
+    "out/sub",
+    "out/sub/notes.txt",
+    "out/sub/main.rs",
+    "out/sub/new.rs",
     ".env",
     "src/.env.prod",
     "id.key",
@@ -190,6 +207,12 @@ struct ToolWorld {
     host: Host,
     files: MemFiles,
     initial: MemFiles,
+    /// The attacker racing file operations: its own randomness (the
+    /// world's stream is the same whether or not it acts), the
+    /// directories it moved away, and every change it made.
+    race_rng: ChaCha8Rng,
+    stashed: BTreeMap<ProjectPath, ProjectPath>,
+    swaps: Vec<Value>,
     tool: Tool,
     held: Vec<HeldEffect>,
     cfg: Config,
@@ -299,6 +322,9 @@ impl ToolWorld {
             step: 0,
             host,
             initial: files.clone(),
+            race_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7261_6365_0000_0000),
+            stashed: BTreeMap::new(),
+            swaps: Vec::new(),
             files,
             tool,
             held: Vec::new(),
@@ -721,7 +747,26 @@ impl ToolWorld {
         }
         Ok(match effect {
             Effect::Fs(op) => {
-                let r = op.run(&mut self.files, self.host.gate());
+                let ppm = if self.winding_down() {
+                    0
+                } else {
+                    self.swarm.rate(FaultKind::SymlinkSwap).max(RACE_PPM)
+                };
+                let before = self.swaps.len();
+                let mut racing = Racing {
+                    files: &mut self.files,
+                    rng: &mut self.race_rng,
+                    ppm,
+                    held: Vec::new(),
+                    stashed: &mut self.stashed,
+                    swaps: &mut self.swaps,
+                };
+                let r = op.run(&mut racing, self.host.gate());
+                // Copied out: logging borrows the world.
+                let made: Vec<Value> = self.swaps[before..].to_vec();
+                for swap in made {
+                    self.log(&json!({ "note": { "race": swap } }));
+                }
                 self.check_files(op)?;
                 EffectResult::Fs(r)
             }
@@ -1170,4 +1215,216 @@ fn server_path(url_rest: &str) -> String {
         }
     }
     format!("/{}", out.join("/"))
+}
+
+/// The project as the host's file operations meet it, with an attacker
+/// (the tool, writing `out/` from outside the host) that changes it
+/// between any two of an operation's steps, at the points the kernel
+/// would let it: it moves a directory under `out/` away and leaves a
+/// symlink in its place (or moves it back), or turns a file into a
+/// directory. A held directory is a descriptor: it follows its
+/// directory wherever that is moved, as an open `O_PATH` descriptor does.
+struct Racing<'a> {
+    files: &'a mut MemFiles,
+    rng: &'a mut ChaCha8Rng,
+    /// Chance of a change before each step, in parts per million.
+    ppm: u32,
+    /// Held directories, by handle: where each is now.
+    held: Vec<ProjectPath>,
+    /// Directories moved away, by the symlink left in their place.
+    stashed: &'a mut BTreeMap<ProjectPath, ProjectPath>,
+    /// Every change made so far in the run.
+    swaps: &'a mut Vec<Value>,
+}
+
+/// Where the attacker points a symlink left in a directory's place.
+const RACE_TARGETS: &[&str] = &["../private", "/proj/private", "../src", "/proj/src", "."];
+
+impl Racing<'_> {
+    fn hold(&mut self, p: ProjectPath) -> usize {
+        self.held.push(p);
+        self.held.len() - 1
+    }
+
+    fn dir(&self, d: usize) -> Result<&ProjectPath, Refusal> {
+        self.held.get(d).ok_or_else(|| Refusal::Fs("unknown descriptor".into()))
+    }
+
+    fn moved(&mut self, from: &ProjectPath, to: &ProjectPath) {
+        let prefix = format!("{}/", from.as_str());
+        for h in &mut self.held {
+            if h == from || h.as_str().starts_with(&prefix) {
+                let rest = h.as_str()[from.as_str().len()..].trim_start_matches('/').to_string();
+                *h = ProjectPath::from_parts([to.as_str(), rest.as_str()]);
+            }
+        }
+    }
+
+    /// Maybe change the project before the next step.
+    fn race(&mut self) {
+        if self.ppm == 0 || self.rng.gen_range(0..PPM) >= self.ppm {
+            return;
+        }
+        let under_out: Vec<(ProjectPath, MemNode)> = self
+            .files
+            .nodes()
+            .iter()
+            .filter(|(k, _)| k.as_str().starts_with("out/") && !k.as_str().contains(".moved"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if under_out.is_empty() {
+            return;
+        }
+        let (victim, node) = under_out[self.rng.gen_range(0..under_out.len())].clone();
+        match node {
+            MemNode::Dir => {
+                let stash =
+                    ProjectPath::from_parts([
+                        format!("{}.moved{}", victim.as_str(), self.swaps.len()).as_str()
+                    ]);
+                if self.files.move_tree(&victim, &stash) {
+                    self.moved(&victim, &stash);
+                    let target = RACE_TARGETS[self.rng.gen_range(0..RACE_TARGETS.len())];
+                    self.files.put(victim.as_str(), MemNode::Symlink(target.into()));
+                    self.swaps.push(json!({ "dir": victim.as_str(), "to": target }));
+                    self.stashed.insert(victim, stash);
+                }
+            }
+            MemNode::Symlink(_) => {
+                if let Some(stash) = self.stashed.remove(&victim) {
+                    let doomed =
+                        ProjectPath::from_parts([
+                            format!("{}.gone{}", victim.as_str(), self.swaps.len()).as_str()
+                        ]);
+                    // The link is moved aside, then the directory back.
+                    if self.files.move_tree(&victim, &doomed) && self.files.move_tree(&stash, &victim) {
+                        self.moved(&stash, &victim);
+                        self.swaps.push(json!({ "dir_back": victim.as_str() }));
+                    }
+                }
+            }
+            MemNode::File(_) => {
+                self.files.put(victim.as_str(), MemNode::Dir);
+                self.swaps.push(json!({ "file_to_dir": victim.as_str() }));
+            }
+            MemNode::Other => {}
+        }
+    }
+}
+
+impl Namespace for Racing<'_> {
+    type Dir = usize;
+
+    fn anchor(&mut self, index: usize) -> Result<usize, Refusal> {
+        self.race();
+        let root = self.files.anchor(index)?;
+        Ok(self.hold(root))
+    }
+
+    fn lookup(&mut self, dir: &usize, name: &OsStr) -> Result<Entry<usize>, Refusal> {
+        self.race();
+        let d = self.dir(*dir)?.clone();
+        Ok(match self.files.lookup(&d, name)? {
+            Entry::Dir(p) => Entry::Dir(self.hold(p)),
+            Entry::Symlink(t) => Entry::Symlink(t),
+            Entry::NotDir => Entry::NotDir,
+            Entry::Missing => Entry::Missing,
+        })
+    }
+}
+
+impl ProjectNs for Racing<'_> {
+    fn stat(&mut self, dir: &usize, name: &OsStr) -> Result<Node, Refusal> {
+        self.race();
+        let d = self.dir(*dir)?.clone();
+        self.files.stat(&d, name)
+    }
+
+    fn read(&mut self, dir: &usize, name: &OsStr, max: usize) -> Result<Opened<Vec<u8>>, Refusal> {
+        self.race();
+        let d = self.dir(*dir)?.clone();
+        ProjectNs::read(self.files, &d, name, max)
+    }
+
+    fn write(&mut self, dir: &usize, name: &OsStr, content: &[u8]) -> Result<Opened<()>, Refusal> {
+        self.race();
+        let d = self.dir(*dir)?.clone();
+        ProjectNs::write(self.files, &d, name, content)
+    }
+
+    fn open_dir(&mut self, dir: &usize, name: &OsStr) -> Result<Opened<usize>, Refusal> {
+        self.race();
+        let d = self.dir(*dir)?.clone();
+        Ok(match self.files.open_dir(&d, name)? {
+            Opened::Done(p) => Opened::Done(self.hold(p)),
+            Opened::TooLarge(n) => Opened::TooLarge(n),
+            Opened::Changed => Opened::Changed,
+        })
+    }
+
+    fn list(&mut self, dir: &usize) -> Result<Vec<(String, Node)>, Refusal> {
+        self.race();
+        let d = self.dir(*dir)?.clone();
+        self.files.list(&d)
+    }
+
+    fn mkdir(&mut self, dir: &usize, name: &OsStr) -> Result<(), Refusal> {
+        self.race();
+        let d = self.dir(*dir)?.clone();
+        self.files.mkdir(&d, name)
+    }
+
+    fn unlink(&mut self, dir: &usize, name: &OsStr) -> Result<Opened<()>, Refusal> {
+        self.race();
+        let d = self.dir(*dir)?.clone();
+        self.files.unlink(&d, name)
+    }
+
+    fn rename(
+        &mut self,
+        from_dir: &usize,
+        from: &OsStr,
+        to_dir: &usize,
+        to: &OsStr,
+    ) -> Result<Opened<bool>, Refusal> {
+        self.race();
+        let (f, t) = (self.dir(*from_dir)?.clone(), self.dir(*to_dir)?.clone());
+        ProjectNs::rename(self.files, &f, from, &t, to)
+    }
+}
+
+impl ProjectFiles for Racing<'_> {
+    fn read(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<u8>, OpError> {
+        walk::read(self, gate, path)
+    }
+
+    fn write(&mut self, gate: &Gate, path: &ProjectPath, content: &[u8]) -> Result<(), OpError> {
+        walk::write(self, gate, path, content)
+    }
+
+    fn exists(&mut self, gate: &Gate, path: &ProjectPath) -> Result<bool, OpError> {
+        walk::exists(self, gate, path)
+    }
+
+    fn metadata(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Metadata, OpError> {
+        walk::metadata(self, gate, path)
+    }
+
+    fn list_dir(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<DirEntry>, OpError> {
+        walk::list_dir(self, gate, path)
+    }
+
+    fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {
+        walk::delete(self, gate, path)
+    }
+
+    fn rename(&mut self, gate: &Gate, from: &ProjectPath, to: &ProjectPath) -> Result<(), OpError> {
+        walk::rename(self, gate, from, to)
+    }
+
+    fn grep(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError> {
+        let re = q.regex()?;
+        let max = gate.max_file();
+        walk::grep(self, gate, q, &mut |path, content, out| grep_file(&re, path, content, q, max, out))
+    }
 }
