@@ -784,7 +784,9 @@ print(json.dumps({{"jsonrpc": "2.0", "method": "result", "params": {{"content": 
     );
     for mode in MODES {
         let mut c = Command::new(airlock());
-        c.current_dir(project.path()).args(["tool", "--", "python3", "-c", &script, ".env"]).stdin(Stdio::null());
+        c.current_dir(project.path())
+            .args(["tool", "--", "python3", "-c", &script, ".env"])
+            .stdin(Stdio::null());
         mode.apply(&mut c);
         let out = c.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);

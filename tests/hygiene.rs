@@ -21,6 +21,7 @@ fn spawn(args: &[&str], script: &str, stdin: Stdio) -> std::process::Child {
         .arg("--")
         .args(python(script))
         .env_remove("AIRLOCK_FD")
+        .env("PATH", SYSTEM_PATH)
         .env("PYTHONPATH", support(""))
         .stdin(stdin)
         .stdout(Stdio::piped())
@@ -105,24 +106,74 @@ fn the_child_gets_exactly_descriptors_0_to_3() {
 }
 
 /// SIGKILL of airlock (the OOM killer, `timeout -s KILL`): the child gets
-/// the parent-death signal (SIGKILL) and is gone at once.
+/// the parent-death signal (SIGKILL) and is gone at once. Under the
+/// default sandbox the child's pid is its namespace's, so it is found on
+/// the host by a marker in its command line; in the fallback (no
+/// namespaces) and unconfined by the pid it reports.
 #[test]
 fn the_child_dies_with_airlock() {
     for extra in [&[][..], &["--no-sandbox"][..]] {
-        let mut airlock =
-            spawn(extra, "import time\nout(os.getpid())\ntime.sleep(60)\nout('still here')", Stdio::null());
-        let mut line = String::new();
-        std::io::BufReader::new(airlock.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let pid: i32 = line.trim().parse().unwrap_or_else(|_| panic!("no pid: {line:?}"));
-        assert!(alive(pid));
-        airlock.kill().unwrap();
-        airlock.wait().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while alive(pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
+        for namespaces in [true, false] {
+            let marker =
+                format!("dies-with-airlock-{}-{}", std::process::id(), extra.len() * 2 + namespaces as usize);
+            let script =
+                format!("# {marker}\nimport time\nout(os.getpid())\ntime.sleep(60)\nout('still here')");
+            let mut cmd = Command::new(airlock());
+            cmd.arg("run")
+                .arg("--sandbox-ro")
+                .arg(support(""))
+                .args(extra)
+                .arg("--")
+                .args(python(&script))
+                .env_remove("AIRLOCK_FD")
+                .env("PATH", SYSTEM_PATH)
+                .env("PYTHONPATH", support(""))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if !namespaces {
+                cmd.env("AIRLOCK_NO_NAMESPACES", "1");
+            }
+            let mut airlock = cmd.spawn().expect("airlock starts");
+            let mut line = String::new();
+            std::io::BufReader::new(airlock.stdout.take().unwrap()).read_line(&mut line).unwrap();
+            let _: i32 = line.trim().parse().unwrap_or_else(|_| panic!("no pid: {line:?}"));
+            let found = pythons_with(&marker);
+            assert_eq!(
+                found.len(),
+                1,
+                "the child is not found on the host by its marker ({extra:?}): {found:?}"
+            );
+            airlock.kill().unwrap();
+            airlock.wait().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !pythons_with(&marker).is_empty() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let left = pythons_with(&marker);
+            assert!(
+                left.is_empty(),
+                "the child {left:?} outlived airlock ({extra:?}, namespaces {namespaces})"
+            );
         }
-        assert!(!alive(pid), "the child {pid} outlived airlock ({extra:?})");
     }
+}
+
+/// Live (not zombie) python3 processes on the host whose command line
+/// holds `marker`.
+fn pythons_with(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_python = args.first().is_some_and(|a| a.ends_with(b"python3"));
+        let marked = String::from_utf8_lossy(&cmdline).contains(marker);
+        if is_python && marked && alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
 }
 
 /// A child that asks for handle 0 and exits while airlock's stdin stays

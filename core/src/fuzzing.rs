@@ -15,9 +15,9 @@ use crate::fsproxy::{
     Config, Effect, EffectId, EffectResult, FileId, FsErrorKind, FsProxy, Input, Output, StdStream, StdioRole,
 };
 use crate::handles::ClientId;
+use crate::heapcount::Tag;
 use crate::policy::{Access, Policy, Root, RootId};
 use crate::time::Instant;
-use crate::heapcount::Tag;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, PathBuf};

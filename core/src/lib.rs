@@ -13,10 +13,10 @@ pub mod fsproxy;
 /// `fuzzing` feature for its integration tests and the fuzz targets.
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod handles;
 /// A counting global allocator for the harnesses (never the binary's).
 #[cfg(any(test, feature = "heapcount"))]
 pub mod heapcount;
-pub mod handles;
 pub mod pager;
 pub mod policy;
 pub mod resolve;

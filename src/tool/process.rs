@@ -89,7 +89,9 @@ pub fn spawn_tool(
         let path = cwd.join(arg);
         if path.is_file() {
             if let Ok(real) = std::fs::canonicalize(&path) {
-                if readable_by_policy(policy, &real) && !ruleset.paths.iter().any(|r| real.starts_with(&r.path)) {
+                if readable_by_policy(policy, &real)
+                    && !ruleset.paths.iter().any(|r| real.starts_with(&r.path))
+                {
                     ruleset.grant_read_exec(real);
                 }
             }

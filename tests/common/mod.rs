@@ -10,6 +10,21 @@ use std::time::{Duration, Instant};
 /// child execute from.
 pub const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
+/// Every test's children look in the system locations first. On a machine
+/// whose PATH starts with a version manager's shims (pyenv's `python3`,
+/// outside what the sandbox lets a child execute), `airlock run -- python3`
+/// is refused before it starts, naming the shim and `--sandbox-ro`
+/// (tests/agent_project.rs checks that); the tests mean the system's
+/// interpreter. Set before `main`, while the process has one thread.
+#[used]
+#[link_section = ".init_array"]
+static SYSTEM_LOCATIONS_FIRST: extern "C" fn() = system_locations_first;
+
+extern "C" fn system_locations_first() {
+    let rest = std::env::var("PATH").unwrap_or_default();
+    std::env::set_var("PATH", format!("{SYSTEM_PATH}:{rest}"));
+}
+
 pub fn airlock() -> &'static str {
     env!("CARGO_BIN_EXE_airlock")
 }
