@@ -27,6 +27,10 @@ pub struct SandboxArgs {
     /// directory holding one, is refused.
     #[arg(long = "sandbox-ro", value_name = "PATH")]
     pub sandbox_ro: Vec<PathBuf>,
+    /// Let the child also read and write PATH directly (a toolchain's
+    /// cache). It may not overlap an --allow/--allow-rw root.
+    #[arg(long = "sandbox-rw", value_name = "PATH")]
+    pub sandbox_rw: Vec<PathBuf>,
     /// Let the child use the network (TCP bind and connect).
     #[arg(long)]
     pub sandbox_net: bool,
@@ -95,6 +99,15 @@ impl SandboxArgs {
         } else {
             self.sandbox_ro.iter().map(resolved).collect::<anyhow::Result<Vec<_>>>()?
         };
+        let read_write = if self.no_sandbox {
+            Vec::new()
+        } else {
+            let resolved = |p: &PathBuf| {
+                std::fs::canonicalize(policy.cwd().join(p))
+                    .with_context(|| format!("--sandbox-rw {}", p.display()))
+            };
+            self.sandbox_rw.iter().map(resolved).collect::<anyhow::Result<Vec<_>>>()?
+        };
         // Roots as the kernel will see them: through symlinks, where they
         // exist, and as written otherwise.
         let real_roots = Policy::new(
@@ -104,7 +117,7 @@ impl SandboxArgs {
                 [Some(r.clone()), real.map(|path| Root { path, access: r.access })].into_iter().flatten()
             }),
         );
-        let options = Options { disabled: self.no_sandbox, read_only, net: self.sandbox_net };
+        let options = Options { disabled: self.no_sandbox, read_only, read_write, net: self.sandbox_net };
         let airlock = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
         let inputs = sandbox::Inputs { policy: &real_roots, options: &options, abi, airlock };
         Ok(sandbox::plan(&inputs)?)

@@ -172,3 +172,41 @@ fn sandbox_ro_of_the_root_or_above_it_is_refused_naming_the_root() {
         assert!(out.stdout.is_empty(), "{ro}: {}", text(&out.stdout));
     }
 }
+
+/// `--sandbox-rw PATH` outside every root (a toolchain's cache): the child
+/// writes there directly, and the file is on the host afterwards; the same
+/// flag on the root itself, inside it or above it is refused naming the
+/// root, before anything starts.
+#[test]
+fn sandbox_rw_outside_the_roots_is_written_directly_and_over_a_root_is_refused() {
+    let (dir, project) = project();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let cache_arg = cache.to_str().unwrap();
+    let out = run(
+        &project,
+        &[
+            "--allow-rw",
+            ".",
+            "--sandbox-rw",
+            cache_arg,
+            "--",
+            "sh",
+            "-c",
+            &format!("echo built > {cache_arg}/out"),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_to_string(cache.join("out")).unwrap(), "built\n");
+    for over in [".", "sub", ".."] {
+        std::fs::create_dir_all(project.join("sub")).unwrap();
+        let marker = dir.path().join("started");
+        let script = format!("touch {}", marker.display());
+        let out = run(&project, &["--allow-rw", ".", "--sandbox-rw", over, "--", "sh", "-c", &script], None);
+        assert_eq!(out.status.code(), Some(125), "--sandbox-rw {over}: {}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains("--sandbox-rw") && err.contains("overlaps the allowed root"), "{over}: {err}");
+        assert!(!marker.exists(), "--sandbox-rw {over}: the child started");
+    }
+}

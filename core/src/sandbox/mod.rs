@@ -271,6 +271,9 @@ pub struct Options {
     pub disabled: bool,
     /// `--sandbox-ro PATH`: further read-and-execute locations.
     pub read_only: Vec<PathBuf>,
+    /// `--sandbox-rw PATH`: further locations the child reads and writes
+    /// directly (a toolchain's cache); never overlapping a root.
+    pub read_write: Vec<PathBuf>,
     /// `--sandbox-net`: leave the network unrestricted.
     pub net: bool,
 }
@@ -322,6 +325,9 @@ pub enum Refusal {
     /// above one: the child would reach the whole root directly. (A path
     /// strictly inside a root is a direct read, allowed and listed.)
     OverlapsRoot { path: PathBuf, root: PathBuf },
+    /// A `--sandbox-rw` path is a root, lies inside one or above one: the
+    /// child would write the root's files behind the proxy's back.
+    WriteOverlapsRoot { path: PathBuf, root: PathBuf },
 }
 
 impl fmt::Display for Refusal {
@@ -333,6 +339,13 @@ impl fmt::Display for Refusal {
                  pass --no-sandbox to run it unconfined"
             ),
             Refusal::BadPath { path } => write!(f, "--sandbox-ro {}: not a usable path", path.display()),
+            Refusal::WriteOverlapsRoot { path, root } => write!(
+                f,
+                "--sandbox-rw {} overlaps the allowed root {}: the child would write the root's files \
+                 behind airlock's policy and audit log; grant writes inside a root with --allow-rw",
+                path.display(),
+                root.display()
+            ),
             Refusal::OverlapsRoot { path, root } => write!(
                 f,
                 "--sandbox-ro {} overlaps the allowed root {}: it would expose the whole root to the \
@@ -420,6 +433,20 @@ pub fn plan(inputs: &Inputs<'_>) -> Result<Plan, Refusal> {
             direct.push(path.clone());
         }
         paths.add(path, Grant::ReadExec, Source::User);
+    }
+    for raw in &inputs.options.read_write {
+        let path = match normalize(&cwd.join(raw)) {
+            Some(p) if p.is_absolute() && p.parent().is_some() => p,
+            _ => return Err(Refusal::BadPath { path: raw.clone() }),
+        };
+        // A direct write inside a root would go around the proxy's policy
+        // (a read-only root) and its audit log; one above a root, the same.
+        if let Some(root) =
+            inputs.policy.roots().iter().find(|r| within(&r.path, &path) || within(&path, &r.path))
+        {
+            return Err(Refusal::WriteOverlapsRoot { path, root: root.path.clone() });
+        }
+        paths.add(path, Grant::ReadWrite, Source::WorkDir);
     }
     let mut rules = ruleset(inputs.abi, inputs.options.net, paths);
     rules.direct_read = direct;

@@ -217,12 +217,13 @@ proptest! {
                 access: if *rw { Access::ReadWrite } else { Access::ReadOnly },
             }),
         );
-        let o = Options { disabled, read_only: read_only.iter().map(PathBuf::from).collect(), net };
+        let o = Options { disabled, read_only: read_only.iter().map(PathBuf::from).collect(), net, read_write: Vec::new() };
         let result = plan(&inputs(&p, &o, abi));
         match result {
             Ok(Plan::Unconfined { .. }) => prop_assert!(disabled),
             Err(Refusal::NoLandlock { .. }) => prop_assert!(!disabled && abi == 0),
             Err(Refusal::BadPath { .. }) | Err(Refusal::OverlapsRoot { .. }) => prop_assert!(!disabled && abi > 0),
+            Err(Refusal::WriteOverlapsRoot { .. }) => prop_assert!(false, "no --sandbox-rw was given"),
             Ok(Plan::Confined(r)) => {
                 prop_assert!(!disabled && abi > 0);
                 prop_assert_eq!(r.abi, abi.min(KNOWN_ABI));
@@ -498,4 +499,22 @@ fn permits_follows_the_rules_rights() {
     }
     // A sink is no read grant for a program.
     assert!(!r.permits(Path::new("/dev/null"), Use::Execute));
+}
+
+#[test]
+fn sandbox_rw_grants_a_path_outside_every_root_and_refuses_one_overlapping_a_root() {
+    let p = policy(&[("data", Access::ReadOnly)]);
+    let o = Options { read_write: vec!["/opt/cache".into()], ..Options::default() };
+    let r = confined(&inputs(&p, &o, 7));
+    let rule = r.paths.iter().find(|x| x.path == Path::new("/opt/cache")).expect("granted");
+    assert_eq!((rule.grant, rule.source), (Grant::ReadWrite, Source::WorkDir));
+    assert!(rule.rights.contains(&FsRight::WriteFile));
+    let root = p.roots()[0].path.clone();
+    for inside in [root.join("sub"), root.clone(), root.parent().unwrap().to_path_buf()] {
+        let o = Options { read_write: vec![inside.clone()], ..Options::default() };
+        match plan(&inputs(&p, &o, 7)) {
+            Err(Refusal::WriteOverlapsRoot { root: r, .. }) => assert_eq!(r, root),
+            other => panic!("--sandbox-rw {} was not refused: {other:?}", inside.display()),
+        }
+    }
 }
