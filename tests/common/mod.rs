@@ -94,6 +94,15 @@ pub fn run_in(dir: &Path, args: &[&str], cmd: &[String]) -> Run {
 }
 
 pub fn run_with_stdin(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio) -> Run {
+    run_full(dir, args, cmd, stdin, &[])
+}
+
+/// `run_in` with further variables in airlock's environment.
+pub fn run_in_env(dir: &Path, args: &[&str], cmd: &[String], envs: &[(&str, &str)]) -> Run {
+    run_full(dir, args, cmd, Stdio::null(), envs)
+}
+
+fn run_full(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio, envs: &[(&str, &str)]) -> Run {
     let report = dir.join(format!("report-{}.json", unique()));
     let start = Instant::now();
     let output = Command::new(airlock())
@@ -113,6 +122,7 @@ pub fn run_with_stdin(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio) -
         // The system's python3: a version manager's shim first on the
         // caller's PATH is refused under the sandbox (tests/agent_project.rs).
         .env("PATH", SYSTEM_PATH)
+        .envs(envs.iter().copied())
         .stdin(stdin)
         .output()
         .expect("airlock runs");
