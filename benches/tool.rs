@@ -37,7 +37,11 @@ impl Session {
         let relay = format!("cat {} & exec cat > {}", req.display(), resp.display());
         let child = Command::new(env!("CARGO_BIN_EXE_airlock"))
             .current_dir(project)
-            .args(["tool", "--timeout", "600", "--", "sh", "-c", &relay])
+            // The relay's fifos lie outside the project: the confined tool
+            // reaches them only where it is granted them.
+            .args(["tool", "--timeout", "600", "--sandbox-rw"])
+            .arg(fifos)
+            .args(["--", "sh", "-c", &relay])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
