@@ -18,9 +18,7 @@
 use airlock_core::resolve::{Entry, Namespace, Refusal};
 use airlock_core::vfs::files::Node;
 use airlock_core::vfs::walk::{self, Opened, ProjectNs};
-use airlock_core::vfs::{
-    DirEntry, Gate, GrepFile, GrepLine, GrepQuery, GrepResult, Metadata, OpError, ProjectFiles, ProjectPath,
-};
+use airlock_core::vfs::{Gate, GrepFile, GrepLine, GrepQuery, GrepResult, OpError, ProjectPath};
 use cap_std::fs::Dir;
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder, Sink, SinkContext, SinkMatch};
 use rustix::fs::{AtFlags, FileType, OFlags, RenameFlags};
@@ -203,6 +201,16 @@ impl ProjectNs for CapFiles {
             Err(e) => Err(errno_refusal(e)),
         }
     }
+
+    /// ripgrep's searcher over each file's scrubbed content, within the
+    /// walk that checked it.
+    fn grep_files(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError> {
+        let matcher = matcher(q)?;
+        let max = gate.max_file();
+        walk::grep(self, gate, q, &mut |path, content, out| {
+            grep_content(&matcher, path, content, q, max, out)
+        })
+    }
 }
 
 /// Collects one file's lines within the search's budgets.
@@ -293,42 +301,4 @@ fn matcher(q: &GrepQuery) -> Result<grep_regex::RegexMatcher, OpError> {
         .dfa_size_limit(airlock_core::vfs::files::GREP_REGEX_SIZE_LIMIT)
         .build(&q.pattern)
         .map_err(|e| OpError::invalid(format!("pattern is not a valid regex: {e}")))
-}
-
-impl ProjectFiles for CapFiles {
-    fn read(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<u8>, OpError> {
-        walk::read(self, gate, path)
-    }
-
-    fn write(&mut self, gate: &Gate, path: &ProjectPath, content: &[u8]) -> Result<(), OpError> {
-        walk::write(self, gate, path, content)
-    }
-
-    fn exists(&mut self, gate: &Gate, path: &ProjectPath) -> Result<bool, OpError> {
-        walk::exists(self, gate, path)
-    }
-
-    fn metadata(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Metadata, OpError> {
-        walk::metadata(self, gate, path)
-    }
-
-    fn list_dir(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<DirEntry>, OpError> {
-        walk::list_dir(self, gate, path)
-    }
-
-    fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {
-        walk::delete(self, gate, path)
-    }
-
-    fn rename(&mut self, gate: &Gate, from: &ProjectPath, to: &ProjectPath) -> Result<(), OpError> {
-        walk::rename(self, gate, from, to)
-    }
-
-    fn grep(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError> {
-        let matcher = matcher(q)?;
-        let max = gate.max_file();
-        walk::grep(self, gate, q, &mut |path, content, out| {
-            grep_content(&matcher, path, content, q, max, out)
-        })
-    }
 }

@@ -2,11 +2,8 @@
 //! runs tools against it, and the cap-std backend is property-tested to
 //! agree with it.
 
-use super::effect::OpError;
-use super::files::{
-    grep_file, DirEntry, Gate, GrepQuery, GrepResult, Metadata, Node, ProjectFiles, ProjectPath,
-};
-use super::walk::{self, Opened, ProjectNs};
+use super::files::{Node, ProjectPath};
+use super::walk::{Opened, ProjectNs};
 use crate::resolve::{Entry, Namespace, Refusal};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -245,41 +242,5 @@ impl ProjectNs for MemFiles {
                 Ok(Opened::Done(true))
             }
         }
-    }
-}
-
-impl ProjectFiles for MemFiles {
-    fn read(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<u8>, OpError> {
-        walk::read(self, gate, path)
-    }
-
-    fn write(&mut self, gate: &Gate, path: &ProjectPath, content: &[u8]) -> Result<(), OpError> {
-        walk::write(self, gate, path, content)
-    }
-
-    fn exists(&mut self, gate: &Gate, path: &ProjectPath) -> Result<bool, OpError> {
-        walk::exists(self, gate, path)
-    }
-
-    fn metadata(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Metadata, OpError> {
-        walk::metadata(self, gate, path)
-    }
-
-    fn list_dir(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<DirEntry>, OpError> {
-        walk::list_dir(self, gate, path)
-    }
-
-    fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {
-        walk::delete(self, gate, path)
-    }
-
-    fn rename(&mut self, gate: &Gate, from: &ProjectPath, to: &ProjectPath) -> Result<(), OpError> {
-        walk::rename(self, gate, from, to)
-    }
-
-    fn grep(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError> {
-        let re = q.regex()?;
-        let max = gate.max_file();
-        walk::grep(self, gate, q, &mut |path, content, out| grep_file(&re, path, content, q, max, out))
     }
 }

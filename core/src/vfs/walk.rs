@@ -63,6 +63,20 @@ pub trait ProjectNs: Namespace {
         to_dir: &Self::Dir,
         to: &OsStr,
     ) -> Result<Opened<bool>, Refusal>;
+
+    /// `fs.grep` through the walk, each file searched with the core's
+    /// [`grep_file`](super::files::grep_file); a backend with a faster
+    /// searcher of its own passes that to [`grep`] instead.
+    fn grep_files(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError>
+    where
+        Self: Sized,
+    {
+        let re = q.regex()?;
+        let max = gate.max_file();
+        grep(self, gate, q, &mut |path, content, out| {
+            super::files::grep_file(&re, path, content, q, max, out)
+        })
+    }
 }
 
 /// How an operation walks its path.
@@ -454,5 +468,41 @@ fn grep_tree<N: ProjectNs>(
             true
         }
         _ => true,
+    }
+}
+
+/// Every namespace the walk can drive is a project's files: each
+/// operation resolves and acts through this module's one walk.
+impl<N: ProjectNs> super::files::ProjectFiles for N {
+    fn read(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<u8>, OpError> {
+        read(self, gate, path)
+    }
+
+    fn write(&mut self, gate: &Gate, path: &ProjectPath, content: &[u8]) -> Result<(), OpError> {
+        write(self, gate, path, content)
+    }
+
+    fn exists(&mut self, gate: &Gate, path: &ProjectPath) -> Result<bool, OpError> {
+        exists(self, gate, path)
+    }
+
+    fn metadata(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Metadata, OpError> {
+        metadata(self, gate, path)
+    }
+
+    fn list_dir(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<DirEntry>, OpError> {
+        list_dir(self, gate, path)
+    }
+
+    fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {
+        delete(self, gate, path)
+    }
+
+    fn rename(&mut self, gate: &Gate, from: &ProjectPath, to: &ProjectPath) -> Result<(), OpError> {
+        rename(self, gate, from, to)
+    }
+
+    fn grep(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError> {
+        self.grep_files(gate, q)
     }
 }

@@ -39,14 +39,14 @@ use airlock_core::fsproxy::PlantedBug;
 use airlock_core::resolve::{Entry, Namespace, Refusal};
 use airlock_core::time::Instant;
 use airlock_core::trace::vfs::Header as VfsHeader;
-use airlock_core::vfs::files::{grep_file, Node};
+use airlock_core::vfs::files::Node;
 use airlock_core::vfs::memfs::{MemFiles, MemNode};
-use airlock_core::vfs::walk::{self, Opened, ProjectNs};
+use airlock_core::vfs::walk::{Opened, ProjectNs};
+use airlock_core::vfs::ProjectPath;
 use airlock_core::vfs::{
     Config, Effect, EffectId, EffectResult, FsOp, Header, Host, HttpResponse, Input, OpError, Output,
     PolicyConfig, ProcessOutput, Signal, ToolExit, ToolPolicy, UserSignal, MAX_READ_CHUNK,
 };
-use airlock_core::vfs::{DirEntry, Gate, GrepQuery, GrepResult, Metadata, ProjectFiles, ProjectPath};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use rand::{Rng, SeedableRng};
@@ -1390,41 +1390,5 @@ impl ProjectNs for Racing<'_> {
         self.race();
         let (f, t) = (self.dir(*from_dir)?.clone(), self.dir(*to_dir)?.clone());
         ProjectNs::rename(self.files, &f, from, &t, to)
-    }
-}
-
-impl ProjectFiles for Racing<'_> {
-    fn read(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<u8>, OpError> {
-        walk::read(self, gate, path)
-    }
-
-    fn write(&mut self, gate: &Gate, path: &ProjectPath, content: &[u8]) -> Result<(), OpError> {
-        walk::write(self, gate, path, content)
-    }
-
-    fn exists(&mut self, gate: &Gate, path: &ProjectPath) -> Result<bool, OpError> {
-        walk::exists(self, gate, path)
-    }
-
-    fn metadata(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Metadata, OpError> {
-        walk::metadata(self, gate, path)
-    }
-
-    fn list_dir(&mut self, gate: &Gate, path: &ProjectPath) -> Result<Vec<DirEntry>, OpError> {
-        walk::list_dir(self, gate, path)
-    }
-
-    fn delete(&mut self, gate: &Gate, path: &ProjectPath) -> Result<(), OpError> {
-        walk::delete(self, gate, path)
-    }
-
-    fn rename(&mut self, gate: &Gate, from: &ProjectPath, to: &ProjectPath) -> Result<(), OpError> {
-        walk::rename(self, gate, from, to)
-    }
-
-    fn grep(&mut self, gate: &Gate, q: &GrepQuery) -> Result<GrepResult, OpError> {
-        let re = q.regex()?;
-        let max = gate.max_file();
-        walk::grep(self, gate, q, &mut |path, content, out| grep_file(&re, path, content, q, max, out))
     }
 }
