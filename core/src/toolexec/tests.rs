@@ -835,3 +835,22 @@ fn no_read_while_one_is_outstanding_or_after_eof() {
     x.handle_timeout(at(2));
     assert_eq!(reads(&drain(&mut x)), 0, "after EOF");
 }
+
+/// Once nobody reads the answer, the pipe is drained a whole chunk at a
+/// time, not a streaming window at a time: the window paces a client,
+/// and there is none left to pace.
+#[test]
+fn without_a_client_the_pipe_drains_a_chunk_at_a_time_whatever_the_window() {
+    let mut c = config();
+    c.stream_window = 4;
+    c.read_chunk = 64;
+    let (mut x, _) = request(c, good_head("2", true), b"tool=echo");
+    x.handle(at(0), Input::Spawned(Ok(())));
+    assert_eq!(x.mode(), Mode::Streaming);
+    assert_eq!(drain(&mut x), vec![Output::ReadOutput { max: 4 }], "the window paces a client");
+    x.handle(at(1), Input::ClientGone);
+    drain(&mut x);
+    x.handle(at(1), Input::ToolOutput(b"abcd".to_vec()));
+    let outs = drain(&mut x);
+    assert_eq!(outs, vec![Output::ReadOutput { max: 64 }], "{outs:?}");
+}
