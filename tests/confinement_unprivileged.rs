@@ -584,9 +584,14 @@ fn airlock_and_another_process_of_the_same_user_are_out_of_reach() {
         let after = process_state(holder.pid());
         assert_eq!(run.code(), Some(0), "{mode:?}: {}", run.stderr());
         let got = outcomes(&run);
-        for label in
-            ["prlimit airlock", "prlimit parent", "prlimit other", "setpriority other", "affinity other"]
-        {
+        for label in [
+            "prlimit airlock",
+            "setpriority airlock",
+            "prlimit parent",
+            "prlimit other",
+            "setpriority other",
+            "affinity other",
+        ] {
             assert_refused_or_listed(
                 &run,
                 got_through(&got, label),
@@ -875,7 +880,9 @@ fn a_kernel_that_refuses_user_namespaces_gets_the_fallback_and_says_so() {
         let leaked =
             got_through(&got, "setxattr") || got_through(&got, "removexattr") || xattrs(&file) != before;
         assert_refused_or_listed(&run, leaked, &format!("{ctx} xattr {got:?}"), &[]);
-        for label in ["prlimit airlock", "prlimit other", "setpriority other", "affinity other"] {
+        for label in
+            ["prlimit airlock", "setpriority airlock", "prlimit other", "setpriority other", "affinity other"]
+        {
             assert_refused_or_listed(&run, got_through(&got, label), &format!("{ctx} {label} {got:?}"), &[]);
         }
         assert_eq!(other_before, other_after, "{ctx}: the other process changed");
@@ -963,5 +970,73 @@ print(json.dumps({{"jsonrpc": "2.0", "method": "result", "params": {{"content": 
             "uid {}: the refusal does not name the namespaces: {stderr}",
             who.0
         );
+    }
+}
+
+const TOKEN: &str = "unprivileged-test-token";
+
+/// `toolexec serve` where the kernel refuses namespaces: its tool runs,
+/// confined (a file outside its sandbox stays unread); with
+/// `--require-namespaces` the tool does not start and the answer names
+/// the namespaces.
+#[test]
+fn toolexec_tools_run_confined_where_the_kernel_refuses_namespaces() {
+    for who in whos() {
+        let f = Fixture::owned_by(who);
+        let secret = f.outside.join("secret.txt");
+        std::fs::write(&secret, "outside-secret\n").unwrap();
+        let tool = f.project_file(
+            "peek",
+            &format!("#!/bin/sh\ncat {} 2>/dev/null && echo 'outside read'\necho done\n", secret.display()),
+        );
+        chmod(&tool, 0o755);
+        f.project_file("token", &format!("{TOKEN}\n"));
+        let peek = format!("peek={}", tool.display());
+        for require in [false, true] {
+            let ctx = format!("uid {} require {require}", who.0);
+            let mut c = f.airlock(Mode::Namespaces, &REFUSING);
+            c.args(["toolexec", "serve", "--token-file", "token", "--tool", &peek])
+                .args(if require { &["--require-namespaces"][..] } else { &[] })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut server = c.spawn().unwrap();
+            let mut lines = BufReader::new(server.stdout.take().unwrap());
+            let mut url = None;
+            let mut line = String::new();
+            while lines.read_line(&mut line).unwrap_or(0) > 0 {
+                if let Some(u) = line.trim().strip_prefix("AIFO_TOOLEEXEC_URL=") {
+                    url = Some(u.to_owned());
+                    break;
+                }
+                line.clear();
+            }
+            let body = url.as_ref().map(|url| {
+                let out = Command::new("curl")
+                    .args(["-sS", "--max-time", "20", "-H"])
+                    .arg(format!("Authorization: Bearer {TOKEN}"))
+                    .args(["-H", "X-Aifo-Proto: 2", "--data-urlencode", "tool=peek", url])
+                    .output()
+                    .expect("curl is installed");
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            });
+            // SAFETY: kill(2) on the server this test started.
+            unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+            let _ = server.wait();
+            let mut stderr = String::new();
+            let _ = server.stderr.take().unwrap().read_to_string(&mut stderr);
+            assert_control_refused(&stderr);
+            let body = body.unwrap_or_else(|| panic!("{ctx}: the server printed no URL: {stderr}"));
+            assert!(!body.contains("outside"), "{ctx}: the tool read a file outside its sandbox: {body:?}");
+            if require {
+                assert!(!body.contains("done"), "{ctx}: the tool ran without namespaces: {body:?}");
+                assert!(
+                    body.contains("namespaces are not available")
+                        || stderr.contains("namespaces are not available"),
+                    "{ctx}: the refusal does not name the namespaces: {body:?} {stderr}"
+                );
+            } else {
+                assert!(body.contains("done"), "{ctx}: the tool did not run: {body:?} {stderr}");
+            }
+        }
     }
 }
