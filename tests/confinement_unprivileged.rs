@@ -360,6 +360,7 @@ impl Holder {
     fn start(f: &Fixture, key: i32, desc: &str, secret: &str) -> Holder {
         let mut c = f.plain("python3");
         c.args(["-c", HOLDER])
+            .env("HOLDER_SECRET", secret)
             .arg(&f.attacks)
             .args([key.to_string(), desc.to_owned(), secret.to_owned()])
             .stdin(Stdio::piped())
@@ -610,6 +611,36 @@ fn airlock_and_another_process_of_the_same_user_are_out_of_reach() {
     }
 }
 
+/// Another process of the same user: its environment (`/proc/PID/environ`)
+/// is unreadable and a signal does not reach it, in both modes (the PID
+/// namespace hides it; without it, Landlock grants no `/proc` and scopes
+/// signals), though the same commands run by the user without airlock
+/// read the secret and signal it.
+#[test]
+fn another_process_of_the_same_user_is_neither_read_nor_signalled() {
+    let f = Fixture::new();
+    let secret = format!("environ-secret-{}", unique());
+    let holder =
+        Holder::start(&f, 0x4157_0000 | (std::process::id() as i32 & 0xffff), "airlock-environ", &secret);
+    let script = format!(
+        "tr '\\0' '\\n' < /proc/{pid}/environ; kill -CONT {pid} && echo signalled; echo finished",
+        pid = holder.pid()
+    );
+    for mode in MODES {
+        let run = f.run(mode, &[], &sh(&script));
+        let out = run.stdout();
+        assert!(out.contains("finished"), "{mode:?}: {out} {}", run.stderr());
+        assert!(!out.contains(&secret), "{mode:?}: the child read another process's environment: {out}");
+        assert!(!out.contains("signalled"), "{mode:?}: the child signalled another process: {out}");
+        assert_mode(&run, mode);
+    }
+    let mut c = f.plain("sh");
+    c.args(["-c", &script]);
+    let out = run_as(&mut c, f.owner).output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(out.contains(&secret) && out.contains("signalled"), "out of the user's own reach: {out}");
+}
+
 /// The host's network: TCP and MPTCP connects to a host loopback
 /// listener and UDP to a host socket. Nothing reaches the host in either
 /// mode, or the report lists the class.
@@ -802,34 +833,50 @@ fn whos() -> Vec<(u32, u32)> {
     }
 }
 
-/// In front of airlock's shell: a user namespace mapping only the
-/// caller's own ids, whose `max_user_namespaces` is set to 0 from inside
-/// (the limit is per user namespace, and its creator holds
-/// CAP_SYS_RESOURCE there; `--keep-caps` keeps that for an unprivileged
-/// creator's shell). A control then tries to create a nested user
-/// namespace and stops the run if the kernel allows it; the capabilities
-/// `--keep-caps` passed on are dropped again (setpriv), and airlock's
-/// shell runs.
-const REFUSING: [&str; 9] = [
-    "unshare",
-    "--user",
-    "--map-current-user",
-    "--keep-caps",
-    "sh",
-    "-c",
-    r#"echo 0 > /proc/sys/user/max_user_namespaces || exit 97
-if why=$(unshare --user true 2>&1); then echo "control: a nested user namespace was allowed" >&2; exit 98; fi
-echo "control: nested user namespace refused: $why" >&2
-exec setpriv --inh-caps=-all --ambient-caps=-all -- "$@""#,
-    "sh",
-    "sh",
+/// Each namespace's per-user-namespace limit in `/proc/sys/user/`, and
+/// `unshare`'s flag for a nested one.
+const NS_LIMITS: [(&str, &str, &str); 6] = [
+    ("user", "max_user_namespaces", "--user"),
+    ("pid", "max_pid_namespaces", "--pid"),
+    ("ipc", "max_ipc_namespaces", "--ipc"),
+    ("net", "max_net_namespaces", "--net"),
+    ("uts", "max_uts_namespaces", "--uts"),
+    ("mount", "max_mnt_namespaces", "--mount"),
 ];
+
+/// In front of airlock's shell: a user namespace mapping only the
+/// caller's own ids, whose limit on `ns` namespaces is set to 0 from
+/// inside (the limits are per user namespace and bind its descendants;
+/// its creator holds CAP_SYS_RESOURCE there, which `--keep-caps` keeps for
+/// an unprivileged creator's shell). A control then tries to create a
+/// nested namespace of that kind (in a nested user namespace) and stops
+/// the run if the kernel allows it; the capabilities `--keep-caps` passed
+/// on are dropped again (setpriv), and airlock's shell runs.
+fn refusing(ns: &str) -> Vec<String> {
+    let (_, limit, flag) = NS_LIMITS.iter().find(|(n, _, _)| *n == ns).expect("a namespace");
+    let nested = if *flag == "--user" { "--user".to_owned() } else { format!("--user {flag}") };
+    let script = format!(
+        r#"echo 0 > /proc/sys/user/{limit} || exit 97
+if why=$(unshare {nested} true 2>&1); then echo "control: a nested {ns} namespace was allowed" >&2; exit 98; fi
+echo "control: nested {ns} namespace refused: $why" >&2
+exec setpriv --inh-caps=-all --ambient-caps=-all -- "$@""#
+    );
+    ["unshare", "--user", "--map-current-user", "--keep-caps", "sh", "-c", &script, "sh", "sh"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn borrowed(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
 
 fn assert_control_refused(stderr: &str) {
     assert!(
-        stderr.contains("control: nested user namespace refused")
+        stderr.contains("control: nested ")
+            && stderr.contains(" namespace refused: ")
             && stderr.contains("No space left on device"),
-        "the kernel did not refuse a nested user namespace as set up: {stderr}"
+        "the kernel did not refuse a nested namespace as set up: {stderr}"
     );
 }
 
@@ -861,7 +908,7 @@ fn a_kernel_that_refuses_user_namespaces_gets_the_fallback_and_says_so() {
             caps = f.attacks.join("caps.py").display(),
             n = unique(),
         );
-        let run = f.run_wrapped(Mode::Namespaces, &REFUSING, &[], &sh(&script));
+        let run = f.run_wrapped(Mode::Namespaces, &borrowed(&refusing("user")), &[], &sh(&script));
         let other_after = process_state(other.id());
         let _ = other.kill();
         let _ = other.wait();
@@ -907,7 +954,13 @@ fn require_namespaces_refuses_to_start_where_the_kernel_refuses_them() {
         let f = Fixture::owned_by(who);
         let report = f.report_path();
         let out = f
-            .command(Mode::Namespaces, &REFUSING, &["--require-namespaces"], &report, &sh("echo child-ran"))
+            .command(
+                Mode::Namespaces,
+                &borrowed(&refusing("user")),
+                &["--require-namespaces"],
+                &report,
+                &sh("echo child-ran"),
+            )
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -944,7 +997,7 @@ print(json.dumps({{"jsonrpc": "2.0", "method": "result", "params": {{"content": 
             secret = secret.display().to_string()
         );
         let out = f
-            .airlock(Mode::Namespaces, &REFUSING)
+            .airlock(Mode::Namespaces, &borrowed(&refusing("user")))
             .args(["tool", "--", "python3", "-c", &script])
             .output()
             .unwrap();
@@ -958,7 +1011,7 @@ print(json.dumps({{"jsonrpc": "2.0", "method": "result", "params": {{"content": 
         assert_eq!(text, "EACCES", "uid {}: the tool read a file outside its view: {j}", who.0);
 
         let out = f
-            .airlock(Mode::Namespaces, &REFUSING)
+            .airlock(Mode::Namespaces, &borrowed(&refusing("user")))
             .args(["tool", "--require-namespaces", "--", "python3", "-c", &script])
             .output()
             .unwrap();
@@ -994,7 +1047,7 @@ fn toolexec_tools_run_confined_where_the_kernel_refuses_namespaces() {
         let peek = format!("peek={}", tool.display());
         for require in [false, true] {
             let ctx = format!("uid {} require {require}", who.0);
-            let mut c = f.airlock(Mode::Namespaces, &REFUSING);
+            let mut c = f.airlock(Mode::Namespaces, &borrowed(&refusing("user")));
             c.args(["toolexec", "serve", "--token-file", "token", "--tool", &peek])
                 .args(if require { &["--require-namespaces"][..] } else { &[] })
                 .stdout(Stdio::piped())
@@ -1038,5 +1091,26 @@ fn toolexec_tools_run_confined_where_the_kernel_refuses_namespaces() {
                 assert!(body.contains("done"), "{ctx}: the tool did not run: {body:?} {stderr}");
             }
         }
+    }
+}
+
+/// A kernel that refuses any one kind of namespace (a limit of 0 for
+/// user, PID, IPC, network, UTS or mount namespaces): airlock starts with
+/// none, the child runs, and the report lists every namespace as not
+/// enforced and the other layers as applied.
+#[test]
+fn a_kernel_that_refuses_any_one_namespace_gets_the_whole_fallback() {
+    let f = Fixture::new();
+    for (ns, _, _) in NS_LIMITS {
+        let run = f.run_wrapped(Mode::Namespaces, &borrowed(&refusing(ns)), &[], &sh("echo child-ran"));
+        assert_control_refused(&run.stderr());
+        assert_eq!(run.code(), Some(0), "{ns}: {}", run.stderr());
+        assert_eq!(run.stdout(), "child-ran\n", "{ns}: {}", run.stderr());
+        assert!(namespaces_in_force(&run).is_empty(), "{ns}: namespaces reported in force: {}", run.report);
+        let listed = not_enforced(&run);
+        for n in NAMESPACES {
+            assert!(listed.contains(&format!("ns_{n}")), "{ns}: ns_{n} is not listed: {}", run.report);
+        }
+        assert_layers_without_namespaces(&run, ns);
     }
 }
