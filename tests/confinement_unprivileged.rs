@@ -1114,3 +1114,114 @@ fn a_kernel_that_refuses_any_one_namespace_gets_the_whole_fallback() {
         assert_layers_without_namespaces(&run, ns);
     }
 }
+
+/// A wrapper that lets the kernel create namespaces but refuses what
+/// setting them up needs, as Ubuntu 24.04's AppArmor default does (it
+/// lets an unprivileged process create a user namespace, then denies it
+/// every capability there): a seccomp filter refusing `mount` (argv[1]
+/// `mount`) or the ioctl that brings an interface up (`loopback`) with
+/// EPERM. A control in a forked child shows the namespaces are created
+/// and that step refused, then the rest of argv is exec'd.
+const SETUP_REFUSING: &str = r#"
+import ctypes, os, platform, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+kind = sys.argv[1]
+ARCH, MOUNT, IOCTL = {"x86_64": (0xc000003e, 165, 16), "aarch64": (0xc00000b7, 40, 29)}[platform.machine()]
+SIOCSIFFLAGS, EPERM, ALLOW = 0x8914, 0x00050001, 0x7fff0000
+LD, JEQ, RET = 0x20, 0x15, 0x06
+def ins(code, jt, jf, k): return struct.pack("HBBI", code, jt, jf, k)
+if kind == "mount":
+    prog = [ins(LD, 0, 0, 4), ins(JEQ, 0, 3, ARCH), ins(LD, 0, 0, 0), ins(JEQ, 0, 1, MOUNT), ins(RET, 0, 0, EPERM), ins(RET, 0, 0, ALLOW)]
+else:
+    prog = [ins(LD, 0, 0, 4), ins(JEQ, 0, 5, ARCH), ins(LD, 0, 0, 0), ins(JEQ, 0, 3, IOCTL), ins(LD, 0, 0, 24), ins(JEQ, 0, 1, SIOCSIFFLAGS), ins(RET, 0, 0, EPERM), ins(RET, 0, 0, ALLOW)]
+code = ctypes.create_string_buffer(b"".join(prog))
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+p = Prog(len(prog), ctypes.cast(code, ctypes.c_void_p))
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) or libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(p), 0, 0):
+    sys.exit("seccomp: " + os.strerror(ctypes.get_errno()))
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x40000000, 0x4000, 0x40000
+pid = os.fork()
+if pid == 0:
+    if libc.unshare(CLONE_NEWUSER | (CLONE_NEWNS if kind == "mount" else CLONE_NEWNET)):
+        os._exit(2)
+    try:
+        if kind == "mount":
+            if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None):
+                os._exit(1)
+        else:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            fcntl = __import__("fcntl")
+            fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", 0x41))
+    except OSError:
+        os._exit(1)
+    os._exit(0)
+_, st = os.waitpid(pid, 0)
+if os.waitstatus_to_exitcode(st) != 1:
+    sys.exit("control: namespaces refused or %s allowed (%d)" % (kind, os.waitstatus_to_exitcode(st)))
+print("control: namespaces created, %s refused" % kind, file=sys.stderr, flush=True)
+os.execvp(sys.argv[2], sys.argv[2:])
+"#;
+
+/// A kernel that creates the namespaces but refuses setting them up (a
+/// mount of the view, or bringing up loopback; Ubuntu 24.04's AppArmor
+/// default refuses both to an unprivileged user): airlock starts without
+/// namespaces, the child runs, the report lists every namespace and the
+/// other layers as applied, and the fallback's attacks are refused. With
+/// `--require-namespaces` airlock refuses to start, naming the step.
+#[test]
+fn a_kernel_that_refuses_setting_up_namespaces_gets_the_whole_fallback() {
+    for who in whos() {
+        let f = Fixture::owned_by(who);
+        let file = host_file_with_xattr(&f);
+        let before = xattrs(&file);
+        for kind in ["mount", "loopback"] {
+            let ctx = format!("uid {} {kind} refused", who.0);
+            let wrap = ["python3", "-c", SETUP_REFUSING, kind, "sh"];
+            let script = format!(
+                "id -u; python3 {xattr} {args}",
+                xattr = f.attacks.join("xattr.py").display(),
+                args = xattr_args(&file).join(" "),
+            );
+            let run = f.run_wrapped(Mode::Namespaces, &wrap, &[], &sh(&script));
+            let control = format!("control: namespaces created, {kind} refused");
+            assert!(run.stderr().contains(&control), "{ctx}: the control did not hold: {}", run.stderr());
+            assert_eq!(run.code(), Some(0), "{ctx}: {}", run.stderr());
+            assert_eq!(
+                run.stdout().lines().next(),
+                Some(who.0.to_string().as_str()),
+                "{ctx}: {}",
+                run.stdout()
+            );
+            assert!(
+                namespaces_in_force(&run).is_empty(),
+                "{ctx}: namespaces reported in force: {}",
+                run.report
+            );
+            let listed = not_enforced(&run);
+            for ns in NAMESPACES {
+                assert!(listed.contains(&format!("ns_{ns}")), "{ctx}: ns_{ns} is not listed: {}", run.report);
+            }
+            assert_layers_without_namespaces(&run, &ctx);
+            let got = outcomes(&run);
+            let leaked =
+                got_through(&got, "setxattr") || got_through(&got, "removexattr") || xattrs(&file) != before;
+            assert_refused_or_listed(&run, leaked, &format!("{ctx} xattr {got:?}"), &[]);
+
+            let report = f.report_path();
+            let out = f
+                .command(Mode::Namespaces, &wrap, &["--require-namespaces"], &report, &sh("echo child-ran"))
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains(&control), "{ctx}: the control did not hold: {stderr}");
+            assert_eq!(out.status.code(), Some(125), "{ctx}: {stderr}");
+            assert!(
+                stderr.contains("--require-namespaces"),
+                "{ctx}: the refusal does not name the flag: {stderr}"
+            );
+            assert!(!String::from_utf8_lossy(&out.stdout).contains("child-ran"), "{ctx}: the child ran");
+        }
+    }
+}
