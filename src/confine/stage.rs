@@ -3,9 +3,9 @@
 //! Being fresh, it may allocate and fork freely (nothing here runs between
 //! a multi-threaded fork and exec).
 //!
-//! With namespaces: the stage unshares user, mount, PID, IPC, UTS (and
-//! network unless allowed) namespaces, maps its own uid/gid, and forks PID
-//! 1 of the new PID namespace, airlock's reaper. PID 1 asks for SIGKILL
+//! With namespaces: the stage clones PID 1 into new user, mount, PID, IPC,
+//! UTS (and network unless allowed) namespaces, staying in the caller's
+//! own; PID 1, airlock's reaper, maps the caller's uid/gid. PID 1 asks for SIGKILL
 //! when the stage dies (the payload cannot undo that: it is PID 1's, and
 //! when PID 1 dies the kernel kills every process of the namespace,
 //! `setsid` daemons included), builds the mount view and pivots into it,
@@ -15,14 +15,15 @@
 //! execs. PID 1 reaps everything and, when the payload ends, hands its
 //! status to the stage and exits; the stage exits the same way.
 //!
-//! Without namespaces (refused by the kernel, or `AIRLOCK_NO_NAMESPACES`):
+//! Without namespaces (refused by the kernel, not set up by PID 1 because
+//! a mount or loopback was refused inside them, or `AIRLOCK_NO_NAMESPACES`):
 //! the stage is a child subreaper, forks the payload with the same layers
 //! 2-4, and kills every remaining descendant when the payload ends.
 
 use super::filter;
 use airlock_core::sandbox::{Applied, Confinement, Mount, Namespace, NsMode, StageStatus, View};
 use std::ffi::{CString, OsString};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
@@ -90,12 +91,12 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let mut status = Some(std::fs::File::from(status));
     let code = match plan.namespaces {
         NsMode::Off => fallback(&plan, argv, &mut status),
-        mode => match unshare_all(&plan) {
-            Ok(namespaces) => with_namespaces(&plan, argv, namespaces, &mut status),
+        mode => match with_namespaces(&plan, argv, &mut status) {
+            Ok(code) => code,
             Err(e) if mode == NsMode::Require => refuse(
                 &mut status,
                 format!(
-                    "namespaces are not available ({e}); --require-namespaces refuses to start without them"
+                    "namespaces are not available ({e:#}); --require-namespaces refuses to start without them"
                 ),
             ),
             Err(_) => fallback(&plan, argv, &mut status),
@@ -132,9 +133,8 @@ fn check(r: libc::c_int, what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Unshare every namespace the plan wants and map our ids; the list of
-/// those now in force.
-fn unshare_all(plan: &Confinement) -> anyhow::Result<Vec<Namespace>> {
+/// The `clone` flags for every namespace the plan wants, and their list.
+fn namespace_flags(plan: &Confinement) -> (libc::c_int, Vec<Namespace>) {
     let wanted = plan.wanted();
     let mut flags = 0;
     for ns in &wanted {
@@ -147,22 +147,44 @@ fn unshare_all(plan: &Confinement) -> anyhow::Result<Vec<Namespace>> {
             Namespace::Mount => libc::CLONE_NEWNS,
         };
     }
-    // SAFETY: the stage is single-threaded, as unshare(CLONE_NEWUSER) requires.
-    let uid = unsafe { libc::getuid() };
-    // SAFETY: no arguments.
-    let gid = unsafe { libc::getgid() };
-    // SAFETY: flags only.
-    check(unsafe { libc::unshare(flags) }, "unshare")?;
+    (flags, wanted)
+}
+
+/// In the new user namespace: map our own ids (as they were outside).
+fn map_ids(uid: libc::uid_t, gid: libc::gid_t) -> anyhow::Result<()> {
     std::fs::write("/proc/self/setgroups", "deny").map_err(|e| anyhow::anyhow!("setgroups: {e}"))?;
     std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))
         .map_err(|e| anyhow::anyhow!("uid_map: {e}"))?;
     std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
         .map_err(|e| anyhow::anyhow!("gid_map: {e}"))?;
-    Ok(wanted)
+    Ok(())
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(Into::into)
+}
+
+/// `fork` into new namespaces (`flags`): the child is in them, PID 1 of
+/// the new PID namespace, while the stage stays in the caller's, free to
+/// fall back when the child cannot set them up.
+fn clone_into(flags: libc::c_int) -> std::io::Result<libc::pid_t> {
+    // SAFETY: as fork(): the stage is single-threaded and, without
+    // CLONE_VM, the child runs on a copy of it; no stack, tid or TLS
+    // pointer is passed.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        return Err(errno());
+    }
+    Ok(pid as libc::pid_t)
 }
 
 fn fork() -> std::io::Result<libc::pid_t> {
@@ -217,35 +239,57 @@ fn set_death_signal() -> std::io::Result<()> {
     Ok(())
 }
 
-/// The outer stage with namespaces: fork PID 1, wait for it, exit as the
-/// payload did.
+/// PID 1's first byte on the result pipe: the namespaces are set up.
+const SET_UP: u8 = b'R';
+/// ... or they are not, followed by why.
+const NOT_SET_UP: u8 = b'F';
+/// The longest reason PID 1 passes on (one atomic pipe write).
+const MAX_REASON: usize = 1024;
+
+/// The outer stage with namespaces: clone PID 1 into them, wait for it,
+/// exit as the payload did. `Err` when the kernel refuses the namespaces
+/// or PID 1 could not set them up (a mount, loopback: what AppArmor may
+/// refuse inside a namespace it let be created); nothing has run then,
+/// and the stage, still in the caller's namespaces, may fall back.
 fn with_namespaces(
     plan: &Confinement,
     argv: &[OsString],
-    namespaces: Vec<Namespace>,
     status: &mut Option<std::fs::File>,
-) -> i32 {
+) -> anyhow::Result<i32> {
+    let (flags, namespaces) = namespace_flags(plan);
+    // SAFETY: no arguments.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let (result_rd, result_wr) = match pipe() {
         Ok(p) => p,
-        Err(e) => return refuse(status, format!("pipe: {e}")),
+        Err(e) => return Ok(refuse(status, format!("pipe: {e}"))),
     };
     let (alive_rd, alive_wr) = match pipe() {
         Ok(p) => p,
-        Err(e) => return refuse(status, format!("pipe: {e}")),
+        Err(e) => return Ok(refuse(status, format!("pipe: {e}"))),
     };
-    let pid1 = match fork() {
-        Ok(p) => p,
-        Err(e) => return refuse(status, format!("fork: {e}")),
-    };
+    let pid1 = clone_into(flags).map_err(|e| anyhow::anyhow!("clone: {e}"))?;
     if pid1 == 0 {
         drop(result_rd);
         drop(alive_wr);
-        let code = init(plan, argv, namespaces, status, result_wr, alive_rd);
+        let code = match map_ids(uid, gid) {
+            Ok(()) => init(plan, argv, namespaces, status, result_wr, alive_rd),
+            Err(e) => not_set_up(&result_wr, &format!("{e:#}")),
+        };
         // SAFETY: leave without running the stage's destructors twice.
         unsafe { libc::_exit(code) };
     }
     drop(result_wr);
     drop(alive_rd);
+    let mut tag = [0u8; 1];
+    if !matches!(rustix::io::read(&result_rd, &mut tag), Ok(1)) || tag[0] != SET_UP {
+        let mut reason = Vec::new();
+        let _ = std::fs::File::from(result_rd).read_to_end(&mut reason);
+        let st = wait_pid(pid1);
+        if tag[0] == NOT_SET_UP {
+            anyhow::bail!("{}", String::from_utf8_lossy(&reason));
+        }
+        return Ok(st.map_or(REFUSED_EXIT, exit_like));
+    }
     // Ours goes: the payload's exec (or PID 1's exit) ends the status stream.
     drop(status.take());
     release_stdio();
@@ -254,11 +298,19 @@ fn with_namespaces(
     drop(alive_wr);
     let mut raw = [0u8; 4];
     let got = rustix::io::read(&result_rd, &mut raw).unwrap_or(0);
-    match (got, st) {
+    Ok(match (got, st) {
         (4, _) => exit_like(i32::from_ne_bytes(raw)),
         (_, Some(st)) => exit_like(st),
         _ => REFUSED_EXIT,
-    }
+    })
+}
+
+/// In PID 1: the namespaces could not be set up; the stage decides.
+fn not_set_up(result: &OwnedFd, reason: &str) -> i32 {
+    let mut msg = vec![NOT_SET_UP];
+    msg.extend(reason.bytes().take(MAX_REASON));
+    let _ = rustix::io::write(result, &msg);
+    REFUSED_EXIT
 }
 
 /// PID 1 of the new PID namespace.
@@ -283,12 +335,12 @@ fn init(
     if applied.has(Namespace::Mount) {
         match build_view(&plan.view) {
             Ok(proc) => applied.proc = proc,
-            Err(e) => return refuse(status, format!("building the mount view: {e:#}")),
+            Err(e) => return not_set_up(&result, &format!("building the mount view: {e:#}")),
         }
     }
     if applied.has(Namespace::Net) {
         if let Err(e) = loopback_up() {
-            return refuse(status, format!("bringing up loopback: {e}"));
+            return not_set_up(&result, &format!("bringing up loopback: {e}"));
         }
     }
     if applied.has(Namespace::Uts) {
@@ -296,6 +348,7 @@ fn init(
         // SAFETY: the buffer and its length are ours.
         let _ = unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
     }
+    let _ = rustix::io::write(&result, &[SET_UP]);
     let payload = match fork() {
         Ok(p) => p,
         Err(e) => return refuse(status, format!("fork: {e}")),
