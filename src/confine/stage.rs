@@ -168,19 +168,17 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 /// the new PID namespace, while the stage stays in the caller's, free to
 /// fall back when the child cannot set them up.
 fn clone_into(flags: libc::c_int) -> std::io::Result<libc::pid_t> {
+    let flags = (flags | libc::SIGCHLD) as libc::c_ulong;
+    // s390x takes the stack before the flags; every other architecture
+    // takes the flags first. Every other argument is zero.
+    #[cfg(target_arch = "s390x")]
+    let args = [0, flags];
+    #[cfg(not(target_arch = "s390x"))]
+    let args = [flags, 0];
     // SAFETY: as fork(): the stage is single-threaded and, without
     // CLONE_VM, the child runs on a copy of it; no stack, tid or TLS
     // pointer is passed.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (flags | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
+    let pid = unsafe { libc::syscall(libc::SYS_clone, args[0], args[1], 0usize, 0usize, 0usize) };
     if pid < 0 {
         return Err(errno());
     }

@@ -518,3 +518,14 @@ fn sandbox_rw_grants_a_path_outside_every_root_and_refuses_one_overlapping_a_roo
         }
     }
 }
+
+/// A path of the default list may be missing on a host (`/lib64` on some
+/// distributions) and is skipped; every path a user, a tool or airlock
+/// itself names must exist, or the start is refused.
+#[test]
+fn only_the_default_list_may_be_missing() {
+    assert!(!Source::Default.required());
+    for s in [Source::Airlock, Source::User, Source::WorkDir, Source::Private, Source::Session] {
+        assert!(s.required(), "{s:?}");
+    }
+}
