@@ -529,3 +529,103 @@ fn only_the_default_list_may_be_missing() {
         assert!(s.required(), "{s:?}");
     }
 }
+
+#[test]
+fn sandbox_rw_of_the_root_directory_is_refused() {
+    let p = policy(&[]);
+    for raw in ["/", "/..", "../../../../.."] {
+        let o = Options { read_write: vec![raw.into()], ..Options::default() };
+        assert_eq!(
+            plan(&inputs(&p, &o, 7)),
+            Err(Refusal::BadPath { path: raw.into() }),
+            "--sandbox-rw {raw}"
+        );
+    }
+}
+
+#[test]
+fn the_lowest_supported_abi_is_enough_for_every_ruleset_and_the_one_below_is_not() {
+    let work = Path::new("/tmp/work");
+    for abi in [MIN_ABI, 4, KNOWN_ABI, KNOWN_ABI + 1] {
+        assert_eq!(tool_ruleset(abi, work, false).map(|r| r.abi), Ok(abi.min(KNOWN_ABI)));
+        assert_eq!(system_ruleset(abi, false).map(|r| r.abi), Ok(abi.min(KNOWN_ABI)));
+    }
+    let below = MIN_ABI - 1;
+    assert_eq!(tool_ruleset(below, work, false), Err(Refusal::NoLandlock { abi: below }));
+    assert_eq!(system_ruleset(below, false), Err(Refusal::NoLandlock { abi: below }));
+    assert!(system_ruleset(7, false).is_ok_and(|r| !r.handled_net.is_empty()));
+    assert!(system_ruleset(7, true).is_ok_and(|r| r.handled_net.is_empty()));
+}
+
+#[test]
+fn each_grant_after_the_plan_adds_its_own_kind_of_rule() {
+    let Ok(mut r) = system_ruleset(7, false) else { panic!("abi 7 is supported") };
+    let before = r.paths.len();
+    r.grant_read_exec(PathBuf::from("/opt/tool/bin/run"));
+    r.grant_session_dir(PathBuf::from("/tmp/airlock-session"));
+    r.grant_read_write(PathBuf::from("/opt/cache"));
+    let added: Vec<_> =
+        r.paths[before..].iter().map(|p| (p.path.to_str().unwrap_or(""), p.grant, p.source)).collect();
+    assert_eq!(
+        added,
+        vec![
+            ("/opt/tool/bin/run", Grant::ReadExec, Source::User),
+            ("/tmp/airlock-session", Grant::Connect, Source::Session),
+            ("/opt/cache", Grant::ReadWrite, Source::WorkDir),
+        ]
+    );
+    assert!(r.permits(Path::new("/opt/tool/bin/run"), Use::Execute));
+    assert!(r.permits(Path::new("/opt/cache/x"), Use::Read));
+    let cache = r.paths.iter().find(|p| p.path == Path::new("/opt/cache")).expect("granted");
+    assert!(cache.rights.contains(&FsRight::WriteFile));
+    let session = r.paths.iter().find(|p| p.source == Source::Session).expect("granted");
+    assert!(!session.rights.contains(&FsRight::WriteFile) && !session.rights.contains(&FsRight::ReadFile));
+}
+
+fn confinement(net: bool) -> Confinement {
+    let p = policy(&[]);
+    let o = Options { net, ..Options::default() };
+    let r = confined(&inputs(&p, &o, 7));
+    let view = view_for(&r, PathBuf::from("/work/project"));
+    Confinement { namespaces: NsMode::Try, net, ruleset: r, view, keep_fds: 3, status_fd: 4 }
+}
+
+#[test]
+fn every_namespace_is_wanted_but_the_network_one_when_the_network_is_allowed() {
+    assert_eq!(confinement(false).wanted(), Namespace::ALL.to_vec());
+    let with_net = confinement(true).wanted();
+    assert_eq!(with_net, Namespace::ALL.into_iter().filter(|n| *n != Namespace::Net).collect::<Vec<_>>());
+}
+
+#[test]
+fn the_private_dirs_get_every_write_right_the_abi_has_and_no_newer_one() {
+    for abi in [1, 2, 3, 7] {
+        let mut c = confinement(false);
+        c.ruleset = confined(&inputs(&policy(&[]), &Options::default(), abi));
+        let r = c.ruleset_for(&all_ns());
+        let tmp = r.paths.iter().find(|p| p.source == Source::Private).expect("a private dir");
+        let want: BTreeSet<FsRight> =
+            Grant::ReadWrite.rights().into_iter().filter(|x| x.since() <= abi).collect();
+        assert_eq!(tmp.rights, want, "abi {abi}");
+        assert!(tmp.rights.contains(&FsRight::WriteFile) && tmp.rights.contains(&FsRight::MakeReg));
+    }
+}
+
+#[test]
+fn the_seccomp_rules_follow_what_was_applied() {
+    let c = confinement(false);
+    let socket = |rules: &[SyscallRule]| rules.iter().find(|r| r.call == "socket").map(|r| r.when.clone());
+    let unix = vec![Cond { arg: 0, dword: true, op: Op::Eq, value: AF_UNIX }];
+    let mut fallback = c.clone();
+    fallback.ruleset.deny_unix_socket_create = true;
+    let outside = fallback.seccomp_for(&Applied { seccomp: true, ..Applied::default() });
+    let inside = fallback.seccomp_for(&all_ns());
+    assert_eq!(
+        outside,
+        seccomp_policy(&SeccompInputs { deny_unix_socket_create: true, ..SeccompInputs::default() })
+    );
+    assert!(socket(&outside).is_some_and(|w| w.contains(&unix)), "no mount view: no unix socket");
+    assert!(socket(&inside).is_some_and(|w| !w.contains(&unix)), "in the view a unix socket reaches nothing");
+    assert!(inside.iter().any(|r| r.call == "keyctl"));
+    assert!(!inside.iter().any(|r| r.call == "shmget") && outside.iter().any(|r| r.call == "shmget"));
+}
