@@ -629,3 +629,19 @@ fn the_seccomp_rules_follow_what_was_applied() {
     assert!(inside.iter().any(|r| r.call == "keyctl"));
     assert!(!inside.iter().any(|r| r.call == "shmget") && outside.iter().any(|r| r.call == "shmget"));
 }
+
+/// The sizes docs/run.md promises: a 64 MiB `/tmp` and `/dev/shm`, and a
+/// 1 MiB root that holds only mount points.
+#[test]
+fn the_private_tmpfs_sizes_are_the_documented_ones() {
+    const MIB: u64 = 1024 * 1024;
+    let v = view(&ViewInputs::new(PathBuf::from("/work/project")));
+    let size = |at: &str| {
+        v.mounts.iter().find_map(|m| match m {
+            Mount::Tmpfs { path, size, .. } if path == Path::new(at) => Some(*size),
+            _ => None,
+        })
+    };
+    assert_eq!((size("/tmp"), size("/dev/shm")), (Some(64 * MIB), Some(64 * MIB)));
+    assert_eq!(v.root_size, MIB);
+}
