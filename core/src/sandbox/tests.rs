@@ -645,3 +645,22 @@ fn the_private_tmpfs_sizes_are_the_documented_ones() {
     assert_eq!((size("/tmp"), size("/dev/shm")), (Some(64 * MIB), Some(64 * MIB)));
     assert_eq!(v.root_size, MIB);
 }
+
+/// Before ABI 3 Landlock cannot refuse truncate: under the mount view
+/// every host location is a read-only mount, so it is closed there and
+/// listed only in the fallback. Before ABI 4 it cannot refuse TCP: the
+/// network namespace denies it, and without one it stays unconfined.
+#[test]
+fn the_view_closes_truncate_and_the_network_namespace_tcp_on_old_abis() {
+    let p = policy(&[]);
+    let o = Options::default();
+    let fallback = Applied { seccomp: true, ..Applied::default() };
+    let old = Plan::Confined(confined(&inputs(&p, &o, 2)));
+    assert!(!old.in_force_with(&all_ns(), false).not_enforced.contains(&"truncate"));
+    assert!(old.in_force_with(&fallback, false).not_enforced.contains(&"truncate"));
+    let pre_tcp = Plan::Confined(confined(&inputs(&p, &o, 3)));
+    assert_eq!(pre_tcp.in_force_with(&all_ns(), false).net, "denied");
+    let f = pre_tcp.in_force_with(&fallback, false);
+    assert_eq!(f.net, "unconfined");
+    assert!(f.not_enforced.contains(&"tcp"));
+}
