@@ -202,3 +202,18 @@ fn scrubbing_a_text_of_secrets_stays_within_its_peak_bound() {
         "{cost:?}"
     );
 }
+
+/// A request in service with an id as long as a line allows keeps that id
+/// twice (in service and among the pending ids): its line's share covers
+/// it.
+#[test]
+fn a_request_in_service_with_a_long_id_stays_within_its_allowance() {
+    let mut cfg = Config::new("t");
+    cfg.max_line = 1 << 20;
+    let mut d = Driven::new(cfg);
+    let id = "i".repeat((1 << 20) - 200);
+    d.write(&line(json!({ "jsonrpc": "2.0", "id": id, "method": "fs.read", "params": { "path": "a" } })))
+        .unwrap();
+    assert_eq!(d.host.unanswered(), 1);
+    assert!(d.held() > 2 * (1 << 20), "the host holds only {} bytes", d.held());
+}

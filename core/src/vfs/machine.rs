@@ -121,6 +121,9 @@ enum Call {
 #[derive(Debug)]
 struct InService {
     id: Id,
+    /// The length of the line it came from: its id, and the key of it
+    /// among the pending, are as long as that.
+    line: usize,
     effect: EffectId,
     deadline: Instant,
     kind: &'static str,
@@ -616,7 +619,7 @@ impl Host {
 
     fn serve(&mut self) {
         while self.in_service.is_none() && matches!(self.phase, Phase::Running) && !self.stdin_stalled() {
-            let Some((entry, _)) = self.queue.pop_front() else { return };
+            let Some((entry, line)) = self.queue.pop_front() else { return };
             match entry {
                 Entry::Ready { id, reply } => self.respond(id, reply),
                 Entry::Op { id, call } => {
@@ -635,6 +638,7 @@ impl Host {
                     };
                     self.in_service = Some(InService {
                         id,
+                        line,
                         effect: effect_id,
                         deadline: self.now.saturating_add(self.cfg.op_timeout),
                         kind,
@@ -1180,7 +1184,8 @@ impl Host {
     /// - `max_line`: the decoder's buffer, a partial line under
     ///   `max_line` with up to as many consumed bytes before it, grown by
     ///   doubling;
-    /// - `max_pending`: each unanswered request, its line's parsed form;
+    /// - `max_pending`: each unanswered request, its line's parsed form
+    ///   (one in service keeps its id, as long as its line);
     /// - `max_line` (kept messages): the states and final message the
     ///   outcome is made of, their lines' parsed forms;
     /// - `stderr_tail`: the tail, and one read beside it before the drain;
@@ -1195,7 +1200,8 @@ impl Host {
             let span = (c.max_line as u64).saturating_add(1 + MAX_READ_CHUNK as u64);
             shares.push(HeapShare { limit: "max_line", bytes: 2 * growth * span, per_byte: true });
         }
-        let queued = self.queue.iter().fold(0u64, |a, (_, n)| a.saturating_add(line(*n)));
+        let in_service = self.in_service.as_ref().map_or(0, |s| s.line);
+        let queued = self.queue.iter().fold(line(in_service), |a, (_, n)| a.saturating_add(line(*n)));
         let requests = self.unanswered().min(self.cfg.max_pending.saturating_add(1)) as u64;
         shares.push(HeapShare {
             limit: "max_pending",
