@@ -2,6 +2,11 @@
 //! through the same check the fuzz target runs: raw bytes through hyper
 //! into the ToolExec service with a fake runner.
 
+// The heap is counted, so every input's bounded-memory check runs.
+#[global_allocator]
+static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+    airlock_core::heapcount::Counting(std::alloc::System);
+
 #[path = "support/toolexec_http_check.rs"]
 mod toolexec_http_check;
 

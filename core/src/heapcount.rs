@@ -45,16 +45,22 @@ const HEADER: usize = 16;
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// A thread's current tag and its live bytes per tag, in one thread-local
-/// (one lookup an allocation).
+/// A thread's current tag, its live bytes per tag and the most each tag
+/// held since its peak was last reset, in one thread-local (one lookup an
+/// allocation).
 struct Counters {
     current: Cell<u8>,
     live: [Cell<u64>; MAX_TAGS],
+    peak: [Cell<u64>; MAX_TAGS],
 }
 
 thread_local! {
     static COUNTERS: Counters = const {
-        Counters { current: Cell::new(0), live: [const { Cell::new(0) }; MAX_TAGS] }
+        Counters {
+            current: Cell::new(0),
+            live: [const { Cell::new(0) }; MAX_TAGS],
+            peak: [const { Cell::new(0) }; MAX_TAGS],
+        }
     };
 }
 
@@ -108,6 +114,42 @@ pub fn live(tag: Tag) -> Option<u64> {
     installed().then(|| COUNTERS.with(|c| c.live[usize::from(tag.0)].get()))
 }
 
+/// The most `tag` held live on this thread since [`reset_peak`] (or the
+/// thread began), or `None` when the counting allocator is not installed:
+/// what a call held at its worst, temporary buffers included.
+pub fn peak(tag: Tag) -> Option<u64> {
+    installed().then(|| COUNTERS.with(|c| c.peak[usize::from(tag.0)].get()))
+}
+
+/// Start `tag`'s peak over from what it holds now.
+pub fn reset_peak(tag: Tag) {
+    let _ = COUNTERS.try_with(|c| {
+        let i = usize::from(tag.0);
+        c.peak[i].set(c.live[i].get());
+    });
+}
+
+/// What a call cost on the heap, measured from what its tag held before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cost {
+    /// Bytes still live when it returned, what it returned among them.
+    pub kept: u64,
+    /// The most it held at once.
+    pub peak: u64,
+}
+
+/// Run `f` with `tag` current and say what it cost (`None` when the
+/// counting allocator is not installed). `tag` should hold nothing that
+/// `f` frees, or `kept` wraps.
+pub fn cost<R>(tag: Tag, f: impl FnOnce() -> R) -> (R, Option<Cost>) {
+    let before = live(tag);
+    reset_peak(tag);
+    let r = tag.scope(f);
+    let cost = before
+        .and_then(|b| Some(Cost { kept: live(tag)?.wrapping_sub(b), peak: peak(tag)?.wrapping_sub(b) }));
+    (r, cost)
+}
+
 /// Charge the block holding `v`'s bytes to `tag` from now on (a machine's
 /// output handed to the harness, or the harness's bytes a machine keeps).
 /// Nothing happens when the allocator is not installed or `v` holds no
@@ -134,6 +176,8 @@ pub fn retag(v: &Vec<u8>, tag: Tag) {
             o.set(o.get().wrapping_sub(n));
             let t = &c.live[usize::from(tag.0)];
             t.set(t.get().wrapping_add(n));
+            let p = &c.peak[usize::from(tag.0)];
+            p.set(p.get().max(t.get()));
         });
     }
 }
@@ -156,7 +200,12 @@ fn charge_new(size: u64) -> u8 {
         .try_with(|c| {
             let tag = c.current.get();
             let l = &c.live[usize::from(tag)];
-            l.set(l.get().wrapping_add(size));
+            let now = l.get().wrapping_add(size);
+            l.set(now);
+            let p = &c.peak[usize::from(tag)];
+            if now > p.get() {
+                p.set(now);
+            }
             tag
         })
         .unwrap_or(0)
@@ -268,6 +317,23 @@ mod tests {
         assert_eq!((held(a), held(b)), (base_a, base_b + 300));
         drop(v);
         assert_eq!((held(a), held(b)), (base_a, base_b));
+    }
+
+    #[test]
+    fn the_peak_is_the_most_held_since_its_reset() {
+        let t = Tag::new(1);
+        reset_peak(t);
+        let base = held(t);
+        assert_eq!(peak(t), Some(base));
+        t.scope(|| {
+            let big: Vec<u8> = Vec::with_capacity(5000);
+            drop(big);
+            let _small: Vec<u8> = Vec::with_capacity(100);
+        });
+        assert_eq!(held(t), base);
+        assert_eq!(peak(t), Some(base + 5000));
+        reset_peak(t);
+        assert_eq!(peak(t), Some(base));
     }
 
     #[test]

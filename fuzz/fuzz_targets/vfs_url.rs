@@ -1,5 +1,10 @@
 #![no_main]
 
+// The heap is counted, so every input's bounded-memory check runs.
+#[global_allocator]
+static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+    airlock_core::heapcount::Counting(std::alloc::System);
+
 // The check lives with the core's tests so `cargo test` replays the corpus
 // through the very same code (core/tests/fuzz_corpus.rs).
 #[path = "../../core/tests/support/url_oracle.rs"]

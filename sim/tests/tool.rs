@@ -3,6 +3,11 @@
 //! for each checker class is found by that checker. Its seed sweep is in
 //! `tests/seeds.rs` with every scenario's.
 
+// The heap is counted, so every step's bounded-memory check runs.
+#[global_allocator]
+static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+    airlock_core::heapcount::Counting(std::alloc::System);
+
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::trace::vfs::replay;
 use airlock_sim::{record_trace, rerun_vfs, run_seed, run_seed_with_bug, Scenario, SimOptions};
@@ -73,7 +78,7 @@ fn a_planted_bug_leaves_a_trace_that_replays_and_fails_again() {
 
 /// Each planted bug is found within 500 seeds, by the checker of its
 /// class; the correct host passes the same seed.
-fn planted(bug: PlantedBug, invariant: &str) {
+fn planted(bug: PlantedBug, invariant: &str) -> airlock_sim::SeedResult {
     let o = opts(0..1, 1);
     let res = (0..500)
         .map(|seed| run_seed_with_bug(seed, &o, bug))
@@ -82,11 +87,23 @@ fn planted(bug: PlantedBug, invariant: &str) {
     let failure = res.failure.clone().unwrap();
     assert_eq!(failure.invariant, invariant, "{bug:?}: {}", res.swarm_description());
     assert!(run_seed(res.seed, &o).passed(), "seed {} fails without the bug", res.seed);
+    res
 }
 
 #[test]
 fn planted_late_result_answered_twice_is_found() {
     planted(PlantedBug::ToolAnswersLateResult, "one_response");
+}
+
+#[test]
+fn planted_uncounted_buffer_is_found() {
+    let res = planted(PlantedBug::ToolUncountedBuffer, "bounded_memory");
+    let message = res.failure.map(|f| f.message).unwrap_or_default();
+    // The limit named is the host's byte limit it counts most under then.
+    let named = ["max_line", "max_pending", "stderr_tail", "max_stdin_backlog"]
+        .iter()
+        .any(|l| message.contains(&format!("breaks {l}")));
+    assert!(named, "{message}");
 }
 
 #[test]

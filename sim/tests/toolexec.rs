@@ -2,6 +2,11 @@
 //! finds the class of bug it exists for. Its seed sweep is in
 //! `tests/seeds.rs` with every scenario's.
 
+// The heap is counted, so every step's bounded-memory check runs.
+#[global_allocator]
+static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+    airlock_core::heapcount::Counting(std::alloc::System);
+
 use airlock_sim::{record_trace, run_toolexec_with_bug, Scenario, SimOptions, ToolexecBug};
 
 fn opts(seeds: std::ops::Range<u64>) -> SimOptions {
@@ -66,10 +71,21 @@ fn every_planted_bug_is_caught_by_its_checker() {
         (ToolexecBug::NoKill, "kill_by_grace"),
         (ToolexecBug::OverCredit, "stream_window"),
         (ToolexecBug::NoCap, "connections_cap"),
+        (ToolexecBug::UncountedBuffer, "bounded_memory"),
     ] {
         let (seed, invariant) = found(bug);
         assert_eq!(invariant, checker, "{bug:?} (seed {seed}) was caught by {invariant}, not {checker}");
     }
+}
+
+/// The heap check names the limit an uncounted buffer grows beside.
+#[test]
+fn an_uncounted_buffer_is_reported_against_max_buffered() {
+    let (seed, _) = found(ToolexecBug::UncountedBuffer);
+    let f = run_toolexec_with_bug(seed, ToolexecBug::UncountedBuffer).unwrap();
+    assert!(f.message.contains("breaks max_buffered"), "seed {seed}: {}", f.message);
+    let res = airlock_sim::run_seed(seed, &opts(seed..seed + 1));
+    assert!(res.passed(), "seed {seed} fails without the bug: {:?}", res.failure);
 }
 
 /// Seed 414: the tool exits while a stalled client holds the stream window

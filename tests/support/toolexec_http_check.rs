@@ -27,9 +27,15 @@
 //! - no spawn unless the tool is allowed, and none at all when the input
 //!   does not contain the token;
 //! - one input ends within `RUN_LIMIT` (fake tools exit at once, and the
-//!   client's EOF ends every wait).
+//!   client's EOF ends every wait);
+//! - where the counting allocator is installed (the fuzz target, the
+//!   corpus replay): once the connection and its runtime are gone, nothing
+//!   they allocated is still held but the answer read back, and serving
+//!   held at most [`SERVE_PEAK_PER_BYTE`] times the input plus
+//!   [`SERVE_PEAK_SLACK`] at once.
 
 use airlock::toolexec::{Runner, Service, ToolOutput, ToolProcess};
+use airlock_core::heapcount::{self, Tag};
 use airlock_core::toolexec::{
     validate_token, Config, ExitStatus, Signal, SpawnError, SpawnRequest, ToolProgram,
 };
@@ -67,6 +73,13 @@ const DUPLEX_BUFFER: usize = 16 * 1024;
 /// (modulo `EXIT_CODE_SPAN`), so an answer's exit code names its run.
 const EXIT_CODE_BASE: i32 = 3;
 const EXIT_CODE_SPAN: usize = 100;
+/// Serving one connection holds at most this many times its input at
+/// once (the input's copy for the client, hyper's read buffer and the
+/// body the service collects)…
+pub const SERVE_PEAK_PER_BYTE: u64 = 8;
+/// …plus this: the runtime, hyper's connection state and buffers, the
+/// in-memory duplex's two buffers.
+pub const SERVE_PEAK_SLACK: u64 = 256 << 10;
 /// Headers httparse is given room for when parsing either side.
 const MAX_HEADERS: usize = 128;
 
@@ -104,7 +117,8 @@ impl Runner for FakeRunner {
     type Output = FakeOutput;
 
     fn spawn(&self, request: &SpawnRequest) -> Result<(FakeProcess, FakeOutput), SpawnError> {
-        self.spawns.lock().expect("spawn log").push(request.clone());
+        // The harness's log, not the service's memory.
+        Tag::HARNESS.scope(|| self.spawns.lock().expect("spawn log").push(request.clone()));
         match request.tool.as_str() {
             MISSING_TOOL => Err(SpawnError::NotInstalled),
             BROKEN_TOOL => Err(SpawnError::Other("fake spawn failure".to_owned())),
@@ -154,13 +168,20 @@ pub struct Outcome {
 
 /// Serve `input` as one connection and collect what came back.
 pub fn serve(input: &[u8]) -> Outcome {
+    let runner = FakeRunner::default();
+    let spawns = runner.spawns.clone();
+    let wire = serve_wire(input, runner);
+    let spawns = spawns.lock().expect("spawn log").clone();
+    Outcome { wire, spawns }
+}
+
+/// What one connection read back, its runtime gone.
+fn serve_wire(input: &[u8], runner: FakeRunner) -> Vec<u8> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("tokio runtime");
-    let runner = FakeRunner::default();
-    let spawns = runner.spawns.clone();
     let config = config();
     let header_timeout = config.header_timeout;
     let wire = rt.block_on(async {
@@ -186,6 +207,37 @@ pub fn serve(input: &[u8]) -> Outcome {
         };
         tokio::time::timeout(RUN_LIMIT, run).await.expect("one input's run exceeded RUN_LIMIT")
     });
+    drop(rt);
+    wire
+}
+
+thread_local! {
+    /// A connection was served on this thread: what a thread keeps for
+    /// good (the runtime's thread-locals) is set up.
+    static WARM: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`serve`], measured on the heap; panics when it kept anything but its
+/// answer, or held more than its bound at once.
+fn serve_measured(input: &[u8]) -> Outcome {
+    if !WARM.with(|w| w.replace(true)) {
+        let _ = serve(b"");
+    }
+    let runner = FakeRunner::default();
+    let spawns = runner.spawns.clone();
+    let (wire, cost) = heapcount::cost(Tag::new(heapcount::MAX_TAGS - 1), || serve_wire(input, runner));
+    if let Some(c) = cost {
+        let kept = wire.capacity() as u64;
+        assert_eq!(c.kept, kept, "serving kept {} bytes beside its answer", c.kept.saturating_sub(kept));
+        let bound = SERVE_PEAK_PER_BYTE * input.len() as u64 + SERVE_PEAK_SLACK;
+        assert!(
+            c.peak <= bound,
+            "bounded_memory: serving {} bytes peaked at {} bytes, over {bound} \
+             (SERVE_PEAK_PER_BYTE, SERVE_PEAK_SLACK)",
+            input.len(),
+            c.peak
+        );
+    }
     let spawns = spawns.lock().expect("spawn log").clone();
     Outcome { wire, spawns }
 }
@@ -307,7 +359,7 @@ fn parse_answer(wire: &[u8], request_version: u8) -> Result<(Answer, &[u8]), Str
 /// Serve `input` and check everything the module comment promises; panics
 /// with the input and the answer on any violation.
 pub fn check(input: &[u8]) {
-    let outcome = serve(input);
+    let outcome = serve_measured(input);
     if let Err(why) = judge(input, &outcome) {
         panic!(
             "toolexec_http: {why}\ninput: {:?}\nanswer: {:?}\nspawns: {:?}",

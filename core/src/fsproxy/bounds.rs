@@ -538,24 +538,33 @@ impl FsProxy {
         if held <= HEAP_SLACK {
             return Ok(());
         }
-        let shares = self.heap_allowance(requests);
-        let allowed = shares.iter().fold(HEAP_SLACK, |a, s| a.saturating_add(s.bytes));
-        if held <= allowed {
-            return Ok(());
-        }
-        let broken = shares
-            .iter()
-            .filter(|s| s.per_byte && s.bytes > 0)
-            .max_by_key(|s| s.bytes)
-            .or_else(|| shares.iter().max_by_key(|s| s.bytes))
-            .map_or("none", |s| s.limit);
-        let listed: Vec<String> =
-            shares.iter().filter(|s| s.bytes > 0).map(|s| format!("{} {}", s.limit, s.bytes)).collect();
-        Err(format!(
-            "holds {held} bytes on the heap, {} over the {allowed} its limits allow (breaks {broken}; \
-             shares: {}; slack {HEAP_SLACK})",
-            held - allowed,
-            listed.join(", ")
-        ))
+        heap_verdict(held, HEAP_SLACK, &self.heap_allowance(requests))
     }
+}
+
+/// `held` bytes on the heap against `slack` plus every share; over it,
+/// what a heap check reports, naming the limit broken: the byte limit the
+/// machine counts most under (a buffer it does not count grows beside one
+/// it does), else the largest share. Shared by every machine's
+/// `heap_check` (the FS proxy's, the VFS host's, ToolExec's).
+#[doc(hidden)]
+pub fn heap_verdict(held: u64, slack: u64, shares: &[HeapShare]) -> Result<(), String> {
+    let allowed = shares.iter().fold(slack, |a, s| a.saturating_add(s.bytes));
+    if held <= allowed {
+        return Ok(());
+    }
+    let broken = shares
+        .iter()
+        .filter(|s| s.per_byte && s.bytes > 0)
+        .max_by_key(|s| s.bytes)
+        .or_else(|| shares.iter().max_by_key(|s| s.bytes))
+        .map_or("none", |s| s.limit);
+    let listed: Vec<String> =
+        shares.iter().filter(|s| s.bytes > 0).map(|s| format!("{} {}", s.limit, s.bytes)).collect();
+    Err(format!(
+        "holds {held} bytes on the heap, {} over the {allowed} its limits allow (breaks {broken}; \
+         shares: {}; slack {slack})",
+        held - allowed,
+        listed.join(", ")
+    ))
 }

@@ -217,6 +217,9 @@ pub enum PlantedBug {
     /// reaches it again by that path from the project root, following
     /// whatever symlinks are there by then.
     ToolReopenByPath,
+    /// VFS host: the first file read reserves a reply buffer of
+    /// `--max-file` that it keeps and counts nowhere.
+    ToolUncountedBuffer,
 }
 
 impl PlantedBug {

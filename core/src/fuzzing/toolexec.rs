@@ -3,15 +3,19 @@
 //! output only while a read is outstanding), with the protocol's invariants
 //! checked after every event.
 
+use crate::heapcount::{self, Tag};
 use crate::time::Instant;
 use crate::toolexec::{
-    validate_token, Config, Exchange, ExitStatus, Input, Mode, Output, RequestHead, SpawnError,
+    validate_token, Config, Exchange, ExitStatus, Gate, Input, Mode, Output, RequestHead, SpawnError,
     EXIT_CODE_TIMEOUT,
 };
 use std::sync::Arc;
 use std::time::Duration;
 
 const TOKEN: &[u8] = b"fuzz-token";
+
+/// The exchange's heap tag (0 is the harness's).
+const EXCHANGE: Tag = Tag::new(1);
 
 struct Bytes<'a> {
     data: &'a [u8],
@@ -98,7 +102,8 @@ pub fn toolexec_events(data: &[u8]) {
     config.final_drain = 300;
     let config = Arc::new(config);
     let mut now = 0u64;
-    let mut ex = Exchange::new(config.clone(), Instant::from_micros(now));
+    let heap_base = heapcount::live(EXCHANGE).unwrap_or(0);
+    let mut ex = EXCHANGE.scope(|| Exchange::new(config.clone(), Instant::from_micros(now)));
     let mut seen = Seen::default();
     let mut fed_head = false;
     while let Some(op) = b.byte() {
@@ -142,7 +147,7 @@ pub fn toolexec_events(data: &[u8]) {
             9 => Some(Input::ClientGone),
             _ => {
                 now += u64::from(arg) * if op & 0x80 != 0 { 50_000 } else { 1_000 };
-                ex.handle_timeout(Instant::from_micros(now));
+                EXCHANGE.scope(|| ex.handle_timeout(Instant::from_micros(now)));
                 None
             }
         };
@@ -150,14 +155,22 @@ pub fn toolexec_events(data: &[u8]) {
             if matches!(input, Input::ClientGone) {
                 seen.client_gone = true;
             }
-            ex.handle(Instant::from_micros(now), input);
+            EXCHANGE.scope(|| ex.handle(Instant::from_micros(now), input));
         }
         drain(&mut ex, &config, &mut seen);
+        // What the exchange holds on the heap stays within what its limits
+        // allow (`Gate::heap_check`), when the counting allocator is the
+        // global one (the fuzz target and the corpus replay install it).
+        if let Some(live) = heapcount::live(EXCHANGE) {
+            if let Err(m) = Gate::new(1).heap_check([&ex], live.wrapping_sub(heap_base)) {
+                panic!("bounded_memory: the exchange {m}");
+            }
+        }
     }
 }
 
 fn drain(ex: &mut Exchange, config: &Config, seen: &mut Seen) {
-    while let Some(out) = ex.poll_output() {
+    while let Some(out) = EXCHANGE.scope(|| ex.poll_output()) {
         assert!(!seen.done, "{out:?} after Done");
         match out {
             Output::Respond(_) | Output::SendHead(_) => {

@@ -6,7 +6,9 @@
 //! in-memory file map whose operations may fail, and departures. After
 //! every command the laws hold ([`check_pager`]); every request gets
 //! exactly one answer unless its client left; every rendering continued
-//! by its cursors ends; no file stays open. Panics on a violation.
+//! by its cursors ends; no file stays open; what the pager holds on the
+//! heap stays within what its limits allow (`Pager::heap_check`), when
+//! the counting allocator is installed. Panics on a violation.
 
 use super::check::check_pager;
 use super::machine::{Access, FileOp, FileResult, JobId, PagerInput, PagerOutput};
@@ -14,6 +16,7 @@ use super::wire::{self, FdOp};
 use super::{Pager, PagerConfig};
 use crate::fsproxy::FsErrorKind;
 use crate::handles::ClientId;
+use crate::heapcount::{self, Tag};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
@@ -43,6 +46,9 @@ struct Files {
 
 const PATHS: [&str; 3] = ["/a", "/b", "/refused"];
 
+/// The pager's heap tag (0 is the harness's).
+const PAGER: Tag = Tag::new(1);
+
 fn fd_name(b: u8) -> String {
     match b % 8 {
         7 => "fd:zz".into(),
@@ -64,7 +70,8 @@ pub fn pager_session(data: &[u8]) {
         max_total_bytes: total,
     };
     // A small frame: renderings come in several parts.
-    let mut p = Pager::new(config, 2048);
+    let heap = heapcount::live(PAGER).unwrap_or(0);
+    let mut p = PAGER.scope(|| Pager::new(config, 2048));
     let mut fs = Files::default();
     let mut gone = BTreeSet::new();
     let mut fail_next = false;
@@ -108,9 +115,9 @@ pub fn pager_session(data: &[u8]) {
             }
             7 => {
                 gone.insert(client);
-                p.handle(PagerInput::ClientGone { client });
+                PAGER.scope(|| p.handle(PagerInput::ClientGone { client }));
                 drain(&mut p, &mut fs, &gone, &mut fail_next, None);
-                check(&p);
+                check(&p, heap);
                 continue;
             }
             _ => {
@@ -137,16 +144,16 @@ pub fn pager_session(data: &[u8]) {
         };
         let id = next_id.to_string();
         next_id += 1;
-        p.handle(PagerInput::Request { client, id: id.clone(), req });
+        PAGER.scope(|| p.handle(PagerInput::Request { client, id: id.clone(), req }));
         let answer = drain(&mut p, &mut fs, &gone, &mut fail_next, Some((client, &id)));
         if let Some(Ok(m)) = answer {
             follow(&p, op, &params, m);
         }
-        check(&p);
+        check(&p, heap);
     }
     // Whatever is left finishes and closes.
     for c in 0..4 {
-        p.handle(PagerInput::ClientGone { client: ClientId(c) });
+        PAGER.scope(|| p.handle(PagerInput::ClientGone { client: ClientId(c) }));
     }
     drain(
         &mut p,
@@ -159,9 +166,15 @@ pub fn pager_session(data: &[u8]) {
     assert!(fs.open.is_empty(), "files left open");
 }
 
-fn check(p: &Pager) {
+/// `heap`: what the pager's tag held before the pager was built.
+fn check(p: &Pager, heap: u64) {
     if let Err(e) = check_pager(p) {
         panic!("pager law broken: {e}");
+    }
+    if let Some(live) = heapcount::live(PAGER) {
+        if let Err(m) = p.heap_check(live.wrapping_sub(heap)) {
+            panic!("bounded_memory: the pager {m}");
+        }
     }
 }
 
@@ -199,7 +212,7 @@ fn drain(
     want: Option<(ClientId, &str)>,
 ) -> Option<Result<Map<String, Value>, super::FdError>> {
     let mut answer = None;
-    while let Some(out) = p.poll_output() {
+    while let Some(out) = PAGER.scope(|| p.poll_output()) {
         match out {
             PagerOutput::Reply { client, id, outcome } => {
                 assert!(!gone.contains(&client), "answered {client}, which has left");
@@ -219,7 +232,11 @@ fn drain(
                 if matches!(result, FileResult::Closed) {
                     fs.open.remove(&job);
                 }
-                p.handle(PagerInput::FileDone { job, result });
+                // A file's bytes are the pager's once handed in.
+                if let FileResult::Data { data, .. } = &result {
+                    heapcount::retag(data, PAGER);
+                }
+                PAGER.scope(|| p.handle(PagerInput::FileDone { job, result }));
             }
         }
     }

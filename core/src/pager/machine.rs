@@ -9,6 +9,7 @@ use super::wire::{parse_fd, FdRequest, Selection, View, WriteMode};
 use super::xml::{self, attr, text, BadCursor, Part};
 use super::PagerConfig;
 use crate::b64;
+use crate::fsproxy::bounds::{heap_verdict, HeapShare, HEAP_GROWTH};
 use crate::fsproxy::FsErrorKind;
 use crate::handles::ClientId;
 use serde_json::{Map, Value};
@@ -127,6 +128,16 @@ struct Job {
     work: Work,
 }
 
+/// What a pager holds on the heap whatever its clients do: its tables and
+/// one step's scratch. The constant a heap check adds to
+/// [`Pager::heap_allowance`].
+#[doc(hidden)]
+pub const HEAP_SLACK: u64 = 64 << 10;
+/// Held per fd, stream or file job beyond its counted bytes: its entry,
+/// its name, its job's path.
+#[doc(hidden)]
+pub const HEAP_PER_ITEM: u64 = 1 << 10;
+
 /// Counters for reports and checkers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PagerStats {
@@ -204,6 +215,46 @@ impl Pager {
             })
             .sum();
         self.held + streams + jobs
+    }
+
+    /// What each limit lets the pager hold on the heap now, for the
+    /// harnesses that count what it really holds (the fuzz target's
+    /// `bounded_memory` check; the FS proxy's adds the same share to its
+    /// own): what it counts against `max_total_bytes` (capacities, index
+    /// included) at up to [`HEAP_GROWTH`] times, each fd, stream and file
+    /// job at [`HEAP_PER_ITEM`], and each job's answer, held until its
+    /// file is closed, at twice the part budget `max_frame` gives.
+    #[doc(hidden)]
+    pub fn heap_allowance(&self) -> Vec<HeapShare> {
+        let items = (self.docs.len() + self.streams.len() + self.jobs.len()) as u64;
+        vec![
+            HeapShare {
+                limit: "max_total_bytes",
+                bytes: HEAP_GROWTH.saturating_mul(self.held_total().min(self.config.max_total_bytes)),
+                per_byte: true,
+            },
+            HeapShare {
+                limit: "max_frame (answers held for file jobs)",
+                bytes: (self.jobs.len() as u64).saturating_mul(2 * self.budget as u64),
+                per_byte: true,
+            },
+            HeapShare {
+                limit: "fds, streams and jobs",
+                bytes: items.saturating_mul(HEAP_PER_ITEM),
+                per_byte: false,
+            },
+        ]
+    }
+
+    /// `held` bytes on the heap against [`Pager::heap_allowance`] plus
+    /// [`HEAP_SLACK`]; over it, what the check reports, naming the limit
+    /// broken.
+    #[doc(hidden)]
+    pub fn heap_check(&self, held: u64) -> Result<(), String> {
+        if held <= HEAP_SLACK {
+            return Ok(());
+        }
+        heap_verdict(held, HEAP_SLACK, &self.heap_allowance())
     }
 
     fn available(&self) -> u64 {

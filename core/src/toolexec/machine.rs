@@ -4,6 +4,8 @@
 use super::auth::{token_from_authorization, token_matches};
 use super::config::*;
 use super::form::{decode_form, resolve_cwd};
+use super::gate::HEAP_PER_EXCHANGE;
+use crate::fsproxy::bounds::{HeapShare, HEAP_GROWTH};
 use crate::time::Instant;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -729,6 +731,42 @@ impl Exchange {
         }
         self.responded = true;
         self.out.push_back(Output::Done);
+    }
+
+    /// What each limit lets this exchange hold on the heap now, for the
+    /// harnesses that count what it really holds (the simulator's
+    /// `bounded_memory` check): the body received so far (under
+    /// `max_body`) and a buffered answer's output (under `max_buffered`),
+    /// each grown by doubling; output not yet drained, as handed out; and
+    /// [`HEAP_PER_EXCHANGE`] for the exchange itself.
+    #[doc(hidden)]
+    pub fn heap_allowance(&self) -> Vec<HeapShare> {
+        let c = &self.config;
+        let bytes = |limit: &'static str, counted: u64, max: u64| HeapShare {
+            limit,
+            bytes: HEAP_GROWTH.saturating_mul(counted.min(max)),
+            per_byte: true,
+        };
+        let undrained: u64 = self
+            .out
+            .iter()
+            .map(|o| match o {
+                Output::Respond(r) | Output::SendHead(r) => r.body.len() as u64 + 256,
+                Output::SendChunk(b) => b.len() as u64,
+                Output::Spawn(s) => s.args.iter().map(|a| a.len() as u64 + 24).sum::<u64>() + 256,
+                _ => 0,
+            })
+            .sum();
+        vec![
+            bytes("max_body", self.body.len() as u64, c.max_body),
+            bytes("max_buffered", self.buffered.len() as u64, c.max_buffered),
+            HeapShare {
+                limit: "stream_window",
+                bytes: HEAP_GROWTH.saturating_mul(undrained),
+                per_byte: true,
+            },
+            HeapShare { limit: "max_connections", bytes: HEAP_PER_EXCHANGE, per_byte: false },
+        ]
     }
 
     /// The configured timeout, for the shell's log line.

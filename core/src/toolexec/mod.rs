@@ -74,7 +74,7 @@ mod tests;
 pub use auth::{token_from_authorization, token_matches, validate_token, Token, TokenError};
 pub use config::*;
 pub use form::{decode_form, ExecForm, FormError};
-pub use gate::Gate;
+pub use gate::{Gate, HEAP_PER_EXCHANGE, HEAP_SLACK};
 pub use machine::{
     Exchange, ExitStatus, Input, Mode, Output, RequestHead, Response, Signal, SpawnError, SpawnRequest,
 };

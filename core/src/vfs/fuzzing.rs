@@ -19,6 +19,7 @@
 use super::memfs::{MemFiles, MemNode};
 use super::*;
 use crate::codec::jsonrpc::{self, Incoming};
+use crate::heapcount;
 use crate::time::Instant;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -127,9 +128,14 @@ fn request_line(b: &mut Bytes) -> Option<String> {
     Some(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }).to_string())
 }
 
+/// The host's heap tag (0 is the harness's).
+const HOST: heapcount::Tag = heapcount::Tag::new(1);
+
 /// The checking harness around one host.
 struct Harness {
     host: Host,
+    /// What the host's heap tag held before the host was built.
+    heap_base: u64,
     files: MemFiles,
     now: Instant,
     /// Tool stdout bytes not yet accepted (the budget holds them back).
@@ -196,19 +202,29 @@ impl Harness {
         if matches!(input, Input::ToolStdoutEof) {
             self.note_tool_eof();
         }
-        self.host.handle(self.now, input);
+        HOST.scope(|| self.host.handle(self.now, input));
         self.drain();
         self.check_bounds();
         if !self.deaf && self.unread > 0 {
             let n = std::mem::take(&mut self.unread);
-            self.host.handle(self.now, Input::ToolStdinWritten(n));
+            HOST.scope(|| self.host.handle(self.now, Input::ToolStdinWritten(n)));
             self.drain();
             self.check_bounds();
         }
     }
 
     fn drain(&mut self) {
-        while let Some(o) = self.host.poll_output() {
+        while let Some(o) = HOST.scope(|| self.host.poll_output()) {
+            // Handed out: the harness's from here (an effect is held until
+            // it completes, as a shell's backend would hold it).
+            let o = match o {
+                Output::ToolStdin(ref b) | Output::Finished { line: ref b, .. } => {
+                    heapcount::retag(b, heapcount::Tag::HARNESS);
+                    o
+                }
+                Output::Effect { .. } => heapcount::Tag::HARNESS.scope(|| o.clone()),
+                o => o,
+            };
             match o {
                 Output::ToolStdin(bytes) => {
                     self.unread += bytes.len();
@@ -249,6 +265,14 @@ impl Harness {
     }
 
     fn check_bounds(&self) {
+        // What the host holds on the heap stays within what its limits
+        // allow (`Host::heap_check`), when the counting allocator is the
+        // global one (the fuzz target and the corpus replay install it).
+        if let Some(live) = heapcount::live(HOST) {
+            if let Err(m) = self.host.heap_check(live.wrapping_sub(self.heap_base)) {
+                panic!("bounded_memory: the host {m}");
+            }
+        }
         assert!(self.host.unanswered() <= self.max_pending, "{} unanswered", self.host.unanswered());
         let held = self.host.buffered_bytes();
         let bound = self.max_line + 1 + MAX_READ_CHUNK + self.host.config().stderr_tail;
@@ -349,10 +373,12 @@ pub fn host_session(data: &[u8]) {
         cfg.max_stdin_backlog = 512;
     }
     let policy = ToolPolicy::new(&policy_config()).expect("policy");
+    let heap_base = heapcount::live(HOST).unwrap_or(0);
     let mut h = Harness {
         max_line: cfg.max_line,
         max_pending: cfg.max_pending,
-        host: Host::new(Instant::ZERO, cfg, policy),
+        heap_base,
+        host: HOST.scope(|| Host::new(Instant::ZERO, cfg, policy)),
         files: project(),
         now: Instant::ZERO,
         unsent: Vec::new(),
@@ -458,6 +484,16 @@ pub fn host_session(data: &[u8]) {
     assert!(h.host.is_finished() && h.host.poll_timeout().is_none());
 }
 
+/// The tag a pure call's allocations are charged to while it is measured.
+const PURE_CALL: heapcount::Tag = heapcount::Tag::new(heapcount::MAX_TAGS - 1);
+/// Scrubbing holds at most this many times the text at once: its result,
+/// up to 2.5 times the text (a 4-byte secret becomes the 10-byte marker),
+/// in a buffer up to twice that as it doubles…
+pub const SCRUB_PEAK_PER_BYTE: u64 = 6;
+/// …plus this: the compiled secrets (at most four of 23 bytes here) and
+/// the regex's search cache.
+pub const SCRUB_PEAK_SLACK: u64 = 256 << 10;
+
 /// The `vfs_scrub` fuzz target's entry point (and its corpus replay): the
 /// scrubber against a plain reference, on secrets and content the input
 /// spells. The input: a count of secrets (1 to 4), each as a length byte
@@ -516,6 +552,27 @@ pub fn scrubber(data: &[u8]) {
     }
     let got = scrub.bytes(&content);
     assert_eq!(&*got, &want[..], "secrets {secrets:?} in {content:?}");
+    // Scrubbing keeps nothing but its result, and needs at most a stated
+    // multiple of the text plus the compiled secrets at once. Measured on
+    // a second scrubber, once the first has set up whatever a thread keeps
+    // for good (the regex crate's per-thread state).
+    let (owned, cost) = heapcount::cost(PURE_CALL, || {
+        super::scrub::Scrubber::new(&secrets, MIN_SECRET_LEN).bytes(&content).into_owned()
+    });
+    if let Some(c) = cost {
+        let result = owned.capacity() as u64;
+        assert_eq!(
+            c.kept,
+            result,
+            "scrubbing {} bytes kept {} bytes beside its result",
+            content.len(),
+            c.kept - result.min(c.kept)
+        );
+        let bound = SCRUB_PEAK_PER_BYTE * content.len() as u64 + SCRUB_PEAK_SLACK;
+        assert!(c.peak <= bound, "bounded_memory: scrubbing {} bytes peaked at {} bytes, over {bound} (SCRUB_PEAK_PER_BYTE, SCRUB_PEAK_SLACK)", content.len(), c.peak);
+    }
+    assert_eq!(owned, &*got);
+    drop(owned);
     for s in &live {
         for (at, w) in got.windows(s.len()).enumerate() {
             if w == s.as_slice() {

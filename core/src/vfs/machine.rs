@@ -7,6 +7,7 @@ use super::policy::ToolPolicy;
 use super::{Config, Gate, MAX_READ_CHUNK, PROTOCOL_VERSION};
 use crate::b64;
 use crate::codec::jsonrpc::{self, ErrorCode, Id, Incoming, LineDecoder, Outgoing, RpcError};
+use crate::fsproxy::bounds::{heap_verdict, HeapShare, HEAP_GROWTH};
 use crate::fsproxy::PlantedBug;
 use crate::time::Instant;
 use serde::{Deserialize, Serialize};
@@ -120,6 +121,9 @@ enum Call {
 #[derive(Debug)]
 struct InService {
     id: Id,
+    /// The length of the line it came from: its id, and the key of it
+    /// among the pending, are as long as that.
+    line: usize,
     effect: EffectId,
     deadline: Instant,
     kind: &'static str,
@@ -143,7 +147,9 @@ pub struct Host {
     decoder: LineDecoder,
     out: VecDeque<Output>,
     now: Instant,
-    queue: VecDeque<Entry>,
+    /// Each with the length of the line it came from (what its heap
+    /// allowance is made of).
+    queue: VecDeque<(Entry, usize)>,
     in_service: Option<InService>,
     /// Ids of unanswered requests (queued or in service), by key, with
     /// how many entries carry each.
@@ -168,6 +174,13 @@ pub struct Host {
     kill_at: Option<Instant>,
     /// Effects given up on, with their request ids (for a planted bug only).
     abandoned: Vec<(EffectId, Id)>,
+    /// The length of the line being read.
+    line_len: usize,
+    /// Bytes of the lines whose parsed messages are kept (states, the
+    /// result or error): what [`Host::heap_allowance`] gives them.
+    kept_line_bytes: usize,
+    /// Only with `PlantedBug::ToolUncountedBuffer`.
+    read_ahead: Vec<u8>,
 }
 
 impl Host {
@@ -205,6 +218,9 @@ impl Host {
             term_at: None,
             kill_at: None,
             abandoned: Vec::new(),
+            line_len: 0,
+            kept_line_bytes: 0,
+            read_ahead: Vec::new(),
         };
         let init = json!({
             "tool": {
@@ -459,6 +475,7 @@ impl Host {
 
     fn on_line(&mut self, line: &[u8]) {
         self.last_activity = self.now;
+        self.line_len = line.len();
         match jsonrpc::parse(line) {
             Incoming::Request { id, method, params } => {
                 if self.pending_ids.contains_key(&id.key()) {
@@ -498,7 +515,7 @@ impl Host {
         if let Some(id) = e.id() {
             *self.pending_ids.entry(id.key()).or_default() += 1;
         }
-        self.queue.push_back(e);
+        self.queue.push_back((e, self.line_len));
     }
 
     fn release_id(&mut self, id: &Id) {
@@ -517,6 +534,7 @@ impl Host {
         match method {
             "result" => match content_of(params.get("content")) {
                 Some(content) => {
+                    self.kept_line_bytes += self.line_len;
                     self.final_content = content;
                     self.begin_finish(OutcomeKind::Completed, None, self.cfg.kill_grace, false);
                 }
@@ -526,6 +544,7 @@ impl Host {
             },
             "error" => match params.get("message") {
                 Some(Value::String(m)) => {
+                    self.kept_line_bytes += self.line_len;
                     self.final_content = vec![text_block(m.clone())];
                     self.final_error = Some(params);
                     self.begin_finish(OutcomeKind::Error, None, self.cfg.kill_grace, false);
@@ -547,6 +566,7 @@ impl Host {
         let ty = params.get("type").and_then(Value::as_str).map(str::to_owned);
         match ty.as_deref() {
             Some("running") | Some("waiting") => {
+                self.kept_line_bytes += self.line_len;
                 self.states.push(params);
                 match self.applies.pop_front() {
                     Some(input) => self.notify("apply", Some(json!({ "input": input }))),
@@ -563,6 +583,7 @@ impl Host {
                 };
                 match content {
                     Some(c) => {
+                        self.kept_line_bytes += self.line_len;
                         self.states.push(params);
                         self.final_content = c;
                         self.begin_finish(OutcomeKind::Completed, None, self.cfg.kill_grace, false);
@@ -586,8 +607,8 @@ impl Host {
             }
             return;
         }
-        if let Some(pos) = self.queue.iter().position(|e| e.id() == Some(id)) {
-            if let Some(e) = self.queue.remove(pos) {
+        if let Some(pos) = self.queue.iter().position(|(e, _)| e.id() == Some(id)) {
+            if let Some((e, _)) = self.queue.remove(pos) {
                 let id = e.id().cloned();
                 self.respond(id, Err(cancelled("cancelled by the tool")));
             }
@@ -598,10 +619,16 @@ impl Host {
 
     fn serve(&mut self) {
         while self.in_service.is_none() && matches!(self.phase, Phase::Running) && !self.stdin_stalled() {
-            let Some(entry) = self.queue.pop_front() else { return };
+            let Some((entry, line)) = self.queue.pop_front() else { return };
             match entry {
                 Entry::Ready { id, reply } => self.respond(id, reply),
                 Entry::Op { id, call } => {
+                    if self.bug(PlantedBug::ToolUncountedBuffer)
+                        && matches!(call, Call::Fs(FsOp::Read { .. }))
+                        && self.read_ahead.capacity() == 0
+                    {
+                        self.read_ahead.reserve(self.cfg.max_file);
+                    }
                     let effect_id = EffectId(self.next_effect);
                     self.next_effect += 1;
                     let (effect, kind) = match &call {
@@ -611,6 +638,7 @@ impl Host {
                     };
                     self.in_service = Some(InService {
                         id,
+                        line,
                         effect: effect_id,
                         deadline: self.now.saturating_add(self.cfg.op_timeout),
                         kind,
@@ -1007,7 +1035,7 @@ impl Host {
         // Each queued line gets its answer: one already decided (an
         // invalid line's, with `id: null` too) as it is, a request that
         // would need an effect `-32005`.
-        while let Some(e) = self.queue.pop_front() {
+        while let Some((e, _)) = self.queue.pop_front() {
             match e {
                 Entry::Ready { id, reply } => self.respond(id, reply),
                 Entry::Op { id, .. } => {
@@ -1129,6 +1157,87 @@ impl Host {
         } else {
             format!("the tool ended ({status}) without a result; the end of its stderr:\n{tail}")
         }
+    }
+}
+
+/// What the host holds on the heap whatever the tool does: its tables,
+/// the policy's compiled rules, the line decoder's kept capacity, the
+/// scratch of one step. The constant a heap check adds to
+/// [`Host::heap_allowance`].
+#[doc(hidden)]
+pub const HEAP_SLACK: u64 = 256 << 10;
+/// A line's parsed form (its JSON value, or the request prepared from
+/// it) takes at most this many times the line's bytes: the worst is an
+/// array of one-entry objects, each 7 bytes of text and a map node of
+/// its own (`heap_tests` measures it).
+#[doc(hidden)]
+pub const HEAP_PER_LINE_BYTE: u64 = 128;
+/// Held per unanswered request beyond its line's share: its queue entry,
+/// its pending id, the record of an effect in flight.
+#[doc(hidden)]
+pub const HEAP_PER_REQUEST: u64 = 1 << 10;
+
+impl Host {
+    /// What each limit lets the host hold on the heap now, for the
+    /// harnesses that count what it really holds (the simulator's and the
+    /// fuzz targets' `bounded_memory` check), outputs drained:
+    /// - `max_line`: the decoder's buffer, a partial line under
+    ///   `max_line` with up to as many consumed bytes before it, grown by
+    ///   doubling;
+    /// - `max_pending`: each unanswered request, its line's parsed form
+    ///   (one in service keeps its id, as long as its line);
+    /// - `max_line` (kept messages): the states and final message the
+    ///   outcome is made of, their lines' parsed forms;
+    /// - `stderr_tail`: the tail, and one read beside it before the drain;
+    /// - output not yet drained, as written.
+    #[doc(hidden)]
+    pub fn heap_allowance(&self) -> Vec<HeapShare> {
+        let c = &self.cfg;
+        let growth = HEAP_GROWTH;
+        let line = |n: usize| (n as u64).saturating_mul(HEAP_PER_LINE_BYTE);
+        let mut shares = Vec::new();
+        if self.decoder.buffered() > 0 {
+            let span = (c.max_line as u64).saturating_add(1 + MAX_READ_CHUNK as u64);
+            shares.push(HeapShare { limit: "max_line", bytes: 2 * growth * span, per_byte: true });
+        }
+        let in_service = self.in_service.as_ref().map_or(0, |s| s.line);
+        let queued = self.queue.iter().fold(line(in_service), |a, (_, n)| a.saturating_add(line(*n)));
+        let requests = self.unanswered().min(self.cfg.max_pending.saturating_add(1)) as u64;
+        shares.push(HeapShare {
+            limit: "max_pending",
+            bytes: queued.saturating_add(requests.saturating_mul(HEAP_PER_REQUEST)),
+            per_byte: true,
+        });
+        shares.push(HeapShare {
+            limit: "max_line (states and result kept)",
+            bytes: line(self.kept_line_bytes),
+            per_byte: true,
+        });
+        if !self.stderr.is_empty() {
+            let tail = (c.stderr_tail as u64).saturating_add(MAX_READ_CHUNK as u64);
+            shares.push(HeapShare { limit: "stderr_tail", bytes: growth * tail, per_byte: true });
+        }
+        let undrained: u64 = self
+            .out
+            .iter()
+            .map(|o| match o {
+                Output::ToolStdin(b) | Output::Finished { line: b, .. } => b.len() as u64,
+                _ => 64,
+            })
+            .sum();
+        shares.push(HeapShare { limit: "max_stdin_backlog", bytes: growth * undrained, per_byte: true });
+        shares
+    }
+
+    /// `held` bytes on the heap against [`Host::heap_allowance`] plus
+    /// [`HEAP_SLACK`]; over it, what the check reports, naming the limit
+    /// broken.
+    #[doc(hidden)]
+    pub fn heap_check(&self, held: u64) -> Result<(), String> {
+        if held <= HEAP_SLACK {
+            return Ok(());
+        }
+        heap_verdict(held, HEAP_SLACK, &self.heap_allowance())
     }
 }
 

@@ -159,3 +159,6 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod heap_tests;

@@ -13,7 +13,13 @@
 //!
 //! And the URL the host sends is a fixed point: normalized again, it is
 //! itself, and allowed by the same prefix.
+//!
+//! Where the counting allocator is installed (the fuzz target, the corpus
+//! replay), normalizing keeps nothing on the heap but its result, and
+//! holds at most [`NORMALIZE_PEAK_PER_BYTE`] times the text plus
+//! [`NORMALIZE_PEAK_SLACK`] at once.
 
+use airlock_core::heapcount::{self, Tag};
 use airlock_core::vfs::url::{normalize, path_extends};
 use airlock_core::vfs::{PolicyConfig, ToolPolicy};
 
@@ -100,8 +106,42 @@ pub fn server_view(path: &str) -> String {
 
 /// The check on one input: the URL is the input's text (invalid UTF-8 is
 /// read lossily, so every input checks something).
+/// Normalizing holds at most this many times the text at once (its
+/// decoded and re-encoded copies of the path)…
+pub const NORMALIZE_PEAK_PER_BYTE: u64 = 16;
+/// …plus this.
+pub const NORMALIZE_PEAK_SLACK: u64 = 4 << 10;
+
 pub fn check(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
+    let normalized = || match normalize(&text) {
+        Ok(u) => u.to_string(),
+        Err(e) => e.to_string(),
+    };
+    // Measured the second time, once whatever a thread keeps for good is
+    // set up; charged to a tag of its own.
+    let first = normalized();
+    let pure = Tag::new(heapcount::MAX_TAGS - 1);
+    let (result, cost) = heapcount::cost(pure, normalized);
+    assert_eq!(result, first, "{text:?}: normalized twice, two results");
+    if let Some(c) = cost {
+        let kept = result.capacity() as u64;
+        assert_eq!(
+            c.kept,
+            kept,
+            "{text:?}: normalizing kept {} bytes beside its result",
+            c.kept.saturating_sub(kept)
+        );
+        let bound = NORMALIZE_PEAK_PER_BYTE * text.len() as u64 + NORMALIZE_PEAK_SLACK;
+        assert!(
+            c.peak <= bound,
+            "bounded_memory: normalizing {} bytes peaked at {} bytes, over {bound} \
+             (NORMALIZE_PEAK_PER_BYTE, NORMALIZE_PEAK_SLACK)",
+            text.len(),
+            c.peak
+        );
+    }
+    drop(result);
     check_url(&policy(), &text);
 }
 

@@ -28,7 +28,14 @@
 //!   ends;
 //! - `bounded`: unanswered requests at most `max_pending`; bytes the host
 //!   holds at most one line plus one read plus the stderr tail; bytes
-//!   written to the tool in one step bounded by the pending limit.
+//!   written to the tool in one step bounded by the pending limit;
+//! - `bounded_memory`: the bytes the host really holds on the heap,
+//!   counted by the harness's allocator (`airlock_core::heapcount`, each
+//!   block charged to the host when the host allocated it), stay within
+//!   what its limits allow plus a stated constant (`Host::heap_check`).
+//!   Without the counting allocator there is nothing to read and the
+//!   check passes; the counts are read only here, so a seed's world is
+//!   the same either way.
 
 use super::{violation, Outcome, Violation};
 use crate::swarm::{FaultKind, Swarm, PPM};
@@ -36,6 +43,7 @@ use crate::Failure;
 use crate::Scenario;
 use airlock_core::codec::jsonrpc::{self, Incoming};
 use airlock_core::fsproxy::PlantedBug;
+use airlock_core::heapcount::{self as heapcount, Tag};
 use airlock_core::resolve::{Entry, Namespace, Refusal};
 use airlock_core::time::Instant;
 use airlock_core::trace::vfs::Header as VfsHeader;
@@ -66,6 +74,22 @@ const RACE_PPM: u32 = 20_000;
 const WIND_DOWN_STEPS: u64 = 20_000;
 
 type Check = Result<(), Violation>;
+
+/// The host's heap tag (0 is the world's own).
+const HEAP: Tag = Tag::new(1);
+
+/// An output's bytes are the world's once handed out: a pipe or a backend
+/// holds them from there, as a shell's would.
+fn hand_out(o: Output) -> Output {
+    match &o {
+        Output::ToolStdin(b) | Output::Finished { line: b, .. } => {
+            heapcount::retag(b, Tag::HARNESS);
+            o
+        }
+        Output::Effect { .. } => Tag::HARNESS.scope(|| o.clone()),
+        _ => o,
+    }
+}
 
 fn policy_config() -> PolicyConfig {
     PolicyConfig {
@@ -205,6 +229,8 @@ struct ToolWorld {
     now: Instant,
     step: u64,
     host: Host,
+    /// What the host's heap tag held before the host was built.
+    heap_base: u64,
     files: MemFiles,
     initial: MemFiles,
     /// The attacker racing file operations: its own randomness (the
@@ -294,7 +320,8 @@ impl ToolWorld {
             Err(e) => panic!("the world's policy is valid: {e}"),
         };
         let files = project();
-        let host = Host::new(Instant::ZERO, cfg.clone(), policy);
+        let heap_base = heapcount::live(HEAP).unwrap_or(0);
+        let host = HEAP.scope(|| Host::new(Instant::ZERO, cfg.clone(), policy));
         let tool = Tool {
             persona,
             alive: true,
@@ -321,6 +348,7 @@ impl ToolWorld {
             now: Instant::ZERO,
             step: 0,
             host,
+            heap_base,
             initial: files.clone(),
             race_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7261_6365_0000_0000),
             stashed: BTreeMap::new(),
@@ -395,7 +423,7 @@ impl ToolWorld {
 
     fn handle(&mut self, input: Input) -> Check {
         self.log(&json!({ "now": self.now.as_micros(), "input": input }));
-        self.host.handle(self.now, input);
+        HEAP.scope(|| self.host.handle(self.now, input));
         self.drain()
     }
 
@@ -850,7 +878,8 @@ impl ToolWorld {
         let mut to_tool = 0usize;
         // All of them are logged before any is judged, so a trace that
         // ends at a violation still has every output its last input caused.
-        let outputs: Vec<Output> = std::iter::from_fn(|| self.host.poll_output()).collect();
+        let outputs: Vec<Output> =
+            std::iter::from_fn(|| HEAP.scope(|| self.host.poll_output())).map(hand_out).collect();
         for o in &outputs {
             self.log(&json!({ "output": o }));
         }
@@ -910,7 +939,7 @@ impl ToolWorld {
         if stdin_closed {
             self.log(&json!({ "now": self.now.as_micros(), "input": "tool_stdin_closed" }));
             self.tool.unread = 0;
-            self.host.handle(self.now, Input::ToolStdinClosed);
+            HEAP.scope(|| self.host.handle(self.now, Input::ToolStdinClosed));
         }
         let backlog = self.cfg.max_stdin_backlog + bound;
         if self.tool.unread > backlog {
@@ -1032,6 +1061,11 @@ impl ToolWorld {
         let bound = self.cfg.max_line + 1 + MAX_READ_CHUNK + self.cfg.stderr_tail;
         if held > bound {
             return Err(violation("bounded", format!("the host holds {held} bytes (bound {bound})")));
+        }
+        if let Some(live) = heapcount::live(HEAP) {
+            self.host
+                .heap_check(live.wrapping_sub(self.heap_base))
+                .map_err(|m| violation("bounded_memory", format!("the host {m}")))?;
         }
         if self.finished.is_some() {
             return Ok(());

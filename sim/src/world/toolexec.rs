@@ -13,9 +13,17 @@
 //!
 //! After every step the checkers below compare what clients received with
 //! what tools wrote, and what the machine did with what the spec demands.
+//! `bounded_memory` checks the bytes the server's exchanges really hold on
+//! the heap, counted by the harness's allocator
+//! (`airlock_core::heapcount`, each block charged to the server when an
+//! exchange allocated it), against what their limits allow plus a stated
+//! constant (`Gate::heap_check`); without the counting allocator it
+//! passes, and the counts are read only there, so a seed's world is the
+//! same either way.
 
 use crate::swarm::FaultKind;
 use crate::Failure;
+use airlock_core::heapcount::{self as heapcount, Tag};
 use airlock_core::time::Instant;
 use airlock_core::toolexec::{
     validate_token, Config, Exchange, ExitStatus, Gate, Input, Mode, Output, RequestHead, Response, Signal,
@@ -58,6 +66,25 @@ pub enum ToolexecBug {
     OverCredit,
     /// The gate lets every connection in.
     NoCap,
+    /// A buffered answer reserves its whole `max_buffered` at the tool's
+    /// first output, while only the bytes read are counted.
+    UncountedBuffer,
+}
+
+/// The server's heap tag (0 is the world's own).
+const HEAP: Tag = Tag::new(1);
+
+/// An output's bytes are the world's once handed out, as a shell's write
+/// buffers would be.
+fn hand_out(o: Output) -> Output {
+    match &o {
+        Output::SendChunk(b) => {
+            heapcount::retag(b, Tag::HARNESS);
+            o
+        }
+        Output::Respond(_) | Output::SendHead(_) | Output::Spawn(_) => Tag::HARNESS.scope(|| o.clone()),
+        _ => o,
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,6 +256,9 @@ struct Conn {
     /// the tool's pipe then (no byte is dropped and there is no write
     /// timeout), so the answer's deadline moves by it.
     held_us: u64,
+    /// Only with `ToolexecBug::UncountedBuffer`: the server's, counted
+    /// nowhere.
+    read_ahead: Vec<u8>,
 }
 
 pub struct ToolexecWorld {
@@ -248,6 +278,8 @@ pub struct ToolexecWorld {
     /// Simulated time skipped by clock jumps so far: time in which nothing
     /// could have reacted, so the liveness bound stretches by it.
     jumped: u64,
+    /// What the server's heap tag held before its first exchange.
+    heap_base: u64,
 }
 
 pub struct ToolexecOutcome {
@@ -302,6 +334,7 @@ impl ToolexecWorld {
             last_arrival: 0,
             jumped: 0,
             config,
+            heap_base: heapcount::live(HEAP).unwrap_or(0),
         };
         let mut t = 0;
         for _ in 0..clients {
@@ -330,6 +363,7 @@ impl ToolexecWorld {
                 seen: Seen::default(),
                 must_stop_at: None,
                 held_us: 0,
+                read_ahead: Vec::new(),
             });
         }
         world.last_arrival = t;
@@ -578,7 +612,9 @@ impl ToolexecWorld {
             if !may {
                 break;
             }
-            let ex = Exchange::new(self.config.clone(), self.at());
+            let config = self.config.clone();
+            let now = self.at();
+            let ex = HEAP.scope(|| Exchange::new(config, now));
             self.record_input(self.at(), &trace::ServerInput::Accept { conn: i });
             let c = &mut self.conns[i];
             c.accepted = true;
@@ -604,8 +640,18 @@ impl ToolexecWorld {
         if self.trace.is_some() {
             self.record_input(now, &trace::ServerInput::Input { conn: i, input: input.clone() });
         }
+        let output = matches!(input, Input::ToolOutput(_));
         if let Some(ex) = self.conns[i].ex.as_mut() {
-            ex.handle(now, input);
+            HEAP.scope(|| ex.handle(now, input));
+        }
+        let c = &mut self.conns[i];
+        if self.bug == Some(ToolexecBug::UncountedBuffer)
+            && output
+            && c.read_ahead.capacity() == 0
+            && c.ex.as_ref().is_some_and(|e| e.mode() == Mode::Buffered && e.buffered_bytes() > 0)
+        {
+            let max = usize::try_from(self.config.max_buffered).unwrap_or(usize::MAX);
+            HEAP.scope(|| c.read_ahead.reserve(max));
         }
         self.drain(i)
     }
@@ -617,7 +663,7 @@ impl ToolexecWorld {
             let now = self.at();
             self.record_input(now, &trace::ServerInput::Timeout { conn: i });
             if let Some(ex) = self.conns[i].ex.as_mut() {
-                ex.handle_timeout(now);
+                HEAP.scope(|| ex.handle_timeout(now));
             }
             self.drain(i)?;
         }
@@ -770,7 +816,10 @@ impl ToolexecWorld {
 
     fn drain(&mut self, i: usize) -> Result<(), Failure> {
         loop {
-            let Some(out) = self.conns[i].ex.as_mut().and_then(Exchange::poll_output) else { return Ok(()) };
+            let Some(out) = HEAP.scope(|| self.conns[i].ex.as_mut().and_then(Exchange::poll_output)) else {
+                return Ok(());
+            };
+            let out = hand_out(out);
             // As the machine yielded it, before a planted bug touches it.
             if let Some(t) = &mut self.trace {
                 t.push_str(&trace::output_line(i, &out));
@@ -908,6 +957,7 @@ impl ToolexecWorld {
                 let c = &mut self.conns[i];
                 c.seen.done = true;
                 c.closed = true;
+                c.read_ahead = Vec::new();
                 if self.bug != Some(ToolexecBug::NoCap) {
                     self.gate.release();
                 }
@@ -931,6 +981,14 @@ impl ToolexecWorld {
 
     fn check(&self) -> Result<(), Failure> {
         let step = self.step;
+        if let Some(live) = heapcount::live(HEAP) {
+            self.gate
+                .heap_check(
+                    self.conns.iter().filter_map(|c| c.ex.as_ref()),
+                    live.wrapping_sub(self.heap_base),
+                )
+                .map_err(|m| fail("bounded_memory", step, None, format!("the server {m}")))?;
+        }
         let live = self.conns.iter().filter(|c| c.accepted && !c.closed).count();
         if live > self.cap {
             return Err(fail(
