@@ -242,8 +242,16 @@ fn serve_measured(input: &[u8]) -> Outcome {
     Outcome { wire, spawns }
 }
 
+/// What an HTTP/2 client with prior knowledge sends first.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// Does `input` start with a whole request (see the module comment)?
 pub fn forms_request(input: &[u8]) -> bool {
+    // HTTP/2's connection preface is not an HTTP/1 request: hyper closes
+    // the connection without an answer an HTTP/2 client would misread.
+    if input.starts_with(H2_PREFACE) {
+        return false;
+    }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(input) {
