@@ -664,3 +664,19 @@ fn the_view_closes_truncate_and_the_network_namespace_tcp_on_old_abis() {
     assert_eq!(f.net, "unconfined");
     assert!(f.not_enforced.contains(&"tcp"));
 }
+
+/// A datagram socketpair's `sendto` reaches a named host socket before
+/// Landlock ABI 9: refused where unix sockets are, unless the mount view
+/// leaves no host socket to reach.
+#[test]
+fn datagram_socketpairs_are_refused_only_outside_the_view_where_unix_sockets_are() {
+    let has_rule = |mount_ns, deny_unix_socket_create| {
+        seccomp_policy(&SeccompInputs { mount_ns, deny_unix_socket_create, ..SeccompInputs::default() })
+            .iter()
+            .any(|r| r.call == "socketpair")
+    };
+    assert!(has_rule(false, true));
+    assert!(!has_rule(true, true));
+    assert!(!has_rule(false, false));
+    assert!(!has_rule(true, false));
+}
