@@ -287,3 +287,41 @@ out({"after": r["ok"]})
     assert!(after.contains("true"), "{after}");
     assert_eq!(live.finish(), Some(0));
 }
+
+/// One line of `[{"a":0},…]` just under `--max-line` costs about a
+/// hundred times its size once parsed (over a gigabyte for 15 MiB, as
+/// measured with the limit lifted). `airlock tool` counts a line's JSON
+/// values before it parses it and refuses one past `--max-line-values`:
+/// the tool is told so, and airlock's peak stays near the line's own
+/// bytes.
+#[test]
+fn a_tool_line_dear_once_parsed_is_refused_within_a_bounded_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let max_line: u64 = 16 * MIB;
+    let mut child = Command::new(airlock())
+        .current_dir(dir.path())
+        .args(["tool", "--allow-rw", ".", "--sandbox-ro"])
+        .arg(support(""))
+        .args(["--max-line", &max_line.to_string(), "--", "python3"])
+        .arg(support("values_attack.py"))
+        .arg("1900000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("airlock tool starts");
+    let pid = child.id();
+    // The tool writes `ready` once it has airlock's answer to the line.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !dir.path().join("ready").exists() {
+        assert!(Instant::now() < deadline, "the tool never had its answer");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let peak = status_kib(pid, "VmHWM") * 1024;
+    std::fs::write(dir.path().join("go"), "1").expect("go");
+    let out = child.wait_with_output().expect("airlock tool ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    let bound = 4 * max_line + PEAK_SLACK;
+    assert!(peak <= bound, "airlock tool peaked at {} MiB, over {} MiB", peak / MIB, bound / MIB);
+    assert!(stdout.contains("--max-line-values") && stdout.contains("-32600"), "{stdout}");
+}

@@ -65,6 +65,10 @@ pub struct ToolArgs {
     /// Longest line read from the tool, in bytes.
     #[arg(long = "max-line", value_name = "BYTES", default_value_t = airlock_core::codec::jsonrpc::DEFAULT_MAX_LINE)]
     pub max_line: usize,
+    /// Most JSON values one line from the tool may hold (a line past it is
+    /// refused before it is parsed: parsed values cost far more than text).
+    #[arg(long = "max-line-values", value_name = "N", default_value_t = airlock_core::codec::jsonrpc::DEFAULT_MAX_LINE_VALUES)]
+    pub max_line_values: usize,
     /// Largest file content, HTTP body or process stream, in bytes.
     #[arg(long = "max-file", value_name = "BYTES", default_value_t = vfs::DEFAULT_MAX_FILE)]
     pub max_file: usize,
@@ -125,6 +129,7 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
     config.cancel_grace = a.cancel_grace;
     config.kill_grace = a.kill_grace;
     config.max_line = a.max_line;
+    config.max_line_values = a.max_line_values;
     config.max_file = a.max_file;
     let path_env = std::env::var("PATH").unwrap_or_else(|_| "/usr/local/bin:/usr/bin:/bin".into());
     let mut allow_cmd = Vec::new();

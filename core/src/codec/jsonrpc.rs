@@ -20,6 +20,14 @@ use std::fmt;
 /// 10 MiB file (`vfs::DEFAULT_MAX_FILE`) with room for the envelope.
 pub const DEFAULT_MAX_LINE: usize = 16 * 1024 * 1024;
 
+/// Most JSON values one line may hold by default. Parsed, a value costs
+/// far more than its text (`[{"a":0},…]` takes about 100 bytes of heap
+/// for each byte of line), so the line limit alone would let one 16 MiB
+/// line hold over a gigabyte; counted first, a line's values bound that
+/// cost whatever its length. 65 536 is far more than any message of the
+/// protocol needs (a `result` of content blocks, a `state`).
+pub const DEFAULT_MAX_LINE_VALUES: usize = 1 << 16;
+
 /// The protocol's error codes (seed 004, "Error codes"; `-32603` for
 /// I/O, size and network failures).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -140,12 +148,24 @@ pub enum Incoming {
 
 /// Parse one line (without its newline). `params`, when absent, is `null`.
 pub fn parse(line: &[u8]) -> Incoming {
+    parse_bounded(line, DEFAULT_MAX_LINE_VALUES)
+}
+
+/// [`parse`], refusing a line of more than `max_values` JSON values before
+/// anything of it is built (see [`DEFAULT_MAX_LINE_VALUES`]).
+pub fn parse_bounded(line: &[u8], max_values: usize) -> Incoming {
     let text = match std::str::from_utf8(line) {
         Ok(t) => t,
         Err(e) => {
             return Incoming::Invalid { id: None, reason: format!("line is not UTF-8 ({e})") };
         }
     };
+    if values_over(line, max_values) {
+        return Incoming::Invalid {
+            id: None,
+            reason: format!("line holds more than {max_values} JSON values (--max-line-values)"),
+        };
+    }
     let value: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => return Incoming::Invalid { id: None, reason: format!("line is not JSON ({e})") },
@@ -163,6 +183,38 @@ pub fn parse(line: &[u8]) -> Incoming {
         }
     };
     classify(obj)
+}
+
+/// Whether `line` holds more than `max` values: one, plus one for each
+/// array or object opened and each `,` between elements, outside strings.
+/// An upper bound for valid JSON (a key and its value count once), and
+/// enough for any text serde_json would go on to build from.
+fn values_over(line: &[u8], max: usize) -> bool {
+    let mut count = 1usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in line {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' | b',' => {
+                count += 1;
+                if count > max {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 fn kind(v: &Value) -> &'static str {

@@ -159,3 +159,61 @@ proptest! {
         }
     }
 }
+
+/// The exact count: one value, plus one per array or object and per
+/// comma outside strings.
+fn values(line: &str) -> usize {
+    (1..).find(|n| !values_over(line.as_bytes(), *n)).unwrap_or(usize::MAX)
+}
+
+#[test]
+fn values_are_counted_outside_strings_only() {
+    assert_eq!(values(r#"{"jsonrpc":"2.0","method":"state","params":{"type":"running"}}"#), 5);
+    assert_eq!(values(r#""[{,}]""#), 1);
+    assert_eq!(values(r#"["a\",[{", "\\", [1,2]]"#), 6);
+    assert_eq!(values("[]"), 2);
+}
+
+#[test]
+fn a_line_past_max_values_is_refused_before_it_is_built_and_one_at_it_is_parsed() {
+    let line = |n: usize| {
+        let items = vec!["0"; n].join(",");
+        format!(r#"{{"jsonrpc":"2.0","method":"state","params":{{"type":"running","v":[{items}]}}}}"#)
+    };
+    // The envelope is 5 values, `"v":[` adds a comma and an array, and
+    // each of the n numbers but the first a comma: n + 6 values in all.
+    let at = line(94);
+    assert_eq!(values(&at), 100);
+    assert!(matches!(parse_bounded(at.as_bytes(), 100), Incoming::Notification { .. }));
+    match parse_bounded(line(95).as_bytes(), 100) {
+        Incoming::Invalid { id: None, reason } => {
+            assert!(
+                reason.contains("more than 100 JSON values") && reason.contains("--max-line-values"),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// What the limit is for: a line that would cost about a hundred times
+/// its size once parsed is refused having allocated almost nothing.
+#[cfg(feature = "heapcount")]
+#[test]
+fn a_hostile_line_is_refused_without_being_built() {
+    use crate::heapcount::{cost, installed, Tag};
+    let mut line = String::from(r#"{"jsonrpc":"2.0","method":"state","params":{"type":"running","v":["#);
+    for _ in 0..200_000 {
+        line.push_str(r#"{"a":0},"#);
+    }
+    line.push_str("0]}}");
+    let (got, c) = cost(Tag::new(7), || parse(line.as_bytes()));
+    assert!(matches!(got, Incoming::Invalid { .. }), "{got:?}");
+    assert!(installed(), "the lib's tests count the heap");
+    let c = c.expect("counted");
+    assert!(c.peak < 4096, "parsing the refused line of {} bytes peaked at {} bytes", line.len(), c.peak);
+    // Without the limit the same line costs about a hundred times itself.
+    let (_, unbounded) = cost(Tag::new(7), || parse_bounded(line.as_bytes(), usize::MAX));
+    let unbounded = unbounded.expect("counted");
+    assert!(unbounded.peak > 20 * line.len() as u64, "{unbounded:?} for {} bytes", line.len());
+}

@@ -476,7 +476,7 @@ impl Host {
     fn on_line(&mut self, line: &[u8]) {
         self.last_activity = self.now;
         self.line_len = line.len();
-        match jsonrpc::parse(line) {
+        match jsonrpc::parse_bounded(line, self.cfg.max_line_values) {
             Incoming::Request { id, method, params } => {
                 if self.pending_ids.contains_key(&id.key()) {
                     // Answering with the id would give the pending request

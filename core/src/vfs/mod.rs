@@ -65,7 +65,7 @@ pub use machine::{Host, Input, Output, Signal, UserSignal};
 pub use outcome::{Outcome, OutcomeKind, ToolExit};
 pub use policy::{PolicyConfig, PolicyError, ToolPolicy};
 
-use crate::codec::jsonrpc::DEFAULT_MAX_LINE;
+use crate::codec::jsonrpc::{DEFAULT_MAX_LINE, DEFAULT_MAX_LINE_VALUES};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
@@ -110,6 +110,9 @@ pub struct Config {
     /// `--apply`: inputs for successive `running`/`waiting` states.
     pub applies: Vec<String>,
     pub max_line: usize,
+    /// `--max-line-values`: JSON values one line may hold.
+    #[serde(default = "default_max_line_values", skip_serializing_if = "is_default_max_line_values")]
+    pub max_line_values: usize,
     pub max_file: usize,
     pub timeout: Duration,
     pub op_timeout: Duration,
@@ -134,6 +137,7 @@ impl Config {
             arguments: Value::Object(Default::default()),
             applies: Vec::new(),
             max_line: DEFAULT_MAX_LINE,
+            max_line_values: DEFAULT_MAX_LINE_VALUES,
             max_file: DEFAULT_MAX_FILE,
             timeout: DEFAULT_TIMEOUT,
             op_timeout: DEFAULT_OP_TIMEOUT,
@@ -155,6 +159,16 @@ impl Config {
             Err(e) => Err(format!("--args is not valid JSON: {e}")),
         }
     }
+}
+
+// A trace recorded before the limit existed, or with its default, has no
+// field for it: the header stays as it was.
+fn default_max_line_values() -> usize {
+    DEFAULT_MAX_LINE_VALUES
+}
+
+fn is_default_max_line_values(n: &usize) -> bool {
+    *n == DEFAULT_MAX_LINE_VALUES
 }
 
 #[cfg(test)]
