@@ -298,7 +298,7 @@ out({"after": r["ok"]})
 fn a_tool_line_dear_once_parsed_is_refused_within_a_bounded_peak() {
     let dir = tempfile::tempdir().unwrap();
     let max_line: u64 = 16 * MIB;
-    let mut child = Command::new(airlock())
+    let child = Command::new(airlock())
         .current_dir(dir.path())
         .args(["tool", "--allow-rw", ".", "--sandbox-ro"])
         .arg(support(""))
