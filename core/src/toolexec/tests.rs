@@ -854,3 +854,52 @@ fn without_a_client_the_pipe_drains_a_chunk_at_a_time_whatever_the_window() {
     let outs = drain(&mut x);
     assert_eq!(outs, vec![Output::ReadOutput { max: 64 }], "{outs:?}");
 }
+
+/// A malformed escape is refused naming its byte in the body (the 400's
+/// message), and every error says what is wrong in words.
+#[test]
+fn form_errors_name_the_byte_and_say_what_is_wrong() {
+    assert_eq!(decode_form(b"tool=echo&arg=ab%zz"), Err(FormError::BadEscape(16)));
+    assert_eq!(decode_form(b"tool=echo&a%g=1"), Err(FormError::BadEscape(11)));
+    let said = [
+        (FormError::BadEscape(16), "bad percent escape at byte 16"),
+        (FormError::Nul, "NUL byte in a field"),
+        (FormError::MissingTool, "field 'tool' missing"),
+        (FormError::RepeatedTool, "field 'tool' repeated"),
+        (FormError::RepeatedCwd, "field 'cwd' repeated"),
+    ];
+    for (e, text) in said {
+        assert_eq!(e.to_string(), text);
+    }
+    assert_eq!(TokenError::Empty.to_string(), "token is empty");
+    assert_eq!(TokenError::Separator.to_string(), "token contains whitespace or '='");
+}
+
+/// The token never reaches a log through `Debug`: its length does.
+#[test]
+fn a_tokens_debug_shows_its_length_and_never_its_bytes() {
+    let t = validate_token(TOKEN).unwrap();
+    let shown = format!("{t:?}");
+    assert_eq!(shown, "Token(<6 bytes>)");
+    assert!(!shown.contains("s3cret"));
+}
+
+#[test]
+fn a_tool_program_that_is_empty_or_holds_nul_is_refused() {
+    let mut c = config();
+    assert!(c.add_tool_spec("cc=").unwrap_err().contains("bad program"));
+    assert!(c.add_tool_spec("cc=/usr/bin/c\0c").unwrap_err().contains("bad program"));
+    assert!(c.add_tool_spec("cc=/usr/bin/cc").is_ok());
+}
+
+/// A candidate shorter than the token, even one that is its prefix, or
+/// longer, never matches.
+#[test]
+fn only_the_whole_token_matches() {
+    let t = validate_token(TOKEN).unwrap();
+    assert!(token_matches(&t, b"s3cret"));
+    // "p3crft" differs twice by the same bits: a mismatch must not cancel.
+    for bad in [&b""[..], b"s3cre", b"s3cret!", b"s3creT", b"p3crft", b"\xff"] {
+        assert!(!token_matches(&t, bad), "{bad:?}");
+    }
+}
