@@ -13,7 +13,7 @@ use crate::session::{BrokerShell, Event, Observer, Session};
 use crate::session_socket::SessionSocket;
 use crate::telemetry::TelemetryWriter;
 use airlock_core::codec::frame::DEFAULT_MAX_FRAME;
-use airlock_core::fsproxy::wire::{Mode, DEFAULT_MAX_READ};
+use airlock_core::fsproxy::wire::{Mode, DEFAULT_MAX_FRAME_VALUES, DEFAULT_MAX_READ};
 use airlock_core::fsproxy::{
     Config, FsProxy, StdioRole, DEFAULT_DESCRIPTOR_RESERVE, DEFAULT_MAX_BUFFERED_BYTES, DEFAULT_MAX_CLIENTS,
     DEFAULT_MAX_OPEN_HANDLES, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_READ_BATCH,
@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// Largest `max` a read may ask for, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ)]
     pub max_read: u32,
+    /// Most JSON values a request frame may hold (counted before it is
+    /// parsed: a parsed value costs about 100 bytes).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_FRAME_VALUES)]
+    pub max_frame_values: usize,
     /// Bytes one host read may gather for reads of one handle a client
     /// has queued back to back (0: each read on its own).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ_BATCH)]
@@ -132,6 +136,7 @@ impl ServeArgs {
         config.upstream = upstream;
         config.max_frame = self.max_frame;
         config.limits.max_read = self.max_read;
+        config.limits.max_values = self.max_frame_values;
         config.max_read_batch = self.max_read_batch;
         config.max_open_handles = self.max_open_handles;
         config.max_queued_requests = self.max_queued_requests;

@@ -325,3 +325,34 @@ fn a_tool_line_dear_once_parsed_is_refused_within_a_bounded_peak() {
     assert!(peak <= bound, "airlock tool peaked at {} MiB, over {} MiB", peak / MIB, bound / MIB);
     assert!(stdout.contains("--max-line-values") && stdout.contains("-32600"), "{stdout}");
 }
+
+/// A request frame of `[{"a":0},…]` just under `--max-frame` took
+/// airlock from 25 to 110 MiB for as long as it parsed it. Counted first,
+/// one past `--max-frame-values` is refused `E_RANGE` naming the flag.
+#[test]
+fn a_frame_dear_once_parsed_is_refused_within_a_bounded_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import time
+from fsclient import send_raw, recv
+print("started", flush=True)
+time.sleep(0.5)
+junk = "[" + '{"a":0},' * 130000 + "0]"
+for i in range(3):
+    send_raw(('{"id":"x%d","op":"stat","params":{"path":"x","junk":%s}}' % (i, junk)).encode())
+    r = recv()
+print(r, flush=True)
+print("done", flush=True)
+time.sleep(1)
+"#;
+    let mut live = Live::start(dir.path(), &[], &python(script));
+    live.until("started");
+    let pid = live.child.id();
+    let start = status_kib(pid, "VmRSS") * 1024;
+    let out = live.until("done");
+    let over = (status_kib(pid, "VmHWM") * 1024).saturating_sub(start);
+    assert_eq!(live.finish(), Some(0), "{out}");
+    let bound = 16 * MIB;
+    assert!(over <= bound, "airlock peaked {} MiB over its start, past {} MiB", over / MIB, bound / MIB);
+    assert!(out.contains("E_RANGE") && out.contains("--max-frame-values"), "{out}");
+}

@@ -160,7 +160,7 @@ pub fn parse_bounded(line: &[u8], max_values: usize) -> Incoming {
             return Incoming::Invalid { id: None, reason: format!("line is not UTF-8 ({e})") };
         }
     };
-    if values_over(line, max_values) {
+    if super::values::over(line, max_values) {
         return Incoming::Invalid {
             id: None,
             reason: format!("line holds more than {max_values} JSON values (--max-line-values)"),
@@ -183,38 +183,6 @@ pub fn parse_bounded(line: &[u8], max_values: usize) -> Incoming {
         }
     };
     classify(obj)
-}
-
-/// Whether `line` holds more than `max` values: one, plus one for each
-/// array or object opened and each `,` between elements, outside strings.
-/// An upper bound for valid JSON (a key and its value count once), and
-/// enough for any text serde_json would go on to build from.
-fn values_over(line: &[u8], max: usize) -> bool {
-    let mut count = 1usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in line {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' | b',' => {
-                count += 1;
-                if count > max {
-                    return true;
-                }
-            }
-            _ => {}
-        }
-    }
-    false
 }
 
 fn kind(v: &Value) -> &'static str {

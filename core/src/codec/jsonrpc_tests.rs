@@ -163,7 +163,7 @@ proptest! {
 /// The exact count: one value, plus one per array or object and per
 /// comma outside strings.
 fn values(line: &str) -> usize {
-    (1..).find(|n| !values_over(line.as_bytes(), *n)).unwrap_or(usize::MAX)
+    (1..).find(|n| !crate::codec::values::over(line.as_bytes(), *n)).unwrap_or(usize::MAX)
 }
 
 #[test]

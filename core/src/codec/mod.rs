@@ -4,3 +4,4 @@ pub mod frame;
 pub mod json_text;
 pub mod jsonrpc;
 pub mod plain;
+pub mod values;

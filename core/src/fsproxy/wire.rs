@@ -274,11 +274,31 @@ fn reject(id: Option<&str>, code: ErrorCode, message: impl Into<String>) -> Reje
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
     pub max_read: u32,
+    /// `--max-frame-values`: JSON values a request frame may hold before
+    /// it is parsed into a tree (see `codec::values`).
+    #[serde(default = "default_max_frame_values", skip_serializing_if = "is_default_max_frame_values")]
+    pub max_values: usize,
+}
+
+/// Values a request frame may hold by default: far more than any request
+/// needs (an LLM request's messages and tools included), and at about 100
+/// bytes each once parsed, a few megabytes at worst where `--max-frame`
+/// alone allowed about 85 times the frame.
+pub const DEFAULT_MAX_FRAME_VALUES: usize = 1 << 16;
+
+// A trace recorded before the limit existed, or with its default, has no
+// field for it.
+fn default_max_frame_values() -> usize {
+    DEFAULT_MAX_FRAME_VALUES
+}
+
+fn is_default_max_frame_values(n: &usize) -> bool {
+    *n == DEFAULT_MAX_FRAME_VALUES
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_read: DEFAULT_MAX_READ }
+        Limits { max_read: DEFAULT_MAX_READ, max_values: DEFAULT_MAX_FRAME_VALUES }
     }
 }
 
@@ -324,6 +344,9 @@ pub(crate) fn parse_request_or_response(
     if let Some(req) = fast::parse(payload, limits) {
         return (req, false);
     }
+    if let Err(too_many) = values_within(payload, limits) {
+        return (Err(too_many), false);
+    }
     match serde_json::from_slice::<Value>(payload) {
         Ok(value) => {
             let response = responds(&value);
@@ -344,6 +367,19 @@ pub(crate) fn responds(value: &Value) -> bool {
     }
 }
 
+/// A frame of more values than `limits` allow is refused before a tree is
+/// built from it: its id is not read either.
+fn values_within(payload: &[u8], limits: Limits) -> Result<(), Rejection> {
+    if crate::codec::values::over(payload, limits.max_values) {
+        return Err(reject(
+            None,
+            ErrorCode::Range,
+            format!("frame holds more than {} JSON values (--max-frame-values)", limits.max_values),
+        ));
+    }
+    Ok(())
+}
+
 fn not_json(e: &serde_json::Error) -> Rejection {
     reject(None, ErrorCode::Arg, format!("frame is not JSON: {e}"))
 }
@@ -351,6 +387,7 @@ fn not_json(e: &serde_json::Error) -> Rejection {
 /// Decode one request frame through a `Value` tree: every case, with the
 /// message for each way a request can be wrong.
 fn parse_request_tree(payload: &[u8], limits: Limits) -> Result<Request, Rejection> {
+    values_within(payload, limits)?;
     let value: Value = serde_json::from_slice(payload).map_err(|e| not_json(&e))?;
     request_from_tree(value, limits)
 }
@@ -964,6 +1001,34 @@ mod tests {
     use base64::engine::general_purpose::STANDARD;
     use base64::Engine as _;
     use proptest::prelude::*;
+
+    /// A frame the fast path leaves to the tree is counted first: past
+    /// `max_values` it is refused naming the flag, without an id (none
+    /// was read); at the limit it is parsed as ever.
+    #[test]
+    fn a_frame_past_max_values_is_refused_before_its_tree_is_built() {
+        let frame = |n: usize| {
+            let junk = vec!["0"; n].join(",");
+            format!(r#"{{"id":"a","op":"stat","params":{{"path":"x","junk":[{junk}]}}}}"#)
+        };
+        // One, two braces, `[` and three commas: 7 values, and n - 1 more
+        // commas.
+        let limits = Limits { max_values: 100, ..Limits::default() };
+        let at = frame(94);
+        assert!(
+            !crate::codec::values::over(at.as_bytes(), 100) && crate::codec::values::over(at.as_bytes(), 99)
+        );
+        let e = parse_request(at.as_bytes(), limits).unwrap_err();
+        assert_eq!((e.id.as_deref(), e.code), (Some("a"), ErrorCode::Unsupported), "{e:?}");
+        let past = frame(95);
+        for got in
+            [parse_request(past.as_bytes(), limits), parse_request_or_response(past.as_bytes(), limits).0]
+        {
+            let e = got.unwrap_err();
+            assert_eq!((e.id, e.code), (None, ErrorCode::Range));
+            assert_eq!(e.message, "frame holds more than 100 JSON values (--max-frame-values)");
+        }
+    }
 
     /// What the responses were before they were written by hand: each
     /// result built as a `Value` and serialized by serde_json.
