@@ -72,7 +72,8 @@ pub fn decode_form(body: &[u8]) -> Result<ExecForm, FormError> {
         }
         let (k, v, v_start) = match pair.iter().position(|&b| b == b'=') {
             Some(eq) => (&pair[..eq], &pair[eq + 1..], start + eq + 1),
-            None => (pair, &pair[pair.len()..], start + pair.len()),
+            // An empty value has no byte an error could name.
+            None => (pair, &pair[pair.len()..], start),
         };
         let key = decode(k, start)?;
         let value = decode(v, v_start)?;
