@@ -10,8 +10,10 @@
 //! issue 31's: a rustup toolchain granted to `toolexec serve`.
 
 mod common;
+mod confine_common;
 
 use common::*;
+use confine_common::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -22,21 +24,6 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Set on the airlock process: start without namespaces, as on a kernel
-/// or container that refuses them.
-const NO_NAMESPACES: &str = "AIRLOCK_NO_NAMESPACES";
-const NAMESPACES: [&str; 6] = ["user", "pid", "ipc", "net", "uts", "mount"];
-/// How long a process that should be gone may take to disappear.
-const GONE_WITHIN: Duration = Duration::from_secs(3);
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
-    Namespaces,
-    Fallback,
-}
-
-const MODES: [Mode; 2] = [Mode::Namespaces, Mode::Fallback];
 
 impl Mode {
     fn apply(self, cmd: &mut Command) {
@@ -56,11 +43,6 @@ fn attack(script: &str, args: &[String]) -> Vec<String> {
     let mut v = vec!["python3".to_owned(), attacks().join(script).display().to_string()];
     v.extend(args.iter().cloned());
     v
-}
-
-fn unique() -> u64 {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    N.fetch_add(1, Ordering::Relaxed) as u64
 }
 
 /// `airlock run` as `run_in` starts it (the attack scripts readable
@@ -136,15 +118,6 @@ fn got_through(got: &BTreeMap<String, (String, String)>, label: &str) -> bool {
     }
 }
 
-fn not_enforced(run: &Run) -> Vec<String> {
-    run.report["sandbox"]["not_enforced"]
-        .as_array()
-        .unwrap_or_else(|| panic!("report has no sandbox.not_enforced: {}", run.report))
-        .iter()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect()
-}
-
 /// The attack on `class` either failed, or the report lists one of `gaps`
 /// (the layers whose absence lets it through) as not enforced. With no
 /// `gaps`, the class is closed by a layer that is always in force, and the
@@ -196,10 +169,6 @@ fn assert_mode(run: &Run, mode: Mode) {
 }
 
 // ------------------------------------------------------- host-side objects
-
-fn errno() -> std::io::Error {
-    std::io::Error::last_os_error()
-}
 
 /// A SysV shared memory segment of the test process (0600), removed on drop.
 struct Shm {
@@ -278,70 +247,6 @@ impl Drop for Key {
     fn drop(&mut self) {
         // SAFETY: KEYCTL_INVALIDATE takes integers.
         unsafe { libc::syscall(libc::SYS_keyctl, 21, self.id) };
-    }
-}
-
-/// Runs `f` in a loop on a thread until dropped.
-struct Background {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Background {
-    fn start(mut f: impl FnMut() + Send + 'static) -> Background {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                f();
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        });
-        Background { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Live (not zombie) processes whose name is `comm`.
-fn processes_named(comm: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
-        let name = head.split_once('(').map(|(_, n)| n).unwrap_or_default();
-        if name == comm && !rest.trim_start().starts_with('Z') {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-/// Whether a process named `comm` is still alive after `GONE_WITHIN`; any
-/// found is killed, so a failing run leaves nothing behind.
-fn outlives(comm: &str) -> bool {
-    let deadline = Instant::now() + GONE_WITHIN;
-    loop {
-        let left = processes_named(comm);
-        if left.is_empty() {
-            return false;
-        }
-        if Instant::now() > deadline {
-            for pid in left {
-                // SAFETY: kill(2) takes integers.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -694,28 +599,6 @@ fn a_setsid_daemon_does_not_outlive_its_session() {
         );
         assert_mode(&run, mode);
     }
-}
-
-fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let mut names = vec![0u8; 65536];
-    // SAFETY: the buffer is as long as the size passed.
-    let n = unsafe { libc::listxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    assert!(n >= 0, "listxattr: {}", errno());
-    names.truncate(n as usize);
-    names
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|name| {
-            let cn = std::ffi::CString::new(name).unwrap();
-            let mut v = vec![0u8; 65536];
-            // SAFETY: as above.
-            let m = unsafe { libc::getxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-            assert!(m >= 0, "getxattr: {}", errno());
-            v.truncate(m as usize);
-            (String::from_utf8_lossy(name).into_owned(), v)
-        })
-        .collect()
 }
 
 /// Host files' metadata: `setxattr` and `removexattr` of `user.*` on a

@@ -16,8 +16,10 @@
 //! (a mount, loopback), as Ubuntu 24.04's AppArmor default does.
 
 mod common;
+mod confine_common;
 
 use common::*;
+use confine_common::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -26,26 +28,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Set on the airlock process: start without namespaces.
-const NO_NAMESPACES: &str = "AIRLOCK_NO_NAMESPACES";
-const NAMESPACES: [&str; 6] = ["user", "pid", "ipc", "net", "uts", "mount"];
 /// The unprivileged user a root test process drops to (`nobody`).
 const NOBODY: u32 = 65534;
-/// How long a process that should be gone may take to disappear.
-const GONE_WITHIN: Duration = Duration::from_secs(3);
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
-    Namespaces,
-    Fallback,
-}
-
-const MODES: [Mode; 2] = [Mode::Namespaces, Mode::Fallback];
-
 fn is_root() -> bool {
     // SAFETY: geteuid takes nothing.
     unsafe { libc::geteuid() == 0 }
@@ -71,15 +59,6 @@ fn run_as(cmd: &mut Command, (uid, gid): (u32, u32)) -> &mut Command {
         cmd.uid(uid).gid(gid);
     }
     cmd
-}
-
-fn unique() -> u64 {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    N.fetch_add(1, Ordering::Relaxed) as u64
-}
-
-fn errno() -> std::io::Error {
-    std::io::Error::last_os_error()
 }
 
 fn chown(p: &Path, (uid, gid): (u32, u32)) {
@@ -260,15 +239,6 @@ fn got_through(got: &BTreeMap<String, String>, label: &str) -> bool {
     got.get(label).unwrap_or_else(|| panic!("the attack never tried {label:?}: {got:?}")) == "ok"
 }
 
-fn not_enforced(run: &Run) -> Vec<String> {
-    run.report["sandbox"]["not_enforced"]
-        .as_array()
-        .unwrap_or_else(|| panic!("report has no sandbox.not_enforced: {}", run.report))
-        .iter()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect()
-}
-
 /// The attack failed, or the report lists one of `gaps` as not enforced;
 /// with no `gaps` the attack must fail.
 fn assert_refused_or_listed(run: &Run, attack_succeeded: bool, class: &str, gaps: &[&str]) {
@@ -409,70 +379,6 @@ impl Drop for Holder {
     }
 }
 
-/// Runs `f` in a loop on a thread until dropped.
-struct Background {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Background {
-    fn start(mut f: impl FnMut() + Send + 'static) -> Background {
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                f();
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        });
-        Background { stop, thread: Some(thread) }
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Live (not zombie) processes named `comm`.
-fn processes_named(comm: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
-        let name = head.split_once('(').map(|(_, n)| n).unwrap_or_default();
-        if name == comm && !rest.trim_start().starts_with('Z') {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-/// Whether a process named `comm` is still alive after `GONE_WITHIN`; any
-/// found then is killed.
-fn outlives(comm: &str) -> bool {
-    let deadline = Instant::now() + GONE_WITHIN;
-    loop {
-        let left = processes_named(comm);
-        if left.is_empty() {
-            return false;
-        }
-        if Instant::now() > deadline {
-            for pid in left {
-                // SAFETY: kill(2) takes integers.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A process's limits, nice value and affinity, as /proc shows them.
 fn process_state(pid: u32) -> (String, String, String) {
     let field = |file: &str, key: &str| {
@@ -482,28 +388,6 @@ fn process_state(pid: u32) -> (String, String, String) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let nice = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(16).unwrap().to_owned();
     (field("limits", "Max open files"), nice, field("status", "Cpus_allowed_list"))
-}
-
-fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let mut names = vec![0u8; 65536];
-    // SAFETY: the buffer is as long as the size passed.
-    let n = unsafe { libc::listxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    assert!(n >= 0, "listxattr: {}", errno());
-    names.truncate(n as usize);
-    names
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|name| {
-            let cn = std::ffi::CString::new(name).unwrap();
-            let mut v = vec![0u8; 65536];
-            // SAFETY: as above.
-            let m = unsafe { libc::getxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
-            assert!(m >= 0, "getxattr: {}", errno());
-            v.truncate(m as usize);
-            (String::from_utf8_lossy(name).into_owned(), v)
-        })
-        .collect()
 }
 
 /// A file of the owner's in `outside` with a `user.keep` attribute.
