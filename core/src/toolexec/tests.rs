@@ -861,6 +861,9 @@ fn without_a_client_the_pipe_drains_a_chunk_at_a_time_whatever_the_window() {
 fn form_errors_name_the_byte_and_say_what_is_wrong() {
     assert_eq!(decode_form(b"tool=echo&arg=ab%zz"), Err(FormError::BadEscape(16)));
     assert_eq!(decode_form(b"tool=echo&a%g=1"), Err(FormError::BadEscape(11)));
+    assert_eq!(decode_form(b"tool=echo&cwd=a&cwd=b"), Err(FormError::RepeatedCwd));
+    assert_eq!(decode_form(b"tool=echo&tool=sh"), Err(FormError::RepeatedTool));
+    assert_eq!(decode_form(b"arg=x"), Err(FormError::MissingTool));
     let said = [
         (FormError::BadEscape(16), "bad percent escape at byte 16"),
         (FormError::Nul, "NUL byte in a field"),
