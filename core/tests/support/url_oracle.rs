@@ -153,14 +153,22 @@ pub fn check_url(policy: &ToolPolicy, text: &str) {
     assert_eq!(parsed.scheme(), u.scheme, "{text:?}");
     assert_eq!(parsed.host_str(), Some(u.host.as_str()), "{text:?}");
     assert_eq!(parsed.port_or_known_default(), Some(u.port), "{text:?}");
-    assert_eq!(canonical_escapes(parsed.path()), u.path, "{text:?}: the url crate reads the path otherwise");
+    // The url crate keeps a segment shaped like a Windows drive letter
+    // (`p:`) that a `..` follows, whatever the scheme; the URL standard
+    // ("shorten a URL's path") keeps it only for `file:`, and RFC 3986
+    // never. Where the url crate's path holds one, the decoding server's
+    // view is the oracle alone.
+    let crate_agrees = !parsed.path().split('/').any(drive_letter);
+    if crate_agrees {
+        assert_eq!(canonical_escapes(parsed.path()), u.path, "{text:?}: the url crate reads the path otherwise");
+    }
     assert_eq!(parsed.query().is_some(), u.query.is_some(), "{text:?}");
     let under = PREFIXES.iter().any(|p| {
         let pu = url::Url::parse(p).expect("a valid prefix");
         pu.scheme() == parsed.scheme()
             && pu.host_str() == parsed.host_str()
             && pu.port_or_known_default() == parsed.port_or_known_default()
-            && path_extends(&canonical_escapes(parsed.path()), &canonical_escapes(pu.path()))
+            && (!crate_agrees || path_extends(&canonical_escapes(parsed.path()), &canonical_escapes(pu.path())))
             && path_extends(&server_view(&u.path), &server_view(pu.path()))
     });
     assert!(
@@ -171,4 +179,11 @@ pub fn check_url(policy: &ToolPolicy, text: &str) {
         normalize(&sent).unwrap_or_else(|e| panic!("{text:?} sent as {sent:?}, which is refused: {e}"));
     assert_eq!(again.to_string(), sent, "{text:?}: normalizing is not idempotent");
     assert!(policy.check_url(&sent).is_ok(), "{text:?}: the URL sent is not allowed");
+}
+
+/// A segment the url crate treats as a Windows drive letter: one ASCII
+/// letter and `:` or `|`.
+fn drive_letter(seg: &str) -> bool {
+    let b = seg.as_bytes();
+    b.len() == 2 && b[0].is_ascii_alphabetic() && matches!(b[1], b':' | b'|')
 }
