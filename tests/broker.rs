@@ -840,7 +840,8 @@ out(call('QUOTA'))
 // ------------------------------------------------ hardening (issue 7) --
 
 /// 33 frames of about 1 MiB each (thousands of small messages, the shape
-/// that costs fifty times its bytes as a parsed tree) queued behind a slow
+/// that costs fifty times its bytes as a parsed tree, as many as
+/// `--max-frame-values` lets one frame hold) queued behind a slow
 /// call: the queue takes what `max_pending_bytes` allows, the rest are
 /// refused `queue_full` at once and never reach the provider, and airlock's
 /// memory stays far below the 1.7 GB this once took.
@@ -856,7 +857,9 @@ fn a_flood_of_big_llmcmds_is_refused_queue_full_with_bounded_memory() {
             r#"
 import json, struct, os
 send({"id": "slow", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=slow delay=30000"}], "cancel_token": "s"}})
-small = [{"role": "user", "content": "x"}] * 30000
+# 18 000 messages: 54 000 values, under --max-frame-values (65 536),
+# which refuses a frame of more before its tree is built.
+small = [{"role": "user", "content": "x" * 20}] * 18000
 for i in range(33):
     msgs = small + [{"role": "user", "content": "tag=q%d" % i}]
     payload = json.dumps({"id": "q%d" % i, "op": "LLMCMD", "params": {"messages": msgs}}).encode()
