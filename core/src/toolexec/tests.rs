@@ -906,3 +906,26 @@ fn only_the_whole_token_matches() {
         assert!(!token_matches(&t, bad), "{bad:?}");
     }
 }
+
+/// The working directory itself, named relatively or absolutely, is
+/// inside it.
+#[test]
+fn the_working_directory_itself_is_a_cwd() {
+    for cwd in [&b"."[..], b"/work", b"sub/..", b"/work/"] {
+        assert_eq!(form::resolve_cwd(b"/work", Some(cwd)), Ok(b"/work".to_vec()), "{cwd:?}");
+    }
+    assert!(form::resolve_cwd(b"/work", Some(b"/")).is_err());
+}
+
+/// A server holds its slack (64 KiB) whatever its clients do, and each
+/// exchange 2 KiB beyond what it counts.
+#[test]
+fn the_heap_check_allows_the_slack_and_a_share_per_exchange() {
+    let gate = Gate::new(4);
+    assert!(gate.heap_check([], 64 << 10).is_ok());
+    assert!(gate.heap_check([], (64 << 10) + 1).is_err());
+    let x = run_to_spawn("2", true);
+    let fixed: u64 = x.heap_allowance().iter().filter(|s| !s.per_byte).map(|s| s.bytes).sum();
+    assert_eq!(fixed, 2 << 10);
+    assert!(gate.heap_check([&x], (64 << 10) + 1).is_ok());
+}
