@@ -929,3 +929,15 @@ fn the_heap_check_allows_the_slack_and_a_share_per_exchange() {
     assert_eq!(fixed, 2 << 10);
     assert!(gate.heap_check([&x], (64 << 10) + 1).is_ok());
 }
+
+/// The gate counts what it lets in and says its cap (at least one).
+#[test]
+fn the_gate_reports_what_is_open_and_its_cap() {
+    let mut gate = Gate::new(3);
+    assert_eq!((gate.open(), gate.max()), (0, 3));
+    assert!(gate.try_take() && gate.try_take());
+    assert_eq!(gate.open(), 2);
+    gate.release();
+    assert_eq!(gate.open(), 1);
+    assert_eq!(Gate::new(0).max(), 1);
+}
