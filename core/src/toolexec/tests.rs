@@ -928,6 +928,12 @@ fn the_heap_check_allows_the_slack_and_a_share_per_exchange() {
     let fixed: u64 = x.heap_allowance().iter().filter(|s| !s.per_byte).map(|s| s.bytes).sum();
     assert_eq!(fixed, 2 << 10);
     assert!(gate.heap_check([&x], (64 << 10) + 1).is_ok());
+    // Two exchanges' shares are summed limit by limit, and the report
+    // lists each limit once.
+    let y = run_to_spawn("2", true);
+    let e = gate.heap_check([&x, &y], 1 << 30).unwrap_err();
+    assert!(e.contains("max_connections 4096"), "{e}");
+    assert!(!e.contains("max_connections 2048"), "{e}");
 }
 
 /// The gate counts what it lets in and says its cap (at least one).

@@ -160,7 +160,11 @@ pub fn check_url(policy: &ToolPolicy, text: &str) {
     // view is the oracle alone.
     let crate_agrees = !parsed.path().split('/').any(drive_letter);
     if crate_agrees {
-        assert_eq!(canonical_escapes(parsed.path()), u.path, "{text:?}: the url crate reads the path otherwise");
+        assert_eq!(
+            canonical_escapes(parsed.path()),
+            u.path,
+            "{text:?}: the url crate reads the path otherwise"
+        );
     }
     assert_eq!(parsed.query().is_some(), u.query.is_some(), "{text:?}");
     let under = PREFIXES.iter().any(|p| {
@@ -168,7 +172,8 @@ pub fn check_url(policy: &ToolPolicy, text: &str) {
         pu.scheme() == parsed.scheme()
             && pu.host_str() == parsed.host_str()
             && pu.port_or_known_default() == parsed.port_or_known_default()
-            && (!crate_agrees || path_extends(&canonical_escapes(parsed.path()), &canonical_escapes(pu.path())))
+            && (!crate_agrees
+                || path_extends(&canonical_escapes(parsed.path()), &canonical_escapes(pu.path())))
             && path_extends(&server_view(&u.path), &server_view(pu.path()))
     });
     assert!(
