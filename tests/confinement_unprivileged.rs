@@ -265,6 +265,16 @@ fn namespaces_in_force(run: &Run) -> Vec<String> {
 }
 
 /// The layers that need no namespace are applied, whoever runs airlock:
+/// No namespace is in force and each is listed; the other layers are.
+fn assert_fallback(run: &Run, ctx: &str) {
+    assert!(namespaces_in_force(run).is_empty(), "{ctx}: namespaces reported in force: {}", run.report);
+    let listed = not_enforced(run);
+    for ns in NAMESPACES {
+        assert!(listed.contains(&format!("ns_{ns}")), "{ctx}: ns_{ns} is not listed: {}", run.report);
+    }
+    assert_layers_without_namespaces(run, ctx);
+}
+
 /// Landlock confines the files, seccomp is installed, and the
 /// capabilities are dropped (without failing for want of CAP_SETPCAP).
 fn assert_layers_without_namespaces(run: &Run, ctx: &str) {
@@ -802,12 +812,7 @@ fn a_kernel_that_refuses_user_namespaces_gets_the_fallback_and_says_so() {
         assert_eq!(run.code(), Some(0), "{ctx}: {}", run.stderr());
         assert_eq!(run.stdout().lines().next(), Some(who.0.to_string().as_str()), "{ctx}: {}", run.stdout());
 
-        assert!(namespaces_in_force(&run).is_empty(), "{ctx}: namespaces reported in force: {}", run.report);
-        let listed = not_enforced(&run);
-        for ns in NAMESPACES {
-            assert!(listed.contains(&format!("ns_{ns}")), "{ctx}: ns_{ns} is not listed: {}", run.report);
-        }
-        assert_layers_without_namespaces(&run, &ctx);
+        assert_fallback(&run, &ctx);
 
         let got = outcomes(&run);
         let leaked =
@@ -992,12 +997,7 @@ fn a_kernel_that_refuses_any_one_namespace_gets_the_whole_fallback() {
         assert_control_refused(&run.stderr());
         assert_eq!(run.code(), Some(0), "{ns}: {}", run.stderr());
         assert_eq!(run.stdout(), "child-ran\n", "{ns}: {}", run.stderr());
-        assert!(namespaces_in_force(&run).is_empty(), "{ns}: namespaces reported in force: {}", run.report);
-        let listed = not_enforced(&run);
-        for n in NAMESPACES {
-            assert!(listed.contains(&format!("ns_{n}")), "{ns}: ns_{n} is not listed: {}", run.report);
-        }
-        assert_layers_without_namespaces(&run, ns);
+        assert_fallback(&run, ns);
     }
 }
 
@@ -1080,16 +1080,7 @@ fn a_kernel_that_refuses_setting_up_namespaces_gets_the_whole_fallback() {
                 "{ctx}: {}",
                 run.stdout()
             );
-            assert!(
-                namespaces_in_force(&run).is_empty(),
-                "{ctx}: namespaces reported in force: {}",
-                run.report
-            );
-            let listed = not_enforced(&run);
-            for ns in NAMESPACES {
-                assert!(listed.contains(&format!("ns_{ns}")), "{ctx}: ns_{ns} is not listed: {}", run.report);
-            }
-            assert_layers_without_namespaces(&run, &ctx);
+            assert_fallback(&run, &ctx);
             let got = outcomes(&run);
             let leaked =
                 got_through(&got, "setxattr") || got_through(&got, "removexattr") || xattrs(&file) != before;
