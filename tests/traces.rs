@@ -45,6 +45,12 @@ fn every_checked_in_trace_replays_and_its_world_still_passes() {
     let mut failures = Vec::new();
     for path in &paths {
         let file = std::fs::File::open(path).unwrap();
+        if machine_of(path) == "toolexec" {
+            if let Err(e) = toolexec_trace(path) {
+                failures.push(format!("{}: {e}", path.display()));
+            }
+            continue;
+        }
         if machine_of(path) == "vfs" {
             if let Err(e) = tool_trace(BufReader::new(file)) {
                 failures.push(format!("{}: {e}", path.display()));
@@ -105,5 +111,24 @@ fn tool_trace(reader: impl std::io::BufRead) -> Result<(), String> {
         (Some(_), Some(got)) if Some(got) == want => Ok(()),
         (None, None) => Ok(()),
         _ => Err(format!("world rerun: {got:?}, header says {want:?}: {}", r.swarm_description())),
+    }
+}
+
+/// A toolexec trace replays exactly against the server machine; its world,
+/// rerun with the bug its meta names, fails with the invariant the meta
+/// names, or passes when none was planted.
+fn toolexec_trace(path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    trace::replay_any(text.as_bytes())?;
+    let header: trace::toolexec::Header =
+        serde_json::from_str(text.lines().next().unwrap_or_default()).map_err(|e| e.to_string())?;
+    let meta = header.meta.as_ref();
+    let want = meta.and_then(|m| m["failure"]["invariant"].as_str());
+    let planted = meta.is_some_and(|m| m.get("planted").is_some());
+    let got = airlock_sim::rerun_toolexec(&header)?;
+    match (planted, got.as_ref().map(|f| f.invariant.as_str())) {
+        (true, Some(got)) if Some(got) == want => Ok(()),
+        (false, None) => Ok(()),
+        (_, got) => Err(format!("world rerun: {got:?}, header says {want:?}")),
     }
 }

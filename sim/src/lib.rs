@@ -252,6 +252,42 @@ pub fn run_toolexec_with_bug(seed: u64, bug: world::toolexec::ToolexecBug) -> Op
 #[doc(hidden)]
 pub use world::toolexec::ToolexecBug;
 
+/// One toolexec seed with `bug` planted, traced. A failure is written into
+/// the header's meta beside the bug, as the other worlds write theirs, so
+/// the trace says what its rerun must find.
+#[doc(hidden)]
+pub fn toolexec_trace_with_bug(seed: u64, bug: ToolexecBug) -> (Option<Failure>, Vec<u8>) {
+    use airlock_core::trace::toolexec as t;
+    let o = world::toolexec::run(seed, Some(bug), true);
+    let text = String::from_utf8(o.trace.unwrap_or_default()).unwrap_or_default();
+    let Some(failure) = o.failure else { return (None, text.into_bytes()) };
+    let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
+    let mut header: t::Header = match serde_json::from_str(first) {
+        Ok(h) => h,
+        Err(_) => return (Some(failure), text.into_bytes()),
+    };
+    if let Some(meta) = header.meta.as_mut() {
+        meta["failure"] = serde_json::to_value(&failure).unwrap_or_default();
+    }
+    let mut out = t::header_line(&header);
+    out.push_str(rest);
+    (Some(failure), out.into_bytes())
+}
+
+/// Re-run the toolexec world a trace came from (its seed, and the bug its
+/// meta names, if any) with every checker on: the failure it finds now.
+pub fn rerun_toolexec(header: &airlock_core::trace::toolexec::Header) -> Result<Option<Failure>, String> {
+    let seed = header.seed.ok_or("trace has no seed: not written by the simulator")?;
+    let bug = match header.meta.as_ref().and_then(|m| m.get("planted")) {
+        Some(b) => Some(
+            serde_json::from_value::<ToolexecBug>(b.clone())
+                .map_err(|e| format!("trace header's planted bug: {e}"))?,
+        ),
+        None => None,
+    };
+    Ok(world::toolexec::run(seed, bug, false).failure)
+}
+
 /// Run one seed (no shrinking) and return its full trace.
 pub fn record_trace(seed: u64, opts: &SimOptions) -> (SeedResult, Vec<u8>) {
     let swarm = swarm_for(seed, opts);

@@ -95,15 +95,44 @@ fn planted_late_result_answered_twice_is_found() {
     planted(PlantedBug::ToolAnswersLateResult, "one_response");
 }
 
+/// A buffer the host allocates but never counts is found by the heap
+/// check, shrunk, and its trace replays and fails the same way again.
 #[test]
 fn planted_uncounted_buffer_is_found() {
-    let res = planted(PlantedBug::ToolUncountedBuffer, "bounded_memory");
-    let message = res.failure.map(|f| f.message).unwrap_or_default();
+    let bug = PlantedBug::ToolUncountedBuffer;
+    let dir = std::env::temp_dir().join(format!("airlock-tool-uncounted-{}", std::process::id()));
+    let mut o = opts(0..1, 1);
+    o.trace_dir = Some(dir.clone());
+    let res = (0..500)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 500 seeds"));
+    let failure = res.failure.clone().unwrap();
+    assert_eq!(failure.invariant, "bounded_memory", "{}", res.swarm_description());
+    assert!(
+        run_seed(res.seed, &opts(res.seed..res.seed + 1, 1)).passed(),
+        "seed {} fails without the bug",
+        res.seed
+    );
     // The limit named is the host's byte limit it counts most under then.
     let named = ["max_line", "max_pending", "stderr_tail", "max_stdin_backlog"]
         .iter()
-        .any(|l| message.contains(&format!("breaks {l}")));
-    assert!(named, "{message}");
+        .any(|l| failure.message.contains(&format!("breaks {l}")));
+    assert!(named, "{}", failure.message);
+    let shrunk = res.shrunk.clone().expect("the failing run is shrunk");
+    assert!(shrunk.max_steps as u64 <= failure.step, "{}", res.swarm_description());
+    let path = res.trace.clone().expect("the failing seed's trace is written");
+    let report = replay(std::io::BufReader::new(std::fs::File::open(&path).unwrap()))
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(report.header.config.planted_bug, Some(bug));
+    let again = rerun_vfs(&report.header).unwrap();
+    assert_eq!(again.failure.map(|f| f.invariant), Some("bounded_memory".to_string()));
+    // `AIRLOCK_PLANTED_TRACE_DIR=$PWD/traces/planted` refreshes the kept copy.
+    if let Some(keep) = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR") {
+        let name = format!("{bug:?}-seed-{}-tool.jsonl", res.seed);
+        std::fs::copy(&path, std::path::PathBuf::from(keep).join(name)).unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -78,14 +78,34 @@ fn every_planted_bug_is_caught_by_its_checker() {
     }
 }
 
-/// The heap check names the limit an uncounted buffer grows beside.
+/// The heap check names the limit an uncounted buffer grows beside, and
+/// the failing seed's trace replays exactly and, rerun, fails again.
 #[test]
 fn an_uncounted_buffer_is_reported_against_max_buffered() {
-    let (seed, _) = found(ToolexecBug::UncountedBuffer);
-    let f = run_toolexec_with_bug(seed, ToolexecBug::UncountedBuffer).unwrap();
+    let bug = ToolexecBug::UncountedBuffer;
+    let (seed, _) = found(bug);
+    let f = run_toolexec_with_bug(seed, bug).unwrap();
     assert!(f.message.contains("breaks max_buffered"), "seed {seed}: {}", f.message);
     let res = airlock_sim::run_seed(seed, &opts(seed..seed + 1));
     assert!(res.passed(), "seed {seed} fails without the bug: {:?}", res.failure);
+    let (failure, trace) = airlock_sim::toolexec_trace_with_bug(seed, bug);
+    assert_eq!(failure.as_ref(), Some(&f), "seed {seed}: tracing changed the run");
+    let replayed =
+        airlock_core::trace::replay_any(trace.as_slice()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    assert!(replayed.inputs > 0 && replayed.outputs > 0);
+    let text = String::from_utf8(trace.clone()).unwrap();
+    let header: airlock_core::trace::toolexec::Header =
+        serde_json::from_str(text.lines().next().unwrap_or_default()).unwrap();
+    let meta = header.meta.clone().unwrap();
+    assert_eq!(meta["planted"], "uncounted_buffer");
+    assert_eq!(meta["failure"]["invariant"], "bounded_memory");
+    let again = airlock_sim::rerun_toolexec(&header).unwrap();
+    assert_eq!(again.map(|f| f.invariant), Some("bounded_memory".to_string()));
+    // `AIRLOCK_PLANTED_TRACE_DIR=$PWD/traces/planted` refreshes the kept copy.
+    if let Some(keep) = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR") {
+        let name = format!("{bug:?}-seed-{seed}-toolexec.jsonl");
+        std::fs::write(std::path::PathBuf::from(keep).join(name), &trace).unwrap();
+    }
 }
 
 /// Seed 414: the tool exits while a stalled client holds the stream window

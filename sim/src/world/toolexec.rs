@@ -48,7 +48,8 @@ const WORKDIR: &[u8] = b"/work";
 
 /// A deliberate defect between the machine and the world, so each checker
 /// is shown to catch its class of bug.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ToolexecBug {
     /// The second streamed chunk of an exchange is lost.
     DropChunk,
@@ -316,7 +317,13 @@ impl ToolexecWorld {
         let trace = record.then(|| {
             let mut header = trace::Header::new(&config);
             header.seed = Some(seed);
-            header.meta = Some(serde_json::json!({ "scenario": "toolexec" }));
+            let mut meta = serde_json::json!({ "scenario": "toolexec" });
+            // The bug is the world's, not the machine's: it is named in the
+            // meta so a rerun of the trace plants it again.
+            if let Some(bug) = bug {
+                meta["planted"] = serde_json::json!(bug);
+            }
+            header.meta = Some(meta);
             trace::header_line(&header)
         });
         let mut world = ToolexecWorld {
