@@ -1290,3 +1290,188 @@ out([code(r), r["error"]["message"]])
     assert_eq!(old["max_tokens"], 33, "{old}");
     assert!(old.get("max_completion_tokens").is_none(), "{old}");
 }
+
+/// Entries in `/proc/<pid>/fd`.
+fn descriptors(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(Iterator::count).unwrap_or(0) as u64
+}
+
+/// What each of `pid`'s descriptors is (`socket:[INODE]`, a path, …).
+fn descriptor_targets(pid: u32) -> std::collections::BTreeSet<String> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Default::default() };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|t| t.display().to_string())
+        .collect()
+}
+
+/// The TCP connections of `pid`'s network namespace to `port` on
+/// loopback, as `socket:[INODE]`.
+fn tcp_sockets_to(pid: u32, port: u16) -> Vec<String> {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 9 && f[2] == remote).then(|| format!("socket:[{}]", f[9]))
+        })
+        .collect()
+}
+
+/// Descriptors counted in `/proc/<airlock>/fd`, not modelled: a flood of
+/// provider calls (timed out, retried, cancelled after start) and of
+/// connections each queueing a call keeps airlock within
+/// `--max-descriptors` of what it held when the child started, and once
+/// every call has ended it holds what it held then.
+#[test]
+fn a_provider_call_flood_keeps_descriptors_within_max_descriptors() {
+    let fake = Fake::start();
+    let dir = tempfile::tempdir().unwrap();
+    // 16 of the 48 kept for files and provider calls: 32 for connections.
+    let (max, reserve) = (48u64, 16u64);
+    let script = r#"
+import os, time
+out("started")
+time.sleep(0.3)
+# Timed out: each call's provider connection is dropped at the timeout.
+for i in range(8):
+    r = llm("tag=t%d delay=30000" % i, id="t%d" % i)
+    assert r["error"]["code"] == "provider_timeout", r
+# Retried: two 429s, then an answer; three provider requests each.
+for i in range(8):
+    r = llm("tag=r%d fail=2 retry_after=0" % i, id="r%d" % i)
+    assert r["ok"], r
+# Cancelled after the provider request started.
+for i in range(8):
+    send({"id": "c%d" % i, "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=c%d delay=30000" % i}], "cancel_token": "k%d" % i}})
+    time.sleep(0.1)
+    send({"id": "x%d" % i, "op": "CANCEL", "params": {"cancel_token": "k%d" % i}})
+    got = recv_ids(["c%d" % i, "x%d" % i])
+    assert got["c%d" % i]["error"]["code"] == "cancelled_after_start", got
+# Connections, each with a call queued behind a slow one, past the bound.
+send({"id": "slow", "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=slow delay=30000"}], "cancel_token": "s"}})
+conns, refused = [], 0
+for i in range(100):
+    try:
+        fd, resp = attach()
+    except EOFError:
+        refused += 1
+        continue
+    send({"id": "q%d" % i, "op": "LLMCMD", "params": {"messages": [{"role": "user", "content": "tag=q%d" % i}]}}, fd=fd)
+    conns.append(fd)
+out({"attached": len(conns), "refused": refused})
+out("flooded")
+time.sleep(0.5)
+send({"id": "cs", "op": "CANCEL", "params": {"cancel_token": "s"}})
+# fd 3 carries each refused attach's answer, then the two awaited here.
+refusals, got = [], {}
+while len(got) < 2:
+    r = recv()
+    if r["id"] == "a":
+        refusals.append(r["error"]["message"])
+    else:
+        got[r["id"]] = r
+codes = {}
+for fd in conns:
+    c = (recv(fd).get("error") or {}).get("code", "ok")
+    codes[c] = codes.get(c, 0) + 1
+    os.close(fd)
+out({"slow": got["slow"]["error"]["code"], "codes": codes, "limit": sum("--max-descriptors" in m for m in refusals)})
+time.sleep(1)
+out("drained")
+time.sleep(1)
+"#;
+    std::fs::write(
+        dir.path().join("airlock.toml"),
+        config(&fake, "[broker.request]\ntimeout_seconds = 0.2\nretry_base_ms = 10\n"),
+    )
+    .unwrap();
+    let mut child = Command::new(airlock())
+        .current_dir(dir.path())
+        .args(["run", "--config", "airlock.toml", "--sandbox-ro"])
+        .arg(support(""))
+        .args(["--max-descriptors", &max.to_string(), "--descriptor-reserve", &reserve.to_string()])
+        .args(["--max-clients", "1000", "--"])
+        .args(python(script))
+        .env_remove("AIRLOCK_FD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("airlock starts");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut stderr = child.stderr.take().unwrap();
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let (mut start, mut peak, mut after) = (None, 0, None);
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let now = descriptors(pid);
+        while let Ok(line) = rx.try_recv() {
+            match line.as_str() {
+                "\"started\"" => start = Some((now, descriptor_targets(pid))),
+                "\"drained\"" => {
+                    after = Some((now, descriptor_targets(pid), tcp_sockets_to(pid, fake.addr.port())))
+                }
+                _ => {}
+            }
+            lines.push(line);
+        }
+        if start.is_some() && after.is_none() {
+            peak = peak.max(now);
+        }
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "airlock ran past 60 s: {lines:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let stderr = err_t.join().unwrap();
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(1)) {
+        lines.push(line);
+    }
+    assert_eq!(status.code(), Some(0), "{lines:?}\n{stderr}");
+    let (start, at_start) = start.expect("the child started");
+    let (after, at_end, to_provider) = after.expect("the child drained");
+    eprintln!("descriptors: {start} at start, {peak} at peak, {after} after (--max-descriptors {max})");
+    assert!(
+        peak <= start + max,
+        "airlock held {peak} descriptors, {start} at start, --max-descriptors {max}"
+    );
+    // What is left over is at most the provider client's one idle
+    // keep-alive connection (calls run one at a time, so it reuses one).
+    let new: Vec<&String> = at_end.difference(&at_start).collect();
+    assert!(
+        new.len() <= 1 && new.iter().all(|t| to_provider.contains(t)),
+        "airlock holds {new:?} after the flood that it did not at start; its connections to the provider: {to_provider:?}"
+    );
+    assert!(after <= start + 1, "{after} descriptors after the flood, {start} before");
+    let flood: Value = serde_json::from_str(&lines[1]).unwrap();
+    let end: Value = serde_json::from_str(&lines[3]).unwrap();
+    assert!(flood["refused"].as_u64().unwrap() > 0 && end["limit"].as_u64().unwrap() > 0, "{lines:?}");
+    assert!(flood["attached"].as_u64().unwrap() > 0, "{lines:?}");
+    // Its 0.2 s may run out before the attaches are done.
+    assert!(
+        ["cancelled_after_start", "provider_timeout"].contains(&end["slow"].as_str().unwrap_or("")),
+        "{lines:?}"
+    );
+    let answered: u64 = end["codes"].as_object().unwrap().values().filter_map(Value::as_u64).sum();
+    assert_eq!(Some(answered), flood["attached"].as_u64(), "every queued call is answered: {lines:?}");
+    let seen = fake.seen();
+    let count = |p: &str| seen.iter().filter(|s| s.tag.starts_with(p)).count();
+    assert_eq!((count("t"), count("r"), count("c")), (8, 24, 8), "{seen:#?}");
+    assert!(seen.iter().filter(|s| s.tag.starts_with('t') || s.tag.starts_with('c')).all(|s| s.dropped));
+}
