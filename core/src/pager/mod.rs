@@ -98,3 +98,5 @@ impl PagerConfig {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_parts;
