@@ -117,7 +117,12 @@ fn peak_over_start(limit: u64, script: &str) -> (u64, String) {
 
 fn assert_within(limit: u64, over: u64, what: &str, out: &str) {
     let bound = PEAK_OVER_LIMIT * limit + PEAK_SLACK;
-    eprintln!("{what}: peak {} MiB over start, limit {} MiB, bound {} MiB", over / MIB, limit / MIB, bound / MIB);
+    eprintln!(
+        "{what}: peak {} MiB over start, limit {} MiB, bound {} MiB",
+        over / MIB,
+        limit / MIB,
+        bound / MIB
+    );
     assert!(
         over <= bound,
         "{what}: airlock's peak grew by {} MiB under max_total_bytes = {} MiB (bound {} MiB)\n{out}",

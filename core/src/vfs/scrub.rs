@@ -140,6 +140,26 @@ mod tests {
         assert_eq!(&*s.bytes(b"a\xff.*\nb.."), b"a[REDACTED]b..");
     }
 
+    #[test]
+    fn secrets_are_kept_longest_first_once_each_and_short_ones_dropped() {
+        let s = Scrubber::new(["bbbb", "abc", "aaaa", "bbbb", "cccccc"], 4);
+        assert_eq!(s.secrets(), [&b"cccccc"[..], b"aaaa", b"bbbb"]);
+        assert!(!s.is_empty());
+        assert!(Scrubber::new(Vec::<&str>::new(), 0).is_empty());
+    }
+
+    #[test]
+    fn the_plain_fallback_replaces_every_occurrence_and_keeps_the_rest() {
+        assert_eq!(replace_plain(b"axxbxxx", b"xx"), b"a[REDACTED]b[REDACTED]x");
+        assert_eq!(replace_plain(b"", b"xx"), b"");
+        assert_eq!(replace_plain(b"x", b"xx"), b"x");
+        let plain = Scrubber { re: None, secrets: vec![b"secret-1".to_vec(), b"pw12".to_vec()] };
+        assert_eq!(&*plain.bytes(b"[secret-1 pw12]"), b"[[REDACTED] [REDACTED]]");
+        assert_eq!(plain.string("é secret-1"), "é [REDACTED]");
+        let none = Scrubber::default();
+        assert!(matches!(none.bytes(b"pw12"), Cow::Borrowed(b"pw12")));
+    }
+
     proptest! {
         /// Multi-line secrets (a PEM key) among content that holds them
         /// whole, in pieces, and across line breaks: none survives, and
@@ -157,12 +177,17 @@ mod tests {
                     None => content.push_str(filler),
                 }
             }
-            let out = s.bytes(content.as_bytes());
-            // `[REDACTED]` shares no byte with the alphabet: nothing can
-            // survive, not even across a replacement.
-            prop_assert!(!s.finds(&out), "{content:?} -> {:?}", String::from_utf8_lossy(&out));
-            if !s.finds(content.as_bytes()) {
-                prop_assert_eq!(&*out, content.as_bytes());
+            // The plain search a pattern too large to compile falls back
+            // to keeps the same promise.
+            let plain = Scrubber { re: None, secrets: s.secrets().to_vec() };
+            for s in [&s, &plain] {
+                let out = s.bytes(content.as_bytes());
+                // `[REDACTED]` shares no byte with the alphabet: nothing can
+                // survive, not even across a replacement.
+                prop_assert!(!s.finds(&out), "{content:?} -> {:?}", String::from_utf8_lossy(&out));
+                if !s.finds(content.as_bytes()) {
+                    prop_assert_eq!(&*out, content.as_bytes());
+                }
             }
         }
 

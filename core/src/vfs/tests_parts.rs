@@ -100,3 +100,102 @@ fn a_tool_path_is_checked_lexically_before_any_gate() {
         assert!(p.project_path(bad).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn programs_and_urls_without_any_allowance_are_denied_saying_so() {
+    let p = policy();
+    let e = p.check_program("git").unwrap_err();
+    assert_eq!(e.message, "process.run of \"git\" denied: no --allow-cmd allows any program");
+    let e = p.check_url("http://127.0.0.1/").unwrap_err();
+    assert_eq!(e.message, "url \"http://127.0.0.1/\" denied: no --allow-url allows any network access");
+}
+
+#[test]
+fn an_empty_or_nul_root_and_a_prefix_with_a_query_or_dot_segments_are_refused() {
+    use crate::vfs::PolicyError;
+    let with = |allow: &str, url: &str| {
+        ToolPolicy::new(&PolicyConfig {
+            project: "/p".into(),
+            allow: vec![allow.into()],
+            allow_url: vec![url.into()],
+            ..PolicyConfig::default()
+        })
+    };
+    let ok_url = "http://h/api/";
+    assert_eq!(with("", ok_url).unwrap_err(), PolicyError::RootOutsideProject(String::new()));
+    assert_eq!(with("a\0b", ok_url).unwrap_err(), PolicyError::RootOutsideProject("a\0b".into()));
+    let bad = |url: &str| match with(".", url).unwrap_err() {
+        PolicyError::BadUrlPrefix { prefix, why } if prefix == url => why,
+        other => panic!("{url}: {other:?}"),
+    };
+    assert_eq!(bad("http://h/a?x=1"), "a prefix has no query");
+    assert_eq!(bad("http://h/a/../b/"), "dot segments");
+    assert_eq!(bad("http://h/./b/"), "dot segments");
+    assert!(with(".", ok_url).is_ok());
+}
+
+#[test]
+fn the_gate_names_each_rule_for_the_path_and_through_a_link() {
+    let p = ToolPolicy::new(&PolicyConfig {
+        project: "/p".into(),
+        allow: vec!["ro".into()],
+        allow_rw: vec!["rw".into()],
+        ..PolicyConfig::default()
+    })
+    .unwrap();
+    let g = p.gate();
+    let path = |s: &str| ProjectPath::parse(s).unwrap();
+    let no_root = g.check(&path("elsewhere/f"), false, false).unwrap_err();
+    assert_eq!(no_root.message, "path elsewhere/f denied: it is under no --allow or --allow-rw root");
+    let ro = g.check(&path("ro/f"), true, false).unwrap_err();
+    assert_eq!(ro.message, "path ro/f denied: it is under a read-only root (--allow)");
+    assert!(g.check(&path("ro/f"), false, false).is_ok() && g.check(&path("rw/f"), true, false).is_ok());
+    let linked = g.check_as(&path("elsewhere/f"), &path("rw/link"), false, false).unwrap_err();
+    assert_eq!(
+        linked.message,
+        "path rw/link denied: a symlink on it leads under no --allow or --allow-rw root"
+    );
+    let linked = g.check_as(&path("ro/f"), &path("rw/link"), true, false).unwrap_err();
+    assert_eq!(linked.message, "path rw/link denied: a symlink on it leads under a read-only root (--allow)");
+}
+
+#[test]
+fn the_gate_holds_its_limits() {
+    let mut g = gate();
+    g.set_limits(10, 7);
+    assert_eq!(g.max_grep_lines(), 7);
+    let p = ProjectPath::parse("a/b").unwrap();
+    assert!(g.check_write_size(&p, 10).is_ok());
+    let e = g.check_write_size(&p, 11).unwrap_err();
+    assert_eq!(e.message, "content for a/b (11 bytes) exceeds the limit of 10 bytes");
+    assert_eq!(p.to_path(), std::path::PathBuf::from("a/b"));
+}
+
+#[test]
+fn kinds_and_the_paths_an_op_names() {
+    use crate::vfs::files::Node;
+    use crate::vfs::FsOp;
+    assert_eq!(Node::Other.kind(), EntryKind::Other);
+    assert_eq!(Node::Missing.kind(), EntryKind::Other);
+    assert_eq!(EntryKind::Other.as_str(), "other");
+    let (a, b) = (ProjectPath::parse("a").unwrap(), ProjectPath::parse("b").unwrap());
+    let op = FsOp::Rename { from: a.clone(), to: b.clone() };
+    assert_eq!(op.paths(), [(&a, true), (&b, true)]);
+}
+
+/// The planted bugs' switches (for the simulator's checkers) do what
+/// they say, and only when planted.
+#[test]
+fn the_planted_switches_skip_the_resolved_check_and_mark_the_reopen() {
+    let mut g = gate();
+    let env = ProjectPath::parse(".env").unwrap();
+    let shown = ProjectPath::parse("link").unwrap();
+    assert!(g.check_as(&env, &shown, false, false).is_err());
+    assert!(!g.lexical_only() && !g.reopen_by_path());
+    g.plant_lexical_only();
+    assert!(g.lexical_only() && g.check_as(&env, &shown, false, false).is_ok());
+    // The direct check of a path the tool named is not the planted one's.
+    assert!(g.check(&env, false, false).is_err());
+    g.plant_reopen_by_path();
+    assert!(g.reopen_by_path());
+}

@@ -344,6 +344,28 @@ mod tests {
         normalize(s).map(|u| u.to_string())
     }
 
+    /// The words of a malformed URL's error, and that it is malformed (an
+    /// invalid argument), not refused by policy.
+    fn malformed_as(url: &str) -> String {
+        match normalize(url) {
+            Err(e @ UrlError::Malformed(_)) => e.to_string(),
+            other => panic!("{url:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_malformed_part_is_named() {
+        let long = format!("http://h/{}", "a".repeat(MAX_URL_LEN));
+        assert_eq!(malformed_as(&long), format!("longer than {MAX_URL_LEN} bytes"));
+        assert!(normalize(&long[..MAX_URL_LEN]).is_ok());
+        assert_eq!(malformed_as("http://[::1]x/"), "junk after the IPv6 host");
+        assert_eq!(malformed_as("http://h:8x/"), "port \"8x\" is not a number");
+        assert_eq!(malformed_as("http://h/?a=%zz"), "a '%' not followed by two hex digits");
+        assert_eq!(malformed_as("http://h/?a=%4"), "a '%' not followed by two hex digits");
+        assert_eq!(malformed_as("http://h/?a=%"), "a '%' not followed by two hex digits");
+        assert_eq!(n("http://h/?a=%4f").unwrap(), "http://h/?a=%4f");
+    }
+
     #[test]
     fn normal_forms() {
         assert_eq!(n("HTTP://Host.Example:80").unwrap(), "http://host.example/");
