@@ -71,8 +71,15 @@ fn metadata_of_a_missing_path_is_not_found() {
 fn substitution_takes_names_with_underscores_and_refuses_others() {
     let p = policy();
     assert_eq!(p.substitute("Bearer ${MY_TOKEN}!").unwrap(), "Bearer v-1!");
-    assert!(p.substitute("${MY-TOKEN}").is_err());
-    assert!(p.substitute("${}").is_err());
+    let invalid = |v: &str| {
+        let e = p.substitute(v).unwrap_err();
+        assert_eq!(e.code, crate::codec::jsonrpc::ErrorCode::InvalidParams, "{v}: {e:?}");
+        e.message
+    };
+    assert_eq!(invalid("${MY-TOKEN}"), "${MY-TOKEN} is not a variable name");
+    assert_eq!(invalid("${}"), "${} is not a variable name");
+    assert_eq!(invalid("a ${MY_TOKEN"), "unterminated ${ in a header value");
+    assert_eq!(p.substitute("${MY_TOKEN}${MY_TOKEN}").unwrap(), "v-1v-1");
 }
 
 #[test]
