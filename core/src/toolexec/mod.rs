@@ -70,6 +70,8 @@ mod machine;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_phases;
 
 pub use auth::{token_from_authorization, token_matches, validate_token, Token, TokenError};
 pub use config::*;
