@@ -116,6 +116,11 @@ impl World {
             if level == self.store {
                 descriptors += self.fs.open_count() as u64;
             }
+            // The broker runs at the top level: each provider call in
+            // flight holds a connection to the provider.
+            if level == 0 {
+                descriptors += self.broker.as_ref().map_or(0, |br| br.connections_held());
+            }
             if descriptors > b.max_descriptors as u64 {
                 return Err(violation(
                     "bounded_descriptors",

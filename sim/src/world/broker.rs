@@ -277,6 +277,12 @@ impl BrokerSim {
         self.prov.is_empty()
     }
 
+    /// Provider calls the shell holds a connection for: started, neither
+    /// reported nor given up on.
+    pub(super) fn connections_held(&self) -> u64 {
+        self.prov.values().filter(|p| !p.cancelled && !p.done).count() as u64
+    }
+
     fn next_due(&self) -> Option<u64> {
         self.prov.values().filter_map(|p| p.due).min()
     }
