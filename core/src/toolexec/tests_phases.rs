@@ -213,3 +213,17 @@ fn what_an_exchange_reports_of_itself() {
     // The spawn request: each argument and a constant.
     assert_eq!(share(&x, "stream_window"), HEAP_GROWTH * ((2 + 24) + 256));
 }
+
+#[test]
+fn done_only_when_over_and_drained() {
+    for phase in ["head", "body", "spawning", "running"] {
+        assert!(!exchange(phase).is_done(), "{phase}");
+    }
+    let mut x = exchange("head");
+    x.handle(at(0), Input::Shutdown);
+    // Over, with its answer not yet taken by the shell.
+    assert!(!x.is_done());
+    let outs = drain(&mut x);
+    assert_eq!(outs.last(), Some(&Output::Done));
+    assert!(x.is_done());
+}
