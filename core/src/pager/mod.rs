@@ -100,3 +100,5 @@ impl PagerConfig {
 mod tests;
 #[cfg(test)]
 mod tests_parts;
+#[cfg(test)]
+mod tests_wire;
