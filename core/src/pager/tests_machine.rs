@@ -6,7 +6,7 @@ use super::error::{FdError, FdErrorKind};
 use super::machine::{
     Access, FileOp, FileResult, JobId, Pager, PagerInput, PagerOutput, PagerStats, MAX_STREAMS_PER_CLIENT,
 };
-use super::store::Builder;
+use super::store::{Builder, Encoding};
 use super::wire::{FdRequest, Selection, View, WriteMode};
 use super::PagerConfig;
 use crate::fsproxy::bounds::HeapShare;
@@ -503,4 +503,170 @@ fn jobs_run_side_by_side_and_a_departure_abandons_only_its_own() {
     let e = file_error(None, "Cannot read from file: gone", "Operation: read, Path: /a", ErrorCode::Io);
     assert_eq!(feed(&mut p, JobId(0), failed(FsErrorKind::NotFound, "gone")), [reply(A, Err(e))]);
     assert_eq!((p.busy(), p.has_job(A)), ((0, 0), false));
+}
+
+// ---- what the answers are made of: escaping, encodings, cursors, folding ----
+
+fn bad_cursor() -> FdError {
+    error(
+        FdErrorKind::InvalidArgument,
+        Some("fd:1"),
+        "cursor does not continue this rendering",
+        ErrorCode::Arg,
+    )
+}
+
+fn part(xml: &str, next: Option<u64>) -> Result<Map<String, Value>, FdError> {
+    Ok(map(json!({"xml": xml, "next": next})))
+}
+
+#[test]
+fn a_path_is_escaped_as_an_attribute_and_as_text() {
+    let mut p = pager(1 << 20);
+    ask(&mut p, A, wrap(b"0123456789")).unwrap();
+    send(&mut p, A, to_file("/a\tb\nc\"<\u{1}", WriteMode::Write));
+    feed(&mut p, JobId(0), FileResult::Opened);
+    feed(&mut p, JobId(0), FileResult::Written);
+    let xml = "<fd_write fd=\"fd:1\" file_path=\"/a&#9;b&#10;c&quot;&lt;\u{FFFD}\" success=\"true\" mode=\"write\">\n  \
+               <message>Content from fd:1 successfully written to /a\tb\nc&quot;&lt;\u{FFFD}</message>\n  \
+               <stats>\n    <bytes>10</bytes>\n    <lines>1</lines>\n  </stats>\n</fd_write>";
+    assert_eq!(feed(&mut p, JobId(0), FileResult::Closed), [reply(A, Ok(map(json!({"xml": xml}))))]);
+}
+
+#[test]
+fn a_part_never_ends_inside_a_character() {
+    // A 3 KiB frame: parts of 1 KiB.
+    let mut p = Pager::new(config(1 << 20), 3072);
+    let head = "<fd_content fd=\"fd:1\" lines=\"1-1\" total_lines=\"1\">";
+    let room = 1024 - head.len();
+    // `é` starts on the part's last byte.
+    let text = format!("{}é{}", "x".repeat(room - 1), "y".repeat(10));
+    ask(&mut p, A, wrap(text.as_bytes())).unwrap();
+    let first = format!("{head}{}", "x".repeat(room - 1));
+    assert_eq!(ask(&mut p, A, read("fd:1", View::All)), part(&first, Some(room as u64 - 1)));
+    let rest = FdRequest::Read { fd: "fd:1".into(), view: View::All, cursor: Some(room as u64 - 1) };
+    assert_eq!(ask(&mut p, A, rest), part("éyyyyyyyyyy</fd_content>", None));
+}
+
+#[test]
+fn a_cursor_at_the_end_of_the_content_gives_just_the_tail() {
+    for content in [b"0123456789".as_slice(), &[0xff; 12]] {
+        let mut p = pager(1 << 20);
+        ask(&mut p, A, wrap(content)).unwrap();
+        let end = p.document(1).unwrap().text_len();
+        let at = |cursor| FdRequest::Read { fd: "fd:1".into(), view: View::All, cursor: Some(cursor) };
+        assert_eq!(ask(&mut p, A, at(end)), part("</fd_content>", None), "{content:?}");
+        assert_eq!(ask(&mut p, A, at(end + 1)), Err(bad_cursor()), "{content:?}");
+    }
+}
+
+#[test]
+fn a_search_continues_from_any_place_in_a_matching_line() {
+    let mut p = pager(1 << 20);
+    ask(&mut p, A, wrap(b"ab\ncab\nx\n")).unwrap();
+    let search =
+        |cursor| FdRequest::Search { fd: "fd:1".into(), query: "ab".into(), ignore_case: false, cursor };
+    let cases = [
+        // The newline of line 1: its match closes.
+        (2, "</match>\n  <match line=\"2\">cab</match>\n</fd_search>"),
+        (3, "  <match line=\"2\">cab</match>\n</fd_search>"),
+        (4, "ab</match>\n</fd_search>"),
+        (9, "</fd_search>"),
+    ];
+    for (cursor, xml) in cases {
+        assert_eq!(ask(&mut p, A, search(Some(cursor))), part(xml, None), "cursor {cursor}");
+    }
+    assert_eq!(ask(&mut p, A, search(Some(10))), Err(bad_cursor()));
+}
+
+#[test]
+fn a_long_matching_line_takes_as_many_parts_as_it_needs() {
+    let text = format!("ab{}\nab\n", "x<".repeat(1500));
+    let search =
+        |cursor| FdRequest::Search { fd: "fd:1".into(), query: "ab".into(), ignore_case: false, cursor };
+    let mut whole = pager(1 << 20);
+    ask(&mut whole, A, wrap(text.as_bytes())).unwrap();
+    let want = ask(&mut whole, A, search(None)).unwrap();
+    // 1 KiB parts.
+    let mut p = Pager::new(config(1 << 20), 3072);
+    ask(&mut p, A, wrap(text.as_bytes())).unwrap();
+    let (mut xml, mut cursor, mut parts) = (String::new(), None, 0);
+    loop {
+        let m = ask(&mut p, A, search(cursor)).unwrap();
+        let x = m["xml"].as_str().unwrap();
+        assert!(x.len() <= 1024, "part {parts}: {} bytes", x.len());
+        xml.push_str(x);
+        parts += 1;
+        match m["next"].as_u64() {
+            Some(n) => cursor = Some(n),
+            None => break,
+        }
+    }
+    assert!(xml == want["xml"].as_str().unwrap(), "the parts join to the whole answer");
+    assert_eq!(parts, 8);
+}
+
+#[test]
+fn an_ignore_case_search_folds_one_character_to_one() {
+    let lines = ["ı", "i", "I", "İ", "ß", "ss", "Σ", "ς", "σ", "\u{212A}", "k", "é", "É"];
+    let mut p = pager(1 << 20);
+    ask(&mut p, A, wrap(lines.join("\n").as_bytes())).unwrap();
+    let cases: [(&str, &[usize]); 8] = [
+        ("ı", &[1]),
+        ("I", &[2, 3]),
+        ("İ", &[4]),
+        ("ß", &[5]),
+        ("SS", &[6]),
+        ("σ", &[7, 8, 9]),
+        ("K", &[10, 11]),
+        ("é", &[12, 13]),
+    ];
+    for (query, want) in cases {
+        let req =
+            FdRequest::Search { fd: "fd:1".into(), query: query.into(), ignore_case: true, cursor: None };
+        let m = ask(&mut p, A, req).unwrap();
+        let doc = roxmltree::Document::parse(m["xml"].as_str().unwrap()).unwrap();
+        let got: Vec<usize> =
+            doc.descendants().filter_map(|n| n.attribute("line")).map(|l| l.parse().unwrap()).collect();
+        assert_eq!(got, want, "{query}");
+    }
+}
+
+#[test]
+fn text_with_a_character_xml_cannot_carry_is_stored_as_its_base64() {
+    // U+FFFE and U+FFFF (EF BF BE, EF BF BF) against their neighbours.
+    let cases = [
+        ('\u{FFFE}', true),
+        ('\u{FFFF}', true),
+        ('\u{FFFD}', false),
+        ('\u{FFBE}', false),
+        ('\u{CFFE}', false),
+    ];
+    let mut p = pager(1 << 20);
+    for (n, (c, base64)) in (1..).zip(cases) {
+        let text = format!("abcdefgh{c}");
+        ask(&mut p, A, wrap(text.as_bytes())).unwrap();
+        let doc = p.document(n).unwrap();
+        let want = if base64 { (Encoding::Base64, 16) } else { (Encoding::Utf8, 9) };
+        assert_eq!((doc.encoding(), doc.chars()), want, "{c:?}");
+    }
+}
+
+#[test]
+fn a_wrap_is_refused_once_its_indexes_would_pass_the_limit() {
+    // 10 bytes, then one 4-byte entry each for the line and the page index.
+    assert!(ask(&mut pager(18), A, wrap(b"0123456789")).is_ok());
+    for max in [17, 13, 10] {
+        assert_eq!(ask(&mut pager(max), A, wrap(b"0123456789")), Err(limit(max)), "{max}");
+    }
+}
+
+#[test]
+fn a_builder_is_empty_until_it_takes_a_byte() {
+    let mut b = Builder::new(4);
+    assert!(b.is_empty());
+    b.push(b"", 100).unwrap();
+    assert!(b.is_empty());
+    b.push(b"a", 100).unwrap();
+    assert!(!b.is_empty());
 }
