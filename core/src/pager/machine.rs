@@ -573,20 +573,18 @@ impl Pager {
 
     fn file_done(&mut self, job: JobId, result: FileResult) {
         let Some(j) = self.jobs.get_mut(&job) else { return };
-        match (&result, j.stage) {
-            (FileResult::Opened, _) => j.open = true,
-            (_, Stage::CloseRead | Stage::Closing) => j.open = false,
-            _ => {}
+        // Asking for a close marks the file closed (`op`).
+        if result == FileResult::Opened {
+            j.open = true;
         }
         if j.abandoned {
-            // Nobody to answer: only make sure the file is closed.
+            // Nobody to answer: only make sure the file is closed. Not
+            // open, the result was to an open or a close: the job is done.
             if j.open {
                 j.stage = Stage::Closing;
                 return self.op(job, FileOp::Close);
             }
-            if j.stage == Stage::Closing || !matches!(result, FileResult::Data { .. } | FileResult::Written) {
-                self.jobs.remove(&job);
-            }
+            self.jobs.remove(&job);
             return;
         }
         let stage = j.stage;
@@ -751,11 +749,8 @@ impl Pager {
     }
 }
 
+/// An fd holds more characters than a threshold, so at least one line.
 fn range_error(fd: &str, a: u64, b: u64, total: u64) -> FdError {
-    let msg = if total == 0 {
-        format!("Invalid line range {a}-{b}. The content has no lines")
-    } else {
-        format!("Invalid line range {a}-{b}. Valid range: 1-{total}")
-    };
+    let msg = format!("Invalid line range {a}-{b}. Valid range: 1-{total}");
     FdError::new(FdErrorKind::InvalidRange, Some(fd), msg)
 }

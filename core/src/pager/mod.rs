@@ -99,4 +99,8 @@ impl PagerConfig {
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_machine;
+#[cfg(test)]
 mod tests_parts;
+#[cfg(test)]
+mod tests_wire;
