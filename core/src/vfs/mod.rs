@@ -175,6 +175,8 @@ fn is_default_max_line_values(n: &usize) -> bool {
 mod tests;
 #[cfg(test)]
 mod tests_parts;
+#[cfg(test)]
+mod tests_walk;
 
 #[cfg(test)]
 mod heap_tests;
