@@ -536,6 +536,8 @@ fn a_refusal_of_the_backend_is_worded_for_the_path() {
             Err(OpError::denied("path n/f denied: ro fs")),
         ),
         ("read", fail(Refusal::Fs("eio".into())), read("f"), Err(OpError::io("f: eio"))),
+        ("write", fail(Refusal::Fs("eio".into())), write("f", ""), Err(OpError::io("f: eio"))),
+        ("list", fail(Refusal::Fs("eio".into())), list("sub"), Err(OpError::io("sub: eio"))),
     ];
     for (on, change, op, want) in cases {
         assert_eq!(swapped(on, change, op.clone()), want, "{on} {op:?}");
