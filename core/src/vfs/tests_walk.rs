@@ -270,6 +270,7 @@ fn delete_removes_a_file_or_a_link_itself_never_a_directory() {
 fn rename_moves_a_file_or_a_link_and_never_replaces() {
     check_each(&[
         (rename("nope", "n"), Err(OpError::not_found("nope does not exist"))),
+        (rename("nope", "f"), Err(OpError::not_found("nope does not exist"))),
         (rename("sub", "n"), Err(OpError::invalid("sub is a directory: fs.rename moves files only"))),
         (rename("f", "sub/g"), Err(OpError::exists("sub/g already exists"))),
         (rename("f", "to_sub"), Err(OpError::exists("to_sub already exists"))),
@@ -564,6 +565,13 @@ fn a_name_swapped_before_the_act_fails_closed() {
     for (on, change, op, want) in cases {
         assert_eq!(swapped(on, change, op.clone()), want, "{on} {op:?}");
     }
+}
+
+#[test]
+fn a_delete_decided_on_a_missing_name_does_not_act() {
+    let mut s = Swapped::new(tree(), "unlink", 1, Change::Put("nope", file("late")));
+    assert_eq!(delete("nope").run(&mut s, &gate()), Err(OpError::not_found("nope does not exist")));
+    assert!(s.change.is_some(), "unlink was called");
 }
 
 /// With the planted bug that reaches the parent again by its path, `a`
