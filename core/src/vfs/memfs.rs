@@ -17,8 +17,8 @@ pub enum MemNode {
     Other,
 }
 
-/// Paths (project-relative) to nodes; the root always exists. A node's
-/// parent is always a directory.
+/// Paths (project-relative) to nodes; the root always exists, a
+/// directory. A node's parent is always a directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemFiles {
     nodes: BTreeMap<ProjectPath, MemNode>,
@@ -180,7 +180,7 @@ impl ProjectNs for MemFiles {
     fn write(&mut self, dir: &ProjectPath, name: &OsStr, content: &[u8]) -> Result<Opened<()>, Refusal> {
         let p = Self::at(dir, name).ok_or_else(|| Refusal::Denied("name is not UTF-8".into()))?;
         match self.nodes.get(&p) {
-            None | Some(MemNode::File(_)) if !p.is_root() => {
+            None | Some(MemNode::File(_)) => {
                 self.nodes.insert(p, MemNode::File(content.to_vec()));
                 Ok(Opened::Done(()))
             }

@@ -177,6 +177,8 @@ mod tests;
 mod tests_host;
 #[cfg(test)]
 mod tests_parts;
+#[cfg(test)]
+mod tests_walk;
 
 #[cfg(test)]
 mod heap_tests;

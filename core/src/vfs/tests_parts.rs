@@ -206,3 +206,54 @@ fn the_planted_switches_skip_the_resolved_check_and_mark_the_reopen() {
     g.plant_reopen_by_path();
     assert!(g.reopen_by_path());
 }
+
+#[test]
+fn an_error_shows_its_words_and_code_and_travels_as_its_code() {
+    use crate::vfs::OpError;
+    let codes = [
+        (OpError::denied("m"), -32001),
+        (OpError::not_found("m"), -32002),
+        (OpError::exists("m"), -32003),
+        (OpError::io("m"), -32603),
+        (OpError::invalid("m"), -32602),
+    ];
+    for (e, code) in codes {
+        assert_eq!(e.to_string(), format!("m ({code})"));
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json, serde_json::json!({"code": code, "message": "m"}));
+        assert_eq!(serde_json::from_value::<OpError>(json).unwrap(), e);
+    }
+    let unknown = serde_json::from_value::<OpError>(serde_json::json!({"code": 7, "message": "m"}));
+    assert_eq!(unknown.unwrap_err().to_string(), "unknown error code 7");
+}
+
+#[test]
+fn the_default_limits_are_the_documented_figures() {
+    use crate::vfs::*;
+    assert_eq!(DEFAULT_MAX_FILE, 10_485_760);
+    assert_eq!(DEFAULT_MAX_STDIN_BACKLOG, 4_194_304);
+    assert_eq!(DEFAULT_STDERR_TAIL, 65_536);
+    assert_eq!(MAX_READ_CHUNK, 65_536);
+}
+
+#[test]
+fn tool_arguments_must_be_a_json_object() {
+    use crate::vfs::Config;
+    assert_eq!(Config::parse_arguments(r#"{"a":1}"#), Ok(serde_json::json!({"a": 1})));
+    assert_eq!(Config::parse_arguments("[1]"), Err("--args must be a JSON object".into()));
+    let bad = "--args is not valid JSON: EOF while parsing an object at line 1 column 1";
+    assert_eq!(Config::parse_arguments("{"), Err(bad.into()));
+}
+
+#[test]
+fn a_trace_header_names_the_line_values_limit_only_when_not_the_default() {
+    use crate::vfs::Config;
+    let cfg = Config::new("t");
+    let mut json = serde_json::to_value(&cfg).unwrap();
+    assert_eq!(json.get("max_line_values"), None);
+    json["max_line"] = 7.into();
+    let back: Config = serde_json::from_value(json).unwrap();
+    assert_eq!(back, Config { max_line: 7, ..cfg.clone() });
+    let other = Config { max_line_values: 5, ..cfg };
+    assert_eq!(serde_json::to_value(&other).unwrap()["max_line_values"], 5);
+}

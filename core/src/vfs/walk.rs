@@ -224,10 +224,9 @@ fn reopen<N: ProjectNs>(ns: &mut N, project: &[u8], dir: &ProjectPath) -> Result
                         return Err(Refusal::TooManyLinks);
                     }
                     let t = target.as_os_str().as_bytes();
+                    // The project is absolute: a target it prefixes is too.
                     let mut next: Vec<Vec<u8>> = match t.strip_prefix(project) {
-                        Some(rest) if t.first() == Some(&b'/') => {
-                            rest.split(|&b| b == b'/').map(<[u8]>::to_vec).collect()
-                        }
+                        Some(rest) => rest.split(|&b| b == b'/').map(<[u8]>::to_vec).collect(),
                         _ if t.first() == Some(&b'/') => return Err(Refusal::NotFound),
                         _ => parts[..i]
                             .iter()
