@@ -5,7 +5,8 @@
 
 use crate::vfs::memfs::{MemFiles, MemNode};
 use crate::vfs::{
-    EntryKind, Gate, GrepFile, GrepLine, GrepResult, PolicyConfig, ProjectFiles, ProjectPath, ToolPolicy,
+    EntryKind, Gate, GrepFile, GrepLine, GrepQuery, GrepResult, PolicyConfig, ProjectFiles, ProjectPath,
+    ToolPolicy,
 };
 
 fn policy() -> ToolPolicy {
@@ -256,4 +257,44 @@ fn a_trace_header_names_the_line_values_limit_only_when_not_the_default() {
     assert_eq!(back, Config { max_line: 7, ..cfg.clone() });
     let other = Config { max_line_values: 5, ..cfg };
     assert_eq!(serde_json::to_value(&other).unwrap()["max_line_values"], 5);
+}
+
+/// A listing hides what the gate refuses under the path shown and under
+/// the real one, and a directory-only glob hides directories alone.
+#[test]
+fn a_listing_hides_by_either_path_and_by_kind() {
+    use crate::vfs::files::{listing, Node};
+    let p = ToolPolicy::new(&PolicyConfig {
+        project: "/p".into(),
+        allow: vec![".".into()],
+        deny: vec!["secret/".into(), "real/hidden.txt".into(), "link/shown-only.txt".into()],
+        ..PolicyConfig::default()
+    })
+    .unwrap();
+    let file = || Node::File { size: 1 };
+    let names = |shown: &str, real: &str, children: Vec<(&str, Node)>| -> Vec<String> {
+        let (shown, real) = (ProjectPath::parse(shown).unwrap(), ProjectPath::parse(real).unwrap());
+        let children = children.into_iter().map(|(n, k)| (n.to_string(), k));
+        listing(p.gate(), &shown, &real, children).iter().map(|e| e.path.as_str().to_owned()).collect()
+    };
+    assert_eq!(names(".", ".", vec![("secret", Node::Dir), ("b", file())]), ["b"]);
+    assert_eq!(names(".", ".", vec![("secret", file()), ("b", file())]), ["b", "secret"]);
+    let through_link = vec![("hidden.txt", file()), ("shown-only.txt", file()), ("ok.txt", file())];
+    assert_eq!(names("link", "real", through_link), ["ok.txt"]);
+}
+
+#[test]
+fn grep_extensions_want_a_name_with_a_stem() {
+    let q = GrepQuery {
+        pattern: "x".into(),
+        paths: vec![],
+        extensions: vec!["rs".into()],
+        context: 0,
+        max_lines: 1,
+    };
+    let wants = |p: &str| q.wants(&ProjectPath::parse(p).unwrap());
+    assert!(wants("a.rs") && wants("d/b.c.rs"));
+    assert!(!wants(".rs") && !wants("d/.rs") && !wants("rs") && !wants("a.rsx"));
+    let any = GrepQuery { extensions: vec![], ..q.clone() };
+    assert!(any.wants(&ProjectPath::parse(".rs").unwrap()));
 }
