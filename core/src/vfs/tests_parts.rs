@@ -42,7 +42,9 @@ fn grep_content_bytes_sums_every_line() {
         truncated: false,
     };
     assert_eq!(r.content_bytes(), 5);
+    assert_eq!(r.line_count(), 3);
     assert_eq!(GrepResult::default().content_bytes(), 0);
+    assert_eq!(GrepResult::default().line_count(), 0);
 }
 
 #[test]
