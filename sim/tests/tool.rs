@@ -99,40 +99,47 @@ fn planted_late_result_answered_twice_is_found() {
 /// check, shrunk, and its trace replays and fails the same way again.
 #[test]
 fn planted_uncounted_buffer_is_found() {
-    let bug = PlantedBug::ToolUncountedBuffer;
-    let dir = std::env::temp_dir().join(format!("airlock-tool-uncounted-{}", std::process::id()));
-    let mut o = opts(0..1, 1);
-    o.trace_dir = Some(dir.clone());
-    let res = (0..500)
-        .map(|seed| run_seed_with_bug(seed, &o, bug))
-        .find(|r| !r.passed())
-        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 500 seeds"));
-    let failure = res.failure.clone().unwrap();
-    assert_eq!(failure.invariant, "bounded_memory", "{}", res.swarm_description());
-    assert!(
-        run_seed(res.seed, &opts(res.seed..res.seed + 1, 1)).passed(),
-        "seed {} fails without the bug",
-        res.seed
-    );
+    let failure = found_shrunk_and_replayed(PlantedBug::ToolUncountedBuffer, "bounded_memory", 500);
     // The limit named is the host's byte limit it counts most under then.
     let named = ["max_line", "max_pending", "stderr_tail", "max_stdin_backlog"]
         .iter()
         .any(|l| failure.message.contains(&format!("breaks {l}")));
     assert!(named, "{}", failure.message);
+}
+
+/// The first of `seeds` seeds that fails under `bug`, by `invariant`: the
+/// correct host passes it, its run is shrunk, and its trace replays
+/// exactly and, rerun, fails the same way. Returns the shrunk failure.
+fn found_shrunk_and_replayed(bug: PlantedBug, invariant: &str, seeds: u64) -> airlock_sim::Failure {
+    let dir = std::env::temp_dir().join(format!("airlock-tool-{bug:?}-{}", std::process::id()));
+    let mut o = opts(0..1, 1);
+    o.trace_dir = Some(dir.clone());
+    let res = (0..seeds)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for {seeds} seeds"));
+    let failure = res.failure.clone().unwrap();
+    assert_eq!(failure.invariant, invariant, "{bug:?}: {}", res.swarm_description());
     let shrunk = res.shrunk.clone().expect("the failing run is shrunk");
     assert!(shrunk.max_steps as u64 <= failure.step, "{}", res.swarm_description());
+    assert!(
+        run_seed(res.seed, &opts(res.seed..res.seed + 1, 1)).passed(),
+        "seed {} fails without the bug",
+        res.seed
+    );
     let path = res.trace.clone().expect("the failing seed's trace is written");
     let report = replay(std::io::BufReader::new(std::fs::File::open(&path).unwrap()))
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(report.header.config.planted_bug, Some(bug));
     let again = rerun_vfs(&report.header).unwrap();
-    assert_eq!(again.failure.map(|f| f.invariant), Some("bounded_memory".to_string()));
+    assert_eq!(again.failure.map(|f| f.invariant), Some(invariant.to_string()));
     // `AIRLOCK_PLANTED_TRACE_DIR=$PWD/traces/planted` refreshes the kept copy.
     if let Some(keep) = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR") {
         let name = format!("{bug:?}-seed-{}-tool.jsonl", res.seed);
         std::fs::copy(&path, std::path::PathBuf::from(keep).join(name)).unwrap();
     }
     std::fs::remove_dir_all(&dir).unwrap();
+    failure
 }
 
 #[test]
@@ -213,32 +220,5 @@ fn tool_regression_seeds_pass() {
 /// (within 1,000 seeds), and its shrunk trace replays and fails again.
 #[test]
 fn planted_reopen_by_path_is_found_and_its_trace_replays() {
-    let bug = PlantedBug::ToolReopenByPath;
-    let dir = std::env::temp_dir().join(format!("airlock-tool-reopen-{}", std::process::id()));
-    let mut o = opts(0..1, 1);
-    o.trace_dir = Some(dir.clone());
-    let res = (0..1000)
-        .map(|seed| run_seed_with_bug(seed, &o, bug))
-        .find(|r| !r.passed())
-        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 1000 seeds"));
-    let failure = res.failure.clone().unwrap();
-    assert_eq!(failure.invariant, "policy", "{bug:?}: {}", res.swarm_description());
-    assert!(res.shrunk.is_some(), "the failing run is shrunk");
-    assert!(
-        run_seed(res.seed, &opts(res.seed..res.seed + 1, 1)).passed(),
-        "seed {} fails without the bug",
-        res.seed
-    );
-    let path = res.trace.clone().expect("the failing seed's trace is written");
-    let report = replay(std::io::BufReader::new(std::fs::File::open(&path).unwrap()))
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(report.header.config.planted_bug, Some(bug));
-    let again = rerun_vfs(&report.header).unwrap();
-    assert_eq!(again.failure.map(|f| f.invariant), Some("policy".to_string()));
-    // `AIRLOCK_PLANTED_TRACE_DIR=$PWD/traces/planted` refreshes the kept copy.
-    if let Some(keep) = std::env::var_os("AIRLOCK_PLANTED_TRACE_DIR") {
-        let name = format!("{bug:?}-seed-{}-tool.jsonl", res.seed);
-        std::fs::copy(&path, std::path::PathBuf::from(keep).join(name)).unwrap();
-    }
-    std::fs::remove_dir_all(&dir).unwrap();
+    found_shrunk_and_replayed(PlantedBug::ToolReopenByPath, "policy", 1000);
 }
