@@ -151,7 +151,7 @@ pub struct Pager {
     config: PagerConfig,
     /// XML bytes per response part.
     budget: usize,
-    docs: BTreeMap<u64, Document>,
+    docs: BTreeMap<u64, Stored>,
     next_fd: u64,
     held: u64,
     streams: BTreeMap<(ClientId, String), Builder>,
@@ -159,6 +159,21 @@ pub struct Pager {
     next_job: u64,
     outputs: VecDeque<PagerOutput>,
     stats: PagerStats,
+}
+
+/// An fd's content and what it was made from, which its preview names
+/// every time it is read, not only in the wrap's answer.
+#[derive(Debug)]
+struct Stored {
+    doc: Document,
+    origin: Origin,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    Output,
+    /// Paged under `max_input_chars` (`source = "user_input"`).
+    UserInput,
 }
 
 fn ok(pairs: impl IntoIterator<Item = (&'static str, Value)>) -> Map<String, Value> {
@@ -262,11 +277,11 @@ impl Pager {
     }
 
     pub fn document(&self, fd: u64) -> Option<&Document> {
-        self.docs.get(&fd)
+        self.docs.get(&fd).map(|s| &s.doc)
     }
 
     pub fn fds(&self) -> impl Iterator<Item = (u64, &Document)> {
-        self.docs.iter().map(|(k, v)| (*k, v))
+        self.docs.iter().map(|(k, v)| (*k, &v.doc))
     }
 
     /// Streams and jobs still under way.
@@ -308,7 +323,11 @@ impl Pager {
     }
 
     fn lookup(&self, fd: &str) -> Result<(u64, &Document), FdError> {
-        parse_fd(fd).and_then(|n| self.docs.get(&n).map(|d| (n, d))).ok_or_else(|| FdError::not_found(fd))
+        self.stored(fd).map(|(n, s)| (n, &s.doc))
+    }
+
+    fn stored(&self, fd: &str) -> Result<(u64, &Stored), FdError> {
+        parse_fd(fd).and_then(|n| self.docs.get(&n).map(|s| (n, s))).ok_or_else(|| FdError::not_found(fd))
     }
 
     fn limit_error(&self) -> FdError {
@@ -409,18 +428,28 @@ impl Pager {
         self.finish_wrap(builder, source.as_deref())
     }
 
-    /// The threshold and message for `source`.
-    fn threshold(&self, source: Option<&str>) -> (u64, String) {
+    /// The threshold for `source`, and the origin its fd records.
+    fn threshold(&self, source: Option<&str>) -> (u64, Origin) {
         if source == Some(USER_INPUT_SOURCE) && self.config.page_user_input {
-            (self.config.max_input_chars, "Large user input has been stored in a file descriptor.".into())
+            (self.config.max_input_chars, Origin::UserInput)
         } else {
-            let n = self.config.max_direct_output_chars;
-            (n, format!("Output exceeds {n} characters. Use `airlock fd read` to read more pages."))
+            (self.config.max_direct_output_chars, Origin::Output)
+        }
+    }
+
+    /// The message a preview of an fd made from `origin` carries.
+    fn message(&self, origin: Origin) -> String {
+        match origin {
+            Origin::UserInput => "Large user input has been stored in a file descriptor.".into(),
+            Origin::Output => {
+                let n = self.config.max_direct_output_chars;
+                format!("Output exceeds {n} characters. Use `airlock fd read` to read more pages.")
+            }
         }
     }
 
     fn finish_wrap(&mut self, builder: Builder, source: Option<&str>) -> Result<Map<String, Value>, FdError> {
-        let (threshold, message) = self.threshold(source);
+        let (threshold, origin) = self.threshold(source);
         if builder.chars() <= threshold {
             self.stats.direct += 1;
             let doc = builder.finish();
@@ -432,10 +461,10 @@ impl Pager {
         self.held += doc.held();
         self.stats.fds += 1;
         let fd = format!("fd:{n}");
-        let (head, tail) = xml::result_head(&fd, &doc, &message);
+        let (head, tail) = xml::result_head(&fd, &doc, &self.message(origin));
         let span = doc.page(1).map_or(0..0, |p| p.span);
         let p = xml::render_span(&doc, &head, span, &tail, None, self.budget).map_err(bad_cursor(&fd))?;
-        self.docs.insert(n, doc);
+        self.docs.insert(n, Stored { doc, origin });
         let mut m = part(p);
         m.insert("fd".into(), fd.into());
         Ok(m)
@@ -454,11 +483,10 @@ impl Pager {
     }
 
     fn read(&self, fd: &str, view: View, cursor: Option<u64>) -> Result<Map<String, Value>, FdError> {
-        let (_, doc) = self.lookup(fd)?;
+        let (_, Stored { doc, origin }) = self.stored(fd)?;
         let (head, span, tail) = match view {
             View::Preview => {
-                let (_, message) = self.threshold(None);
-                let (head, tail) = xml::result_head(fd, doc, &message);
+                let (head, tail) = xml::result_head(fd, doc, &self.message(*origin));
                 (head, doc.page(1).map_or(0..0, |p| p.span), tail)
             }
             View::Page(n) => match xml::page_head(fd, doc, n) {
@@ -707,7 +735,7 @@ impl Pager {
     fn write_next(&mut self, job: JobId) {
         let Some(j) = self.jobs.get_mut(&job) else { return };
         let Work::ToFile { num, span, mode, existing, plan, fd } = &mut j.work else { return };
-        let Some(doc) = self.docs.get(num) else { return };
+        let Some(Stored { doc, .. }) = self.docs.get(num) else { return };
         while let Some(piece) = plan.pop_front() {
             let (range, src): (Range<usize>, &[u8]) = match &piece {
                 Piece::Existing(r) => (r.clone(), existing),

@@ -271,10 +271,15 @@ fn user_input_has_its_own_threshold_and_message() {
     let mut p = pager(small());
     let r = request(&mut p, FdOp::Wrap, json!({"data": STANDARD.encode("1234567"), "source": "user_input"}))
         .unwrap();
-    assert!(
-        xml_of(&Ok(r.clone())).contains("Large user input has been stored in a file descriptor."),
-        "{r:?}"
-    );
+    let user = "Large user input has been stored in a file descriptor.";
+    assert!(xml_of(&Ok(r.clone())).contains(user), "{r:?}");
+    // A preview read later names the same origin, and an output's fd keeps
+    // its own message beside it.
+    request(&mut p, FdOp::Wrap, json!({"data": STANDARD.encode("123456789")})).unwrap();
+    let again = xml_of(&request(&mut p, FdOp::Read, json!({"fd": "fd:1", "preview": true})));
+    assert!(again.contains(user) && !again.contains("Output exceeds"), "{again}");
+    let output = xml_of(&request(&mut p, FdOp::Read, json!({"fd": "fd:2", "preview": true})));
+    assert!(output.contains("Output exceeds 8 characters") && !output.contains(user), "{output}");
     let mut off = small();
     off.page_user_input = false;
     let mut p = pager(off);
