@@ -325,6 +325,20 @@ fn a_read_that_fails_mid_file_closes_it_then_answers_the_failure() {
 }
 
 #[test]
+fn a_wrap_whose_client_departs_mid_read_closes_its_file_and_stores_nothing() {
+    let mut p = pager(1 << 20);
+    send(&mut p, A, wrap_path("/p"));
+    assert_eq!(feed(&mut p, JobId(0), FileResult::Opened), [file(0, A, READ)]);
+    p.handle(PagerInput::ClientGone { client: A });
+    // The read under way comes back; the job reads no further.
+    assert_eq!(feed(&mut p, JobId(0), data(b"abc", false)), [file(0, A, FileOp::Close)]);
+    assert_eq!(feed(&mut p, JobId(0), FileResult::Closed), []);
+    assert_eq!((p.busy(), p.fds().count(), p.held_total()), ((0, 0), 0, 0));
+    // The next wrap is fd:1: the abandoned one took no number.
+    assert_eq!(ask(&mut p, B, wrap(&[b'x'; 40])).unwrap()["fd"], "fd:1");
+}
+
+#[test]
 fn a_failed_close_after_a_failure_keeps_the_first_failure() {
     let mut p = pager(1 << 20);
     fail_mid_read(&mut p);
