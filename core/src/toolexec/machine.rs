@@ -562,8 +562,9 @@ impl Exchange {
     /// After the tool's exit, the drain grace runs only while a read of
     /// the pipe is outstanding; while reading is held back for the
     /// client's window it is paused, and resumes with what was left.
+    /// (After the EOF the grace is never read: `poll_timeout`, `timers`.)
     fn drain_clock(&mut self) {
-        if self.exited.is_none() || self.eof {
+        if self.exited.is_none() {
             return;
         }
         if self.read_outstanding {

@@ -947,3 +947,50 @@ fn the_gate_reports_what_is_open_and_its_cap() {
     assert_eq!(gate.open(), 1);
     assert_eq!(Gate::new(0).max(), 1);
 }
+
+/// A buffered answer takes exactly `max_buffered` bytes: one more is 507.
+#[test]
+fn v1_output_of_exactly_max_buffered_is_answered_whole() {
+    let mut c = config();
+    c.max_buffered = 10;
+    let (mut x, _) = request(c, good_head("1", false), b"tool=echo");
+    x.handle(at(0), Input::Spawned(Ok(())));
+    drain(&mut x);
+    x.handle(at(0), Input::ToolOutput(vec![b'x'; 10]));
+    x.handle(at(0), Input::ToolEof);
+    x.handle(at(0), Input::ToolExited(ExitStatus::Code(0)));
+    let outs = drain(&mut x);
+    assert_eq!(status_of(&outs), Some(200), "{outs:?}");
+    assert!(!outs.contains(&Output::Signal(Signal::Term)), "{outs:?}");
+}
+
+/// A buffered answer reads a whole chunk at a time: the streaming window
+/// paces a streaming client only.
+#[test]
+fn v1_reads_a_chunk_at_a_time_whatever_the_window() {
+    let mut c = config();
+    c.stream_window = 4;
+    c.read_chunk = 64;
+    let (mut x, _) = request(c, good_head("1", false), b"tool=echo");
+    x.handle(at(0), Input::Spawned(Ok(())));
+    assert_eq!(x.mode(), Mode::Buffered);
+    assert_eq!(drain(&mut x), vec![Output::ReadOutput { max: 64 }]);
+}
+
+/// Output handed out but not yet sent counts against the window's share
+/// of the heap, chunk by chunk.
+#[test]
+fn undrained_chunks_count_in_the_heap_allowance() {
+    use crate::fsproxy::bounds::HEAP_GROWTH;
+    let mut x = run_to_spawn("2", true);
+    drain(&mut x);
+    x.handle(at(0), Input::ToolOutput(vec![b'x'; 1000]));
+    let window =
+        |x: &Exchange| x.heap_allowance().iter().find(|s| s.limit == "stream_window").map(|s| s.bytes);
+    // The head is answered with the first output, then the chunk itself.
+    let with_chunk = window(&x).unwrap();
+    let outs = drain(&mut x);
+    assert!(outs.contains(&Output::SendChunk(vec![b'x'; 1000])), "{outs:?}");
+    assert_eq!(window(&x), Some(0));
+    assert!(with_chunk >= HEAP_GROWTH * 1000, "{with_chunk}");
+}
