@@ -36,3 +36,28 @@ fn a_size_whose_frames_just_fit_max_frame_is_accepted() {
     let warned = PagerConfig { default_page_size: 4, ..c };
     assert_eq!(warned.validate(1040).unwrap().len(), 1);
 }
+
+/// A bounded escape fills its budget as far as a whole escape still
+/// fits, and never past it, whatever the budget.
+#[test]
+fn a_bounded_escape_stops_where_the_next_escape_might_not_fit() {
+    use super::xml::{escape_bounded_text, MAX_ESCAPED};
+    // Room of exactly MAX_ESCAPED still takes a run that long.
+    let mut out = String::new();
+    assert_eq!(escape_bounded_text("abcdefghij", MAX_ESCAPED, &mut out), MAX_ESCAPED);
+    assert_eq!(out, "abcdef");
+    // Less room than an escape may take stops before the next one.
+    let mut out = String::new();
+    assert_eq!(escape_bounded_text("abc&", MAX_ESCAPED + 1, &mut out), 3);
+    assert_eq!(out, "abc");
+    for budget in 0..40 {
+        let mut out = String::new();
+        let s = "a\"b&c<d>e'f\rg";
+        let used = escape_bounded_text(s, budget, &mut out);
+        assert!(out.len() <= budget, "budget {budget}: {out:?}");
+        assert!(
+            used == s.len() || budget.saturating_sub(out.len()) < MAX_ESCAPED,
+            "budget {budget}: {out:?}"
+        );
+    }
+}
