@@ -61,3 +61,21 @@ fn a_bounded_escape_stops_where_the_next_escape_might_not_fit() {
         );
     }
 }
+
+/// A cursor continues a rendering only from a character boundary inside
+/// the span being rendered.
+#[test]
+fn a_cursor_must_be_a_boundary_inside_the_span() {
+    use super::store::Document;
+    use super::xml::{render_span, BadCursor, Part};
+    // "aé\nb\n": 'é' is bytes 1..3, the span "aé" is 0..3.
+    let doc = Document::from_bytes("aé\nb\n".as_bytes(), 100);
+    let at =
+        |span: std::ops::Range<u64>, cursor: u64| render_span(&doc, "<h>", span, "</h>", Some(cursor), 1024);
+    assert_eq!(at(0..3, 2), Err(BadCursor), "inside a character");
+    assert_eq!(at(0..3, 4), Err(BadCursor), "a boundary past the span");
+    assert_eq!(at(4..6, 3), Err(BadCursor), "a boundary before the span");
+    assert_eq!(at(0..3, 1), Ok(Part { xml: "é</h>".into(), next: None }));
+    assert_eq!(at(0..3, 3), Ok(Part { xml: "</h>".into(), next: None }));
+    assert_eq!(at(4..6, 4), Ok(Part { xml: "b\n</h>".into(), next: None }));
+}

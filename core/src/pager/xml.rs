@@ -144,17 +144,16 @@ pub fn render_span(
     };
     // At least one character per part, whatever the head took.
     let budget = budget.max(out.len() + 64);
-    if pos < span.end {
-        match doc.encoding() {
-            Encoding::Utf8 => {
-                let s = doc.utf8(pos..span.end).unwrap_or_default();
-                pos += escape_bounded_text(s, budget, &mut out) as u64;
-            }
-            Encoding::Base64 => {
-                let n = (budget.saturating_sub(out.len()) as u64).min(span.end - pos);
-                out.push_str(&doc.base64(pos..pos + n));
-                pos += n;
-            }
+    // At the span's end both arms add nothing.
+    match doc.encoding() {
+        Encoding::Utf8 => {
+            let s = doc.utf8(pos..span.end).unwrap_or_default();
+            pos += escape_bounded_text(s, budget, &mut out) as u64;
+        }
+        Encoding::Base64 => {
+            let n = (budget.saturating_sub(out.len()) as u64).min(span.end - pos);
+            out.push_str(&doc.base64(pos..pos + n));
+            pos += n;
         }
     }
     if pos == span.end && out.len() + tail.len() <= budget {
