@@ -79,3 +79,28 @@ fn a_cursor_must_be_a_boundary_inside_the_span() {
     assert_eq!(at(0..3, 3), Ok(Part { xml: "</h>".into(), next: None }));
     assert_eq!(at(4..6, 4), Ok(Part { xml: "b\n</h>".into(), next: None }));
 }
+
+/// The tail goes in the part that ends the span, and only if it fits
+/// whole; otherwise the next part is the tail alone.
+#[test]
+fn the_tail_ends_the_last_part_only_when_it_fits() {
+    use super::store::Document;
+    use super::xml::{render_span, Part};
+    let text = "a".repeat(100);
+    let doc = Document::from_bytes(text.as_bytes(), 1000);
+    // The smallest budget is 64 bytes; an empty tail does not end a part
+    // that stops short of the span's end.
+    let first = render_span(&doc, "", 0..100, "", None, 1).unwrap();
+    assert_eq!(first, Part { xml: "a".repeat(64), next: Some(64) });
+    // 60 bytes and a 4-byte tail fit 64 exactly.
+    assert_eq!(
+        render_span(&doc, "", 0..60, "</h>", None, 64),
+        Ok(Part { xml: format!("{}</h>", "a".repeat(60)), next: None })
+    );
+    // 61 and 4 do not: the tail comes alone, from the span's end.
+    assert_eq!(render_span(&doc, "", 0..61, "</h>", None, 64).unwrap().next, Some(61));
+    assert_eq!(
+        render_span(&doc, "", 0..61, "</h>", Some(61), 64),
+        Ok(Part { xml: "</h>".into(), next: None })
+    );
+}
