@@ -65,11 +65,7 @@ pub fn folded_contains(line: &str, needle: &str, buf: &mut String) -> bool {
     let keep = needle.len().saturating_sub(1);
     let mut rest = line;
     loop {
-        let mut end = rest.len().min(FOLD_CHUNK_BYTES);
-        while !rest.is_char_boundary(end) {
-            end += 1;
-        }
-        let (chunk, tail) = rest.split_at(end);
+        let (chunk, tail) = rest.split_at(ceil_boundary(rest, FOLD_CHUNK_BYTES.min(rest.len())));
         buf.extend(chunk.chars().map(fold));
         if buf.contains(needle) {
             return true;
@@ -78,14 +74,17 @@ pub fn folded_contains(line: &str, needle: &str, buf: &mut String) -> bool {
             return false;
         }
         rest = tail;
-        // Keep the shortest suffix starting on a character that can hold
-        // the first `keep` bytes of a match.
-        let mut from = buf.len().saturating_sub(keep);
-        while !buf.is_char_boundary(from) {
-            from -= 1;
-        }
+        // A match that crosses the edge starts on a character within the
+        // last `keep` bytes: keep the suffix from the first such start.
+        let from = ceil_boundary(buf, buf.len().saturating_sub(keep));
         buf.drain(..from);
     }
+}
+
+/// The first character boundary of `s` at or after `i` (`str::ceil_char_boundary`,
+/// newer than this crate's `rust-version`).
+fn ceil_boundary(s: &str, i: usize) -> usize {
+    (i..s.len()).find(|&j| s.is_char_boundary(j)).unwrap_or(s.len())
 }
 
 #[derive(Clone, Debug)]

@@ -647,6 +647,23 @@ mod allocation {
         assert_eq!(search::count(&doc, &Query::new("ⱥB", true)), 1);
     }
 
+    /// The worst case the buffer is reserved for: a needle of the longest
+    /// query, every character of it growing by half when folded, carried
+    /// into chunks of characters that grow too. It fits without the
+    /// buffer growing, and the reserve is that case and little more.
+    #[test]
+    fn the_fold_buffer_holds_its_worst_case_and_little_more() {
+        use super::super::search::MAX_QUERY_BYTES;
+        let query = format!("{}b", "Ⱥ".repeat((MAX_QUERY_BYTES - 1) / 2));
+        assert!(query.len() <= MAX_QUERY_BYTES);
+        let needle: String = query.chars().map(fold).collect();
+        let line = "Ⱥ".repeat(3 * FOLD_CHUNK_BYTES / 2);
+        let mut buf = search::fold_buffer();
+        assert!(!folded_contains(&line, &needle, &mut buf));
+        assert_eq!(buf.capacity(), FOLD_BUFFER_BYTES, "the buffer never grew");
+        assert!(FOLD_BUFFER_BYTES <= (MAX_QUERY_BYTES + FOLD_CHUNK_BYTES) * 3 / 2 + 16);
+    }
+
     #[test]
     fn a_match_across_every_chunk_edge_is_found() {
         let needle = "Ⱥ<kelvin:\u{212A}>";
