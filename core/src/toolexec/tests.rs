@@ -272,15 +272,21 @@ fn client_gone_kills_at_once_and_answers_nothing() {
 
 #[test]
 fn v1_over_max_buffered_is_507() {
+    let outs = buffered_output(11);
+    assert_eq!(status_of(&outs), Some(507));
+    assert!(outs.contains(&Output::Signal(Signal::Term)));
+}
+
+/// A v1 exchange under `max_buffered = 10` whose tool writes `n` bytes:
+/// what follows the output.
+fn buffered_output(n: usize) -> Vec<Output> {
     let mut c = config();
     c.max_buffered = 10;
     let (mut x, _) = request(c, good_head("1", false), b"tool=echo");
     x.handle(at(0), Input::Spawned(Ok(())));
     drain(&mut x);
-    x.handle(at(0), Input::ToolOutput(vec![b'x'; 11]));
-    let outs = drain(&mut x);
-    assert_eq!(status_of(&outs), Some(507));
-    assert!(outs.contains(&Output::Signal(Signal::Term)));
+    x.handle(at(0), Input::ToolOutput(vec![b'x'; n]));
+    drain(&mut x)
 }
 
 #[test]
@@ -950,18 +956,9 @@ fn the_gate_reports_what_is_open_and_its_cap() {
 
 /// A buffered answer takes exactly `max_buffered` bytes: one more is 507.
 #[test]
-fn v1_output_of_exactly_max_buffered_is_answered_whole() {
-    let mut c = config();
-    c.max_buffered = 10;
-    let (mut x, _) = request(c, good_head("1", false), b"tool=echo");
-    x.handle(at(0), Input::Spawned(Ok(())));
-    drain(&mut x);
-    x.handle(at(0), Input::ToolOutput(vec![b'x'; 10]));
-    x.handle(at(0), Input::ToolEof);
-    x.handle(at(0), Input::ToolExited(ExitStatus::Code(0)));
-    let outs = drain(&mut x);
-    assert_eq!(status_of(&outs), Some(200), "{outs:?}");
-    assert!(!outs.contains(&Output::Signal(Signal::Term)), "{outs:?}");
+fn v1_output_of_exactly_max_buffered_is_kept() {
+    let outs = buffered_output(10);
+    assert_eq!(outs, vec![Output::ReadOutput { max: READ_CHUNK }], "read on, nothing answered yet");
 }
 
 /// A buffered answer reads a whole chunk at a time: the streaming window
