@@ -842,16 +842,21 @@ fn no_read_while_one_is_outstanding_or_after_eof() {
     assert_eq!(reads(&drain(&mut x)), 0, "after EOF");
 }
 
+fn spawned_with_window_4_and_chunk_64(h: RequestHead) -> Exchange {
+    let mut c = config();
+    c.stream_window = 4;
+    c.read_chunk = 64;
+    let (mut x, _) = request(c, h, b"tool=echo");
+    x.handle(at(0), Input::Spawned(Ok(())));
+    x
+}
+
 /// Once nobody reads the answer, the pipe is drained a whole chunk at a
 /// time, not a streaming window at a time: the window paces a client,
 /// and there is none left to pace.
 #[test]
 fn without_a_client_the_pipe_drains_a_chunk_at_a_time_whatever_the_window() {
-    let mut c = config();
-    c.stream_window = 4;
-    c.read_chunk = 64;
-    let (mut x, _) = request(c, good_head("2", true), b"tool=echo");
-    x.handle(at(0), Input::Spawned(Ok(())));
+    let mut x = spawned_with_window_4_and_chunk_64(good_head("2", true));
     assert_eq!(x.mode(), Mode::Streaming);
     assert_eq!(drain(&mut x), vec![Output::ReadOutput { max: 4 }], "the window paces a client");
     x.handle(at(1), Input::ClientGone);
@@ -965,11 +970,7 @@ fn v1_output_of_exactly_max_buffered_is_kept() {
 /// paces a streaming client only.
 #[test]
 fn v1_reads_a_chunk_at_a_time_whatever_the_window() {
-    let mut c = config();
-    c.stream_window = 4;
-    c.read_chunk = 64;
-    let (mut x, _) = request(c, good_head("1", false), b"tool=echo");
-    x.handle(at(0), Input::Spawned(Ok(())));
+    let mut x = spawned_with_window_4_and_chunk_64(good_head("1", false));
     assert_eq!(x.mode(), Mode::Buffered);
     assert_eq!(drain(&mut x), vec![Output::ReadOutput { max: 64 }]);
 }
