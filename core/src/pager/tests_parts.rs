@@ -104,3 +104,22 @@ fn the_tail_ends_the_last_part_only_when_it_fits() {
         Ok(Part { xml: "</h>".into(), next: None })
     );
 }
+
+/// A search's cursor continues from a line's start, a character boundary
+/// inside a match, or the text's end; anything else is refused.
+#[test]
+fn a_search_cursor_inside_a_character_or_past_the_text_is_refused() {
+    use super::search::{render, Query};
+    use super::store::Document;
+    use super::xml::BadCursor;
+    // "aé\nb\n": 'é' is bytes 1..3.
+    let doc = Document::from_bytes("aé\nb\n".as_bytes(), 100);
+    let q = Query::new("é", false);
+    let at = |cursor: u64| render(&doc, "fd:1", "é", &q, Some(cursor), 4096).map(|p| p.next);
+    assert_eq!(at(2), Err(BadCursor), "inside 'é'");
+    assert_eq!(at(7), Err(BadCursor), "past the text");
+    assert_eq!(at(6), Ok(None), "the text's end");
+    assert_eq!(at(4), Ok(None), "the last line, which does not match");
+    let inside = render(&doc, "fd:1", "é", &q, Some(1), 4096).unwrap();
+    assert!(inside.xml.starts_with("é</match>"), "{inside:?}");
+}
