@@ -123,3 +123,32 @@ fn a_search_cursor_inside_a_character_or_past_the_text_is_refused() {
     let inside = render(&doc, "fd:1", "é", &q, Some(1), 4096).unwrap();
     assert!(inside.xml.starts_with("é</match>"), "{inside:?}");
 }
+
+/// A search rendered in small parts, cursor after cursor, is the whole
+/// rendering cut into pieces: a `<match>` that does not fit whole with
+/// its line starts the next part, and no part passes its budget.
+#[test]
+fn a_search_in_small_parts_adds_up_to_the_whole() {
+    use super::search::{render, Query};
+    use super::store::Document;
+    let text: String = (0..60).map(|i| format!("line {i} é{}\n", "x".repeat(i % 7))).collect();
+    let doc = Document::from_bytes(text.as_bytes(), 4000);
+    let q = Query::new("é", false);
+    let whole = render(&doc, "fd:1", "é", &q, None, 1 << 20).unwrap();
+    assert_eq!(whole.next, None);
+    for budget in [300, 317, 333, 350] {
+        let mut parts = String::new();
+        let mut cursor = None;
+        for _ in 0..1000 {
+            let p = render(&doc, "fd:1", "é", &q, cursor, budget).unwrap();
+            assert!(p.xml.len() <= budget.max(256 + 64), "budget {budget}: {} bytes", p.xml.len());
+            parts.push_str(&p.xml);
+            cursor = p.next;
+            if cursor.is_none() {
+                break;
+            }
+        }
+        assert_eq!(cursor, None, "budget {budget}: the rendering ends");
+        assert_eq!(parts, whole.xml, "budget {budget}");
+    }
+}
