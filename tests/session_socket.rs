@@ -198,14 +198,20 @@ fn another_session_or_the_host_gets_nothing_from_the_socket() {
         r#"
 import json
 b_socket, b_token = {socket:?}, {token:?}
+def ask(s):
+    # B may close the connection before the request is written.
+    try:
+        send({{"id": "o", "op": "open", "params": {{"path": "secret.txt", "mode": "r"}}}}, s.fileno())
+    except (BrokenPipeError, ConnectionResetError):
+        pass
 # Without a secret: the first request's bytes are taken for one.
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(b_socket)
-send({{"id": "o", "op": "open", "params": {{"path": "secret.txt", "mode": "r"}}}}, s.fileno())
+ask(s)
 out(greeting(s))
 # With A's own secret.
 s = sconnect(b_socket)
-send({{"id": "o", "op": "open", "params": {{"path": "secret.txt", "mode": "r"}}}}, s.fileno())
+ask(s)
 out(greeting(s))
 # A's secret is not B's; B's is.
 out(os.environ["AIRLOCK_TOKEN"] != b_token)
