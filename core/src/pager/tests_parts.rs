@@ -152,3 +152,40 @@ fn a_search_in_small_parts_adds_up_to_the_whole() {
         assert_eq!(parts, whole.xml, "budget {budget}");
     }
 }
+
+/// A part of a search defers a match to the next part only when the
+/// match's tag, a few bytes of its line and its tail would not fit: a part
+/// is as full as the budget lets it be.
+#[test]
+fn a_search_part_defers_a_match_only_when_it_does_not_fit() {
+    use super::search::{render, Query};
+    use super::store::Document;
+    let lines: Vec<String> = (0..80).map(|i| format!("é{}", "y".repeat(i % 11))).collect();
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let starts: Vec<u64> = lines
+        .iter()
+        .scan(0u64, |at, l| {
+            let s = *at;
+            *at += l.len() as u64 + 1;
+            Some(s)
+        })
+        .collect();
+    let doc = Document::from_bytes(text.as_bytes(), 8000);
+    let q = Query::new("é", false);
+    let mut deferred = 0;
+    for budget in 256..420 {
+        let mut cursor = Some(0);
+        while let Some(c) = cursor {
+            let p = render(&doc, "fd:1", "é", &q, Some(c), budget).unwrap();
+            if let Some(i) = p.next.and_then(|n| starts.iter().position(|&s| s == n)) {
+                let tag = format!("  <match line=\"{}\">", i + 1);
+                let needs = p.xml.len() + tag.len() + 8 + "</match>\n".len();
+                assert!(needs > budget, "budget {budget}: line {} deferred, {needs} bytes fit", i + 1);
+                deferred += 1;
+            }
+            assert!(p.next != Some(c), "budget {budget}: no progress at {c}");
+            cursor = p.next;
+        }
+    }
+    assert!(deferred > 100, "the budgets made parts end before matches: {deferred}");
+}
