@@ -153,11 +153,11 @@ fn a_search_in_small_parts_adds_up_to_the_whole() {
     }
 }
 
-/// A part of a search defers a match to the next part only when the
-/// match's tag, a few bytes of its line and its tail would not fit: a part
-/// is as full as the budget lets it be.
+/// A part of a search defers a match, or the search's closing tag, to the
+/// next part only when it would not fit: a part is as full as the budget
+/// lets it be, and never fuller.
 #[test]
-fn a_search_part_defers_a_match_only_when_it_does_not_fit() {
+fn a_search_part_defers_only_what_does_not_fit() {
     use super::search::{render, Query};
     use super::store::Document;
     let lines: Vec<String> = (0..80).map(|i| format!("é{}", "y".repeat(i % 11))).collect();
@@ -172,11 +172,17 @@ fn a_search_part_defers_a_match_only_when_it_does_not_fit() {
         .collect();
     let doc = Document::from_bytes(text.as_bytes(), 8000);
     let q = Query::new("é", false);
-    let mut deferred = 0;
+    let (mut deferred, mut tails) = (0, 0);
     for budget in 256..420 {
         let mut cursor = Some(0);
         while let Some(c) = cursor {
             let p = render(&doc, "fd:1", "é", &q, Some(c), budget).unwrap();
+            assert!(p.xml.len() <= budget, "budget {budget}: {} bytes", p.xml.len());
+            if p.next == Some(text.len() as u64) {
+                let needs = p.xml.len() + "</fd_search>".len();
+                assert!(needs > budget, "budget {budget}: the tail deferred, {needs} bytes fit");
+                tails += 1;
+            }
             if let Some(i) = p.next.and_then(|n| starts.iter().position(|&s| s == n)) {
                 let tag = format!("  <match line=\"{}\">", i + 1);
                 let needs = p.xml.len() + tag.len() + 8 + "</match>\n".len();
@@ -187,5 +193,5 @@ fn a_search_part_defers_a_match_only_when_it_does_not_fit() {
             cursor = p.next;
         }
     }
-    assert!(deferred > 100, "the budgets made parts end before matches: {deferred}");
+    assert!(deferred > 100 && tails > 10, "parts ended before {deferred} matches and {tails} tails");
 }
