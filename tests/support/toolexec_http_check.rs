@@ -248,8 +248,13 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Does `input` start with a whole request (see the module comment)?
 pub fn forms_request(input: &[u8]) -> bool {
     // HTTP/2's connection preface is not an HTTP/1 request: hyper closes
-    // the connection without an answer an HTTP/2 client would misread.
-    if input.starts_with(H2_PREFACE) {
+    // the connection without an answer an HTTP/2 client would misread,
+    // after the empty lines an HTTP/1 parser skips before a request too.
+    let mut head = input;
+    while let Some(rest) = head.strip_prefix(b"\r\n").or_else(|| head.strip_prefix(b"\n")) {
+        head = rest;
+    }
+    if head.starts_with(H2_PREFACE) {
         return false;
     }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];

@@ -277,32 +277,43 @@ fn normalize_path(raw: &str) -> Result<String, UrlError> {
     let Some(raw) = raw.strip_prefix('/') else {
         return Err(malformed("the path does not start with '/'"));
     };
-    let mut out: Vec<String> = Vec::new();
-    let segs: Vec<&str> = raw.split('/').collect();
-    let n = segs.len();
-    for (i, seg) in segs.into_iter().enumerate() {
+    // The output is built as "/seg" for each kept segment, in one string:
+    // a list of segments would cost an entry per segment, up to dozens of
+    // bytes per byte of a path of empty segments ("////…").
+    let mut out = String::with_capacity(raw.len() + 1);
+    let mut segs = raw.split('/').peekable();
+    while let Some(seg) = segs.next() {
         let (seg, encoded_dot) = normalize_segment(seg)?;
         let dot = seg == "." || seg == "..";
         if dot && encoded_dot {
             return Err(refused("a dot segment spelled with %2E is refused"));
         }
-        let last = i + 1 == n;
+        let last = segs.peek().is_none();
         match seg.as_str() {
             "." => {
                 if last {
-                    out.push(String::new());
+                    out.push('/');
                 }
             }
             ".." => {
-                out.pop();
+                // A segment holds no '/' (an escaped one stays escaped).
+                if let Some(i) = out.rfind('/') {
+                    out.truncate(i);
+                }
                 if last {
-                    out.push(String::new());
+                    out.push('/');
                 }
             }
-            _ => out.push(seg),
+            _ => {
+                out.push('/');
+                out.push_str(&seg);
+            }
         }
     }
-    Ok(format!("/{}", out.join("/")))
+    if out.is_empty() {
+        out.push('/');
+    }
+    Ok(out)
 }
 
 fn check_query(q: &str) -> Result<String, UrlError> {
