@@ -95,20 +95,27 @@ impl Live {
     }
 }
 
+/// `script` (sh) running in a session under `max_total_bytes = limit`,
+/// once it has started, and airlock's resident bytes then.
+fn started(limit: u64, script: &str) -> (tempfile::TempDir, Live, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("airlock.toml");
+    std::fs::write(&cfg, format!("[file_descriptor]\nmax_total_bytes = {limit}\n")).unwrap();
+    let cfg = cfg.display().to_string();
+    let cmd = sh(&format!("echo started; {script}"));
+    let mut live = Live::start(dir.path(), &["--config", &cfg, "--allow-rw", "."], &cmd);
+    live.until("started");
+    let start = status_kib(live.child.id(), "VmRSS") * 1024;
+    (dir, live, start)
+}
+
 /// Run `script` (sh) under `max_total_bytes = limit`; returns airlock's
 /// peak resident bytes over what it held when the child started, and the
 /// child's output. The script ends each step with `echo rc=$?`; it is
 /// measured once the line `done` comes, while the child still sleeps.
 fn peak_over_start(limit: u64, script: &str) -> (u64, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("airlock.toml");
-    std::fs::write(&cfg, format!("[file_descriptor]\nmax_total_bytes = {limit}\n")).unwrap();
-    let cfg = cfg.display().to_string();
-    let cmd = sh(&format!("echo started; {script}; echo done; sleep 1"));
-    let mut live = Live::start(dir.path(), &["--config", &cfg, "--allow-rw", "."], &cmd);
-    live.until("started");
+    let (_dir, mut live, start) = started(limit, &format!("{script}; echo done; sleep 1"));
     let pid = live.child.id();
-    let start = status_kib(pid, "VmRSS") * 1024;
     let out = live.until("done");
     let peak = status_kib(pid, "VmHWM") * 1024;
     assert_eq!(live.finish(), Some(0), "{out}");
@@ -203,15 +210,9 @@ fn an_ignore_case_search_whose_fold_grows_the_text_adds_a_bounded_buffer() {
 /// from run to run with how the pipe's chunks arrive, is not compared
 /// with another run's.
 fn peak_of_a_step(limit: u64, first: &str, step: &str) -> (u64, u64, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("airlock.toml");
-    std::fs::write(&cfg, format!("[file_descriptor]\nmax_total_bytes = {limit}\n")).unwrap();
-    let cfg = cfg.display().to_string();
-    let cmd = sh(&format!("echo started; {first}; echo between; sleep 2; {step}; echo done; sleep 1"));
-    let mut live = Live::start(dir.path(), &["--config", &cfg, "--allow-rw", "."], &cmd);
-    live.until("started");
+    let (_dir, mut live, start) =
+        started(limit, &format!("{first}; echo between; sleep 2; {step}; echo done; sleep 1"));
     let pid = live.child.id();
-    let start = status_kib(pid, "VmRSS") * 1024;
     let mut out = live.until("between");
     let first_peak = status_kib(pid, "VmHWM") * 1024;
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").expect("the peak resets");
