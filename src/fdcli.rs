@@ -78,16 +78,20 @@ pub enum FdCommand {
         /// A file, or `-` (the default) for stdin.
         path: Option<String>,
     },
-    /// Print a page (page 1 by default), the whole content, or lines A-B.
+    /// Print a page (page 1 by default), the whole content, lines A-B,
+    /// or the fd's preview again.
     Read {
         fd: String,
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["all", "lines", "preview"])]
         page: Option<u64>,
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["lines", "preview"])]
         all: bool,
         /// Lines A-B, 1-based, inclusive.
-        #[arg(long, value_name = "A-B", value_parser = parse_range)]
+        #[arg(long, value_name = "A-B", value_parser = parse_range, conflicts_with = "preview")]
         lines: Option<(u64, u64)>,
+        /// The `<fd_result>` the wrap answered, with page 1 as its preview.
+        #[arg(long)]
+        preview: bool,
     },
     /// Write an fd (or a page, or lines A-B of it) to PATH through the
     /// session's file policy.
@@ -206,12 +210,13 @@ fn run(client: &mut Client, cmd: &FdCommand, out: &mut impl Write) -> anyhow::Re
     };
     match cmd {
         FdCommand::Wrap { source, path } => wrap(client, source.as_deref(), path.as_deref(), out),
-        FdCommand::Read { fd, page, all, lines: range } => {
+        FdCommand::Read { fd, page, all, lines: range, preview } => {
             let [s, e] = lines(range);
             let base = params([
                 ("fd", Some(fd.clone().into())),
                 ("page", page.map(Value::from)),
                 ("all", all.then_some(true.into())),
+                ("preview", preview.then_some(true.into())),
                 s,
                 e,
             ]);

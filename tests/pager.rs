@@ -64,6 +64,8 @@ step "$AIRLOCK" fd read fd:42
 echo short | step "$AIRLOCK" fd wrap
 step "$AIRLOCK" fd wrap nums.txt
 step "$AIRLOCK" fd read fd:1
+step "$AIRLOCK" fd read fd:1 --preview
+step "$AIRLOCK" fd read fd:1 --preview --page 2
 "#),
     );
     assert_eq!(run.code(), Some(0), "stderr: {}", run.stderr());
@@ -97,6 +99,8 @@ step "$AIRLOCK" fd read fd:1
             .replace(&p2, &p1)
             .replace("lines=\"17-29\"", "lines=\"1-16\"")
     );
+    assert_eq!(s[14], s[0], "--preview: the wrap's answer again");
+    assert_eq!(s[15].1, 2, "--preview with --page is a usage error: {}", s[15].0);
     run.assert_no_leaks();
 }
 
