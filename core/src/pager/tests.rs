@@ -759,6 +759,26 @@ mod allocation {
     }
 
     #[test]
+    fn a_line_that_fits_what_is_allocated_needs_no_room_left() {
+        // Under a limit equal to what is held, a push that fits the
+        // content's and the index's spare capacity allocates nothing, so
+        // it fits; one that needs to grow either is refused.
+        let mut fitted = 0;
+        for n in 1..40 {
+            let mut b = Builder::new(1000);
+            for i in 0..n {
+                assert!(b.push(b"a\n", 1 << 20).is_ok(), "line {i} of {n} refused under 1 MiB");
+            }
+            let held = b.held();
+            if b.push(b"a\n", held).is_ok() {
+                assert_eq!(b.held(), held, "after {n} lines");
+                fitted += 1;
+            }
+        }
+        assert!(fitted >= 10, "{fitted} of 39 fitted");
+    }
+
+    #[test]
     fn a_document_counts_its_capacity() {
         let mut b = Builder::new(10);
         for _ in 0..100 {
