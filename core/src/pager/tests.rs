@@ -779,6 +779,16 @@ mod allocation {
     }
 
     #[test]
+    fn content_that_fills_the_limit_exactly_fits() {
+        let mut b = Builder::new(1000);
+        assert!(b.push(&[b'x'; 100], 1 << 20).is_ok());
+        let limit = b.held() + 50;
+        assert!(b.push(&[b'x'; 50], limit).is_ok(), "50 bytes under a limit 50 bytes above held");
+        assert_eq!(b.held(), limit);
+        assert!(b.push(b"x", limit).is_err(), "one byte more");
+    }
+
+    #[test]
     fn a_document_counts_its_capacity() {
         let mut b = Builder::new(10);
         for _ in 0..100 {
