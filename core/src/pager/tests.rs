@@ -789,6 +789,41 @@ mod allocation {
     }
 
     #[test]
+    fn content_grows_by_doubling() {
+        // A thousand one-byte pushes: a handful of allocations, not one
+        // each (every growth copies the content).
+        let mut b = Builder::new(10_000);
+        let mut growths = 0;
+        let mut held = b.held();
+        for _ in 0..1000 {
+            assert!(b.push(b"x", 1 << 20).is_ok());
+            growths += usize::from(b.held() != held);
+            held = b.held();
+        }
+        assert!(growths <= 16, "{growths} growths");
+    }
+
+    #[test]
+    fn growing_content_leaves_the_indexes_a_share_of_the_room() {
+        let mut b = Builder::new(10_000);
+        assert!(b.push(&[b'x'; 1000], 1 << 20).is_ok());
+        // The content would double, but takes only 7/8 of the 800 bytes
+        // left, so six more line starts still find room.
+        let limit = b.held() + 800;
+        assert!(b.push(b"\n\n\n\n\n\n", limit).is_ok());
+        assert!(b.held() <= limit);
+        assert_eq!(b.finish().total_lines(), 6);
+    }
+
+    #[test]
+    fn broken_utf8_drops_the_indexes_at_once() {
+        let mut b = Builder::new(10_000);
+        assert!(b.push(b"a\n\xff", 1 << 20).is_ok());
+        // Base64 from here on: the content alone is held.
+        assert!(b.held() < 3 + INDEX_ENTRY_BYTES, "{} held", b.held());
+    }
+
+    #[test]
     fn a_document_counts_its_capacity() {
         let mut b = Builder::new(10);
         for _ in 0..100 {
