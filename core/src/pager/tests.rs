@@ -627,7 +627,7 @@ fn a_huge_line_pages_by_characters_and_a_flood_of_newlines_counts_its_index() {
 mod allocation {
     use super::super::search::{self, folded_contains, FOLD_BUFFER_BYTES, FOLD_CHUNK_BYTES};
     use super::super::search::{fold, Query};
-    use super::super::store::{Builder, Document, INDEX_ENTRY_BYTES};
+    use super::super::store::{Builder, Document, Encoding, INDEX_ENTRY_BYTES};
     use proptest::prelude::*;
 
     fn naive(line: &str, needle: &str) -> bool {
@@ -821,6 +821,23 @@ mod allocation {
         assert!(b.push(b"a\n\xff", 1 << 20).is_ok());
         // Base64 from here on: the content alone is held.
         assert!(b.held() < 3 + INDEX_ENTRY_BYTES, "{} held", b.held());
+    }
+
+    #[test]
+    fn a_character_split_across_pushes_counts_as_base64_until_it_is_whole() {
+        let mut b = Builder::new(10_000);
+        assert!(b.push(b"\xc3", 1 << 20).is_ok());
+        // Ending here would make a base64 fd: 1 byte, 4 characters.
+        assert_eq!(b.chars(), 4);
+        assert!(b.push(b"\xa9", 1 << 20).is_ok());
+        assert_eq!(b.chars(), 1);
+        let doc = b.finish();
+        assert_eq!((doc.encoding(), doc.chars()), (Encoding::Utf8, 1));
+
+        let mut b = Builder::new(10_000);
+        assert!(b.push(b"a\xc3", 1 << 20).is_ok());
+        let doc = b.finish();
+        assert_eq!((doc.encoding(), doc.chars(), doc.text(doc.all())), (Encoding::Base64, 4, "YcM=".into()));
     }
 
     #[test]
