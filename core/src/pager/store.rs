@@ -313,7 +313,7 @@ impl Builder {
 }
 
 /// Are all eight bytes of `w` in 0x20..0x80 (printable ASCII, DEL)?
-fn plain(w: u64) -> bool {
+pub(super) fn plain(w: u64) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     // A byte below 0x20 borrows into its high bit; a byte at or above 0x80

@@ -627,7 +627,7 @@ fn a_huge_line_pages_by_characters_and_a_flood_of_newlines_counts_its_index() {
 mod allocation {
     use super::super::search::{self, folded_contains, FOLD_BUFFER_BYTES, FOLD_CHUNK_BYTES};
     use super::super::search::{fold, Query};
-    use super::super::store::{Builder, Document, Encoding, INDEX_ENTRY_BYTES};
+    use super::super::store::{self, Builder, Document, Encoding, INDEX_ENTRY_BYTES};
     use proptest::prelude::*;
 
     fn naive(line: &str, needle: &str) -> bool {
@@ -838,6 +838,19 @@ mod allocation {
         assert!(b.push(b"a\xc3", 1 << 20).is_ok());
         let doc = b.finish();
         assert_eq!((doc.encoding(), doc.chars(), doc.text(doc.all())), (Encoding::Base64, 4, "YcM=".into()));
+    }
+
+    #[test]
+    fn the_scan_skips_eight_bytes_only_when_all_are_printable_ascii() {
+        // Every byte value at every position, among printable ones.
+        for at in 0..8 {
+            for v in 0..=255u8 {
+                let mut w = *b"a~ Z0\x7f@z";
+                w[at] = v;
+                let want = (0x20..0x80).contains(&v);
+                assert_eq!(store::plain(u64::from_le_bytes(w)), want, "{w:x?}");
+            }
+        }
     }
 
     #[test]
