@@ -82,12 +82,12 @@ pub enum FdCommand {
     /// or the fd's preview again.
     Read {
         fd: String,
-        #[arg(long, conflicts_with_all = ["all", "lines", "preview"])]
+        #[arg(long)]
         page: Option<u64>,
-        #[arg(long, conflicts_with_all = ["lines", "preview"])]
+        #[arg(long)]
         all: bool,
         /// Lines A-B, 1-based, inclusive.
-        #[arg(long, value_name = "A-B", value_parser = parse_range, conflicts_with = "preview")]
+        #[arg(long, value_name = "A-B", value_parser = parse_range)]
         lines: Option<(u64, u64)>,
         /// The `<fd_result>` the wrap answered, with page 1 as its preview.
         #[arg(long)]

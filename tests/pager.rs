@@ -100,7 +100,11 @@ step "$AIRLOCK" fd read fd:1 --preview --page 2
             .replace("lines=\"17-29\"", "lines=\"1-16\"")
     );
     assert_eq!(s[14], s[0], "--preview: the wrap's answer again");
-    assert_eq!(s[15].1, 2, "--preview with --page is a usage error: {}", s[15].0);
+    assert_eq!(
+        (attr(&s[15].0, "fd_error", "type"), s[15].1),
+        ("invalid_argument".into(), 1),
+        "--preview with --page"
+    );
     run.assert_no_leaks();
 }
 
