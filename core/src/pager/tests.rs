@@ -762,7 +762,8 @@ mod allocation {
     fn a_line_that_fits_what_is_allocated_needs_no_room_left() {
         // Under a limit equal to what is held, a push that fits the
         // content's and the index's spare capacity allocates nothing, so
-        // it fits; one that needs to grow either is refused.
+        // it fits; one that needs to grow either is refused, having
+        // allocated nothing past the limit.
         let mut fitted = 0;
         for n in 1..40 {
             let mut b = Builder::new(1000);
@@ -773,6 +774,8 @@ mod allocation {
             if b.push(b"a\n", held).is_ok() {
                 assert_eq!(b.held(), held, "after {n} lines");
                 fitted += 1;
+            } else {
+                assert!(b.held() <= held, "refused after {n} lines, yet grew to {}", b.held());
             }
         }
         assert!(fitted >= 10, "{fitted} of 39 fitted");
