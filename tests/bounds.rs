@@ -24,10 +24,6 @@ fn rss_mib(pid: u32) -> u64 {
     kb / 1024
 }
 
-fn descriptors(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(Iterator::count).unwrap_or(0)
-}
-
 /// `airlock run ARGS -- python3 -c SCRIPT`, its stdout read line by line
 /// while it runs; stdin is a pipe the test holds.
 struct Live {
@@ -100,7 +96,7 @@ h = call("open", path="host/after.txt", mode="r")["result"]["handle"]
 out({"after": base64.b64decode(call("read", h=h, max=100)["result"]["data"]).decode()})
 "#;
 
-fn attack(args: &[&str], script: &str, max_rss_mib: u64, max_fds: usize) -> (Vec<Value>, Value) {
+fn attack(args: &[&str], script: &str, max_rss_mib: u64, max_fds: u64) -> (Vec<Value>, Value) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("host")).unwrap();
     let mut allow = vec!["--allow-rw", "host"];

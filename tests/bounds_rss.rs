@@ -39,10 +39,6 @@ fn status_kib(pid: u32, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} for {pid}: {status}"))
 }
 
-fn descriptors(pid: u32) -> u64 {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(Iterator::count).unwrap_or(0) as u64
-}
-
 /// A running `airlock run ARGS -- CMD`, its stdout read line by line.
 struct Live {
     child: Child,

@@ -1291,14 +1291,11 @@ out([code(r), r["error"]["message"]])
     assert!(old.get("max_completion_tokens").is_none(), "{old}");
 }
 
-/// Entries in `/proc/<pid>/fd`.
-fn descriptors(pid: u32) -> u64 {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(Iterator::count).unwrap_or(0) as u64
-}
-
-/// What each of `pid`'s descriptors is (`socket:[INODE]`, a path, …).
+/// What each of `pid`'s descriptors is (`socket:[INODE]`, a path, …);
+/// a directory that cannot be read fails the test.
 fn descriptor_targets(pid: u32) -> std::collections::BTreeSet<String> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Default::default() };
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("cannot list airlock's descriptors: {e}"));
     dir.filter_map(Result::ok)
         .filter_map(|e| std::fs::read_link(e.path()).ok())
         .map(|t| t.display().to_string())
@@ -1419,19 +1416,29 @@ time.sleep(1)
     let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
-        let now = descriptors(pid);
+        // Once airlock has exited its descriptors are gone: a count then
+        // is no sample. While the child runs, each must read something.
+        let now = try_descriptors(pid);
         while let Ok(line) = rx.try_recv() {
             match line.as_str() {
-                "\"started\"" => start = Some((now, descriptor_targets(pid))),
+                "\"started\"" => start = Some((descriptors(pid), descriptor_targets(pid))),
                 "\"drained\"" => {
-                    after = Some((now, descriptor_targets(pid), tcp_sockets_to(pid, fake.addr.port())))
+                    after = Some((
+                        descriptors(pid),
+                        descriptor_targets(pid),
+                        tcp_sockets_to(pid, fake.addr.port()),
+                    ))
                 }
                 _ => {}
             }
             lines.push(line);
         }
         if start.is_some() && after.is_none() {
-            peak = peak.max(now);
+            match now {
+                Ok(n) => peak = peak.max(n),
+                // Between "started" and "drained" airlock is running.
+                Err(e) => panic!("cannot count airlock's descriptors during the flood: {e}"),
+            }
         }
         if let Some(s) = child.try_wait().unwrap() {
             break s;

@@ -133,6 +133,25 @@ fn run_full(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio, envs: &[(&s
     Run { output, report, elapsed }
 }
 
+/// The descriptors `pid` holds: the entries of `/proc/<pid>/fd`, or why
+/// they cannot be counted. airlock is not dumpable, so only a caller with
+/// CAP_SYS_PTRACE over it (root) may list them; a count that reads nothing
+/// must fail the test, not pass as zero.
+pub fn try_descriptors(pid: u32) -> Result<u64, String> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).map_err(|e| format!("/proc/{pid}/fd: {e}"))?;
+    let n = dir.count() as u64;
+    // A live process holds at least its stdio: none means nothing was seen.
+    if n == 0 {
+        return Err(format!("/proc/{pid}/fd lists nothing"));
+    }
+    Ok(n)
+}
+
+/// [`try_descriptors`], failing the test when they cannot be counted.
+pub fn descriptors(pid: u32) -> u64 {
+    try_descriptors(pid).unwrap_or_else(|e| panic!("cannot count airlock's descriptors: {e}"))
+}
+
 pub fn sh(script: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script.into()]
 }
