@@ -38,6 +38,20 @@ impl AuditWriter {
         self.write_value(value);
     }
 
+    /// At start, one line per location airlock granted on its own (the
+    /// program's interpreter chain, an argument inside a root): `op`
+    /// `direct_read` inside a root, `grant` outside every root.
+    pub fn granted(&mut self, g: &airlock_core::sandbox::program::AutoGrant) {
+        let value = serde_json::json!({
+            "op": if g.direct_read { "direct_read" } else { "grant" },
+            "path": g.path.to_string_lossy(),
+            "allowed": true,
+            "automatic": true,
+            "reason": g.reason,
+        });
+        self.write_value(value);
+    }
+
     fn write_value(&mut self, mut value: serde_json::Value) {
         let Some(out) = &mut self.out else { return };
         if let Some(obj) = value.as_object_mut() {

@@ -378,8 +378,8 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
     crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
     let policy = args.policy()?;
-    let plan = sandbox.plan(&policy)?;
-    crate::sandbox::check_command(&plan, policy.cwd(), argv)?;
+    let mut plan = sandbox.plan(&policy)?;
+    let started = crate::sandbox::check_run_command(&mut plan, &policy, argv)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     block_on(async {
         let upstream = nested_upstream()?;
@@ -389,7 +389,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
             session.set_upstream(up);
         }
         if let Plan::Confined(rules) = &plan {
-            session.audit_direct_reads(&rules.direct_read);
+            session.audit_sandbox_grants(rules);
         }
         // Lets a process of the session whose descriptor 3 was closed on
         // the way (Python's subprocess does so) reach it still.
@@ -403,11 +403,12 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
                 None
             }
         };
-        let session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
+        let mut session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
+        session_env.extend(started.env.iter().cloned());
         // The socket's directory is in the child's view at its own path.
         let session_dir = socket.as_ref().map(|s| s.dir().to_path_buf());
         let confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
-        let spawned = child::spawn(argv, &remove_env, confinement.as_ref(), &session_env)?;
+        let spawned = child::spawn(&started.argv, &remove_env, confinement.as_ref(), &session_env)?;
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;
         }

@@ -4,13 +4,14 @@
 //! that it enforces on itself between fork and exec with two system calls.
 
 use airlock_core::policy::{Policy, Root};
-use airlock_core::sandbox::{self, FsRight, NetRight, Options, Plan, Ruleset, ScopeKind, Use};
+use airlock_core::sandbox::{self, program, FsRight, NetRight, Options, Plan, Ruleset, ScopeKind};
 use anyhow::{bail, Context};
 use landlock::{
     AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, RulesetAttr, RulesetCreatedAttr,
     Scope,
 };
-use std::ffi::{OsStr, OsString};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
@@ -108,15 +109,7 @@ impl SandboxArgs {
             };
             self.sandbox_rw.iter().map(resolved).collect::<anyhow::Result<Vec<_>>>()?
         };
-        // Roots as the kernel will see them: through symlinks, where they
-        // exist, and as written otherwise.
-        let real_roots = Policy::new(
-            policy.cwd().to_path_buf(),
-            policy.roots().iter().flat_map(|r| {
-                let real = std::fs::canonicalize(&r.path).ok();
-                [Some(r.clone()), real.map(|path| Root { path, access: r.access })].into_iter().flatten()
-            }),
-        );
+        let real_roots = real_policy(policy);
         let options = Options { disabled: self.no_sandbox, read_only, read_write, net: self.sandbox_net };
         let airlock = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
         let inputs = sandbox::Inputs { policy: &real_roots, options: &options, abi, airlock };
@@ -275,77 +268,125 @@ pub fn enforce(ruleset: RawFd, seccomp: Option<&seccompiler::BpfProgram>) -> std
     Ok(())
 }
 
-/// Before starting a confined child: every file its command line names
-/// that it could not use directly is refused here, naming the flag,
-/// instead of failing inside (or, for the program, silently running
-/// another one further along `PATH`, as `execvp` does past a refusal).
-/// The program is found the way `execvp` finds it; an argument counts
-/// when it names an existing file. Arguments of airlock itself (`"$AIRLOCK"
-/// fs cat data.txt`) are paths for the proxy, not files to read, and are
-/// left alone.
-pub fn check_command(plan: &Plan, cwd: &Path, argv: &[OsString]) -> anyhow::Result<()> {
-    let Plan::Confined(rules) = plan else { return Ok(()) };
-    let Some(prog) = argv.first() else { return Ok(()) };
-    let Some(found) = find_program(prog, cwd, std::env::var_os("PATH").as_deref()) else {
-        return Ok(());
-    };
-    let real = std::fs::canonicalize(&found).unwrap_or_else(|_| found.clone());
-    if !rules.permits(&real, Use::Execute) {
-        bail!(
-            "the program {} is {}, which the sandboxed child may not run (it would fail, or run \
-             another {} found later on PATH); pass --sandbox-ro {} (or a directory holding it and \
-             what it runs), or put another first on PATH",
-            Path::new(prog).display(),
-            found.display(),
-            Path::new(prog).display(),
-            found.display()
-        );
-    }
-    let airlock = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
-    if airlock.as_deref() == Some(real.as_path()) {
-        return Ok(());
-    }
-    for arg in &argv[1..] {
-        if arg.is_empty() {
-            continue;
-        }
-        let path = cwd.join(arg);
-        if !std::fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false) {
-            continue;
-        }
-        let real = std::fs::canonicalize(&path).unwrap_or(path);
-        if !rules.permits(&real, Use::Read) {
-            bail!(
-                "{} is a file the sandboxed child may not read directly ({}); pass --sandbox-ro {} \
-                 to let it, or --no-sandbox",
-                Path::new(arg).display(),
-                real.display(),
-                Path::new(arg).display()
-            );
-        }
-    }
-    Ok(())
+/// What a confined child is started with once its command line is
+/// checked ([`check_command`]).
+#[derive(Debug, Clone, Default)]
+pub struct Started {
+    pub argv: Vec<OsString>,
+    /// Variables to set in its environment (a version manager's, as its
+    /// `exec` sets them).
+    pub env: Vec<(OsString, OsString)>,
 }
 
-/// Where `execvp` would find `prog`: a name with a slash is a path (from
-/// `cwd`); otherwise the first regular, executable file of that name along
-/// `path` (an empty entry is the working directory).
-pub fn find_program(prog: &OsStr, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::PermissionsExt;
-    let runnable =
-        |p: &Path| std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-    if prog.as_bytes().contains(&b'/') {
-        let p = cwd.join(prog);
-        return runnable(&p).unwrap_or(false).then_some(p);
+/// The variables of airlock's own environment the command check reads:
+/// the child inherits them.
+pub fn env_for_check() -> BTreeMap<OsString, OsString> {
+    program::env_read().filter_map(|k| std::env::var_os(k).map(|v| (OsString::from(k), v))).collect()
+}
+
+/// Before starting a confined child: the program's interpreter chain and
+/// the files named as arguments, decided by the core
+/// (`airlock_core::sandbox::program`) from what is read here. What it
+/// grants is added to `rules` (and listed there for the report); what it
+/// refuses stops the start, naming what to grant; each warning is said
+/// once on stderr.
+pub fn check_command(
+    rules: &mut Ruleset,
+    cwd: &Path,
+    argv: &[OsString],
+    env: &BTreeMap<OsString, OsString>,
+    roots: &program::Roots<'_>,
+) -> anyhow::Result<Started> {
+    let airlock = std::env::current_exe().ok().and_then(|p| std::fs::canonicalize(p).ok());
+    let cmd = program::Command { argv, cwd, env, airlock: airlock.as_deref() };
+    let mut facts = program::Facts::default();
+    let checked = loop {
+        match program::check(&cmd, rules, roots, &facts)? {
+            program::Step::Done(c) => break c,
+            program::Step::Ask(ask) => {
+                if facts.len() >= program::MAX_ASKS {
+                    bail!("checking the command read more than {} files; giving up", program::MAX_ASKS);
+                }
+                let answer = answer(&ask);
+                facts.give(ask, answer);
+            }
+        }
+    };
+    for w in &checked.warnings {
+        eprintln!("airlock: warning: {w}");
     }
-    if prog.is_empty() {
+    rules.grant_checked(&checked);
+    let mut argv = argv.to_vec();
+    if let (Some(p), Some(first)) = (&checked.program, argv.first_mut()) {
+        *first = p.clone().into_os_string();
+    }
+    Ok(Started { argv, env: checked.env })
+}
+
+/// [`check_command`] for `airlock run`: the roots are the policy's,
+/// resolved, and a path inside one is readable when the policy lets the
+/// child read it.
+pub fn check_run_command(plan: &mut Plan, policy: &Policy, argv: &[OsString]) -> anyhow::Result<Started> {
+    let Plan::Confined(rules) = plan else { return Ok(Started { argv: argv.to_vec(), env: Vec::new() }) };
+    let real = real_policy(policy);
+    let dirs: Vec<PathBuf> = real.roots().iter().map(|r| r.path.clone()).collect();
+    let readable = |p: &Path| p.to_str().is_some_and(|s| real.resolve(s, false).is_ok());
+    let roots = program::Roots { dirs: &dirs, readable: &readable, grant_outside: false };
+    check_command(rules, policy.cwd(), argv, &env_for_check(), &roots)
+}
+
+/// Roots as the kernel will see them: through symlinks, where they exist,
+/// and as written otherwise.
+fn real_policy(policy: &Policy) -> Policy {
+    Policy::new(
+        policy.cwd().to_path_buf(),
+        policy.roots().iter().flat_map(|r| {
+            let real = std::fs::canonicalize(&r.path).ok();
+            [Some(r.clone()), real.map(|path| Root { path, access: r.access })].into_iter().flatten()
+        }),
+    )
+}
+
+/// One fact for the command check, read from the filesystem.
+fn answer(ask: &program::Ask) -> program::Answer {
+    use program::{Answer, Ask, Kind, Stat};
+    use std::os::unix::fs::PermissionsExt;
+    match ask {
+        Ask::Stat(p) => Answer::Stat(std::fs::canonicalize(p).ok().and_then(|real| {
+            let m = std::fs::metadata(&real).ok()?;
+            let kind = if m.is_file() {
+                Kind::File { exec: m.permissions().mode() & 0o111 != 0 }
+            } else if m.is_dir() {
+                Kind::Dir
+            } else {
+                Kind::Other
+            };
+            Some(Stat { real, kind })
+        })),
+        Ask::Read(p) => Answer::Bytes(read_head(p)),
+        Ask::List(p) => Answer::Names(std::fs::read_dir(p).ok().map(|d| {
+            d.filter_map(Result::ok)
+                .take(program::MAX_LISTED)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })),
+    }
+}
+
+/// The first bytes of a regular file; nothing for anything else (a FIFO
+/// is opened without blocking and never read).
+fn read_head(p: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(p)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
         return None;
     }
-    let dirs = path.unwrap_or(OsStr::new("/bin:/usr/bin"));
-    dirs.as_bytes().split(|b| *b == b':').find_map(|dir| {
-        let dir = if dir.is_empty() { cwd.to_path_buf() } else { cwd.join(OsStr::from_bytes(dir)) };
-        let p = dir.join(prog);
-        runnable(&p).unwrap_or(false).then_some(p)
-    })
+    let mut buf = Vec::new();
+    f.take(program::HEAD_BYTES as u64).read_to_end(&mut buf).ok()?;
+    Some(buf)
 }

@@ -373,11 +373,18 @@ impl Session {
     }
 
     /// Record, in the audit log if any, the paths the child reads
-    /// directly (see `AuditWriter::direct_read`).
-    pub fn audit_direct_reads(&mut self, paths: &[std::path::PathBuf]) {
+    /// directly and what airlock granted on its own (see
+    /// `AuditWriter::direct_read`, `AuditWriter::granted`).
+    pub fn audit_sandbox_grants(&mut self, rules: &airlock_core::sandbox::Ruleset) {
         if let Some(audit) = &mut self.audit {
-            for p in paths {
-                audit.direct_read(p);
+            for p in &rules.direct_read {
+                // An automatic one is written below, with its reason.
+                if !rules.granted.iter().any(|g| g.path == *p) {
+                    audit.direct_read(p);
+                }
+            }
+            for g in &rules.granted {
+                audit.granted(g);
             }
         }
     }

@@ -8,8 +8,10 @@
 //! - `sh` blocks are run with `bash -e -o pipefail`, `python` blocks with
 //!   `python3`, from the top of a copy of the repository made in a fresh
 //!   directory under /tmp (its tracked and unignored files, no `target/`);
-//!   each must exit 0 within 300 s. In them, `airlock` is on PATH (as after `cargo
-//!   install --path .`) and `cargo run --release -- ARGS` runs the airlock
+//!   each must exit 0 within 300 s. They get the caller's own PATH (a
+//!   version manager's shims first, where the user has them), with
+//!   `airlock` put first on it (as after `cargo install --path .`), and
+//!   `cargo run --release -- ARGS` runs the airlock
 //!   this test was built with (a fresh release build takes minutes; it is
 //!   the same code). Any other `cargo` command runs for real.
 //! - `toml` blocks are configs: each is written to a file of its own in an

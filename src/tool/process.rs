@@ -81,22 +81,26 @@ pub fn spawn_tool(
         .map_err(|e| anyhow::anyhow!("cannot confine the tool: {e}"))?;
     let cwd = std::env::current_dir()?;
     grants.apply(&mut ruleset);
-    // The tool's own files named on its command line (its script), read
-    // and executed directly; nothing else of the project, and never a
-    // project file the tool's policy would refuse it (`.env`, a --deny
-    // glob, outside every root): naming one grants nothing.
-    for arg in argv {
-        let path = cwd.join(arg);
-        if path.is_file() {
-            if let Ok(real) = std::fs::canonicalize(&path) {
-                if readable_by_policy(policy, &real)
-                    && !ruleset.paths.iter().any(|r| real.starts_with(&r.path))
-                {
-                    ruleset.grant_read_exec(real);
-                }
-            }
-        }
+    // The program's interpreter chain, and the tool's own files named on
+    // its command line (its script), read and executed directly; nothing
+    // else of the project, and never a project file the tool's policy
+    // would refuse it (`.env`, a --deny glob, outside every root): naming
+    // one grants nothing.
+    let env: std::collections::BTreeMap<_, _> = std::env::vars_os()
+        .filter(|(k, _)| k.to_str().is_some_and(tool_env_allowed))
+        .filter(|(k, _)| {
+            k.to_str().is_some_and(|k| airlock_core::sandbox::program::env_read().any(|r| r == k))
+        })
+        .collect();
+    let project: Vec<std::path::PathBuf> = std::fs::canonicalize(policy.project()).into_iter().collect();
+    let readable = |p: &std::path::Path| readable_by_policy(policy, p);
+    let roots =
+        airlock_core::sandbox::program::Roots { dirs: &project, readable: &readable, grant_outside: true };
+    let started = crate::sandbox::check_command(&mut ruleset, &cwd, argv, &env, &roots)?;
+    for g in &ruleset.granted {
+        eprintln!("airlock: tool: granted read-only: {} ({})", g.path.display(), g.reason);
     }
+    let argv = &started.argv[..];
     let view = airlock_core::sandbox::view_for(&ruleset, cwd);
     let mode = crate::confine::ns_mode(grants.require_namespaces)?;
     let plan = crate::confine::confinement(ruleset, view, mode, false, 2);
@@ -105,6 +109,7 @@ pub fn spawn_tool(
         .env_clear()
         .kill_on_drop(true)
         .envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(tool_env_allowed)))
+        .envs(started.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

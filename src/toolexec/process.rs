@@ -22,6 +22,10 @@ pub struct ProcessRunner {
     workdir: PathBuf,
     sandbox: Option<Sandbox>,
     describe: String,
+    /// Each tool's program as checked at start (its interpreter chain
+    /// granted, or why not): what to run and the variables to set, or the
+    /// refusal every spawn of it answers.
+    programs: std::collections::BTreeMap<String, Result<crate::sandbox::Started, String>>,
 }
 
 /// Paths tools may reach beyond the defaults and the working directory
@@ -67,12 +71,14 @@ impl ProcessRunner {
         net: bool,
         require_namespaces: bool,
         grants: &Grants,
+        tools: &std::collections::BTreeMap<String, ToolProgram>,
     ) -> anyhow::Result<ProcessRunner> {
         if !confine {
             return Ok(ProcessRunner {
                 workdir: workdir.to_path_buf(),
                 sandbox: None,
                 describe: "sandbox: none (--no-sandbox): tools run unconfined".to_owned(),
+                programs: Default::default(),
             });
         }
         let abi = crate::sandbox::detect_abi();
@@ -84,6 +90,27 @@ impl ProcessRunner {
         }
         for p in &grants.read_write {
             rules.grant_read_write(p.clone());
+        }
+        // Each tool's program, from the working directory, before any
+        // client can change a file there: its interpreter chain is granted
+        // (a pyenv shim's version, a venv's base), or every spawn of it is
+        // refused naming what to grant, instead of letting the tool's
+        // `execvp` run another of that name further along PATH.
+        let env = crate::sandbox::env_for_check();
+        let no_roots =
+            airlock_core::sandbox::program::Roots { dirs: &[], readable: &|_| false, grant_outside: false };
+        let mut programs = std::collections::BTreeMap::new();
+        for (name, program) in tools {
+            let argv = [match program {
+                ToolProgram::OnPath => OsString::from(name),
+                ToolProgram::Fixed(p) => OsString::from_vec(p.clone()),
+            }];
+            let checked = crate::sandbox::check_command(&mut rules, workdir, &argv, &env, &no_roots)
+                .map_err(|e| format!("{name}: {e:#}"));
+            programs.insert(name.clone(), checked);
+        }
+        for g in &rules.granted {
+            eprintln!("airlock: toolexec: granted read-only: {} ({})", g.path.display(), g.reason);
         }
         let mode = crate::confine::ns_mode(require_namespaces)?;
         let extra = |label: &str, paths: &[PathBuf]| {
@@ -102,7 +129,7 @@ impl ProcessRunner {
             },
         );
         let sandbox = Sandbox { ruleset: rules, mode, net };
-        Ok(ProcessRunner { workdir: workdir.to_path_buf(), sandbox: Some(sandbox), describe })
+        Ok(ProcessRunner { workdir: workdir.to_path_buf(), sandbox: Some(sandbox), describe, programs })
     }
 
     /// For the startup line: which sandbox is in force.
@@ -120,10 +147,23 @@ impl ProcessRunner {
         if !real.is_dir() {
             return Err(SpawnError::BadCwd(format!("{} is not a directory", cwd.display())));
         }
-        let program: OsString = match &req.program {
+        let mut program: OsString = match &req.program {
             ToolProgram::OnPath => OsString::from(&req.tool),
             ToolProgram::Fixed(p) => OsString::from_vec(p.clone()),
         };
+        let mut extra_env: &[(OsString, OsString)] = &[];
+        if self.sandbox.is_some() {
+            match self.programs.get(&req.tool) {
+                Some(Ok(started)) => {
+                    if let Some(p) = started.argv.first() {
+                        program = p.clone();
+                    }
+                    extra_env = &started.env;
+                }
+                Some(Err(refused)) => return Err(SpawnError::Other(refused.clone())),
+                None => {}
+            }
+        }
         let other = |e: std::io::Error| SpawnError::Other(e.to_string());
         let (rd, wr) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| other(e.into()))?;
@@ -147,6 +187,7 @@ impl ProcessRunner {
         };
         cmd.current_dir(&real)
             .env_remove(TOKEN_ENV)
+            .envs(extra_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(wr))
             .stderr(Stdio::from(wr2))

@@ -115,8 +115,14 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<i32> {
     config.max_buffered = args.max_buffered;
     config.header_timeout = Duration::from_secs(args.header_timeout);
     let grants = Grants::resolve(&workdir, &args.sandbox_ro, &args.sandbox_rw)?;
-    let runner =
-        ProcessRunner::new(&workdir, !args.no_sandbox, args.tool_net, args.require_namespaces, &grants)?;
+    let runner = ProcessRunner::new(
+        &workdir,
+        !args.no_sandbox,
+        args.tool_net,
+        args.require_namespaces,
+        &grants,
+        &config.tools,
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(run(args, config, runner, generated))
 }

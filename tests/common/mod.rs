@@ -6,24 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A PATH of system locations only, which the default sandbox lets the
-/// child execute from.
+/// A PATH of system locations only, for a test that means the system's
+/// interpreter. The tests otherwise run with the caller's PATH, as a user
+/// would (a version manager's shims first included: airlock resolves them).
 pub const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-
-/// Every test's children look in the system locations first. On a machine
-/// whose PATH starts with a version manager's shims (pyenv's `python3`,
-/// outside what the sandbox lets a child execute), `airlock run -- python3`
-/// is refused before it starts, naming the shim and `--sandbox-ro`
-/// (tests/agent_project.rs checks that); the tests mean the system's
-/// interpreter. Set before `main`, while the process has one thread.
-#[used]
-#[link_section = ".init_array"]
-static SYSTEM_LOCATIONS_FIRST: extern "C" fn() = system_locations_first;
-
-extern "C" fn system_locations_first() {
-    let rest = std::env::var("PATH").unwrap_or_default();
-    std::env::set_var("PATH", format!("{SYSTEM_PATH}:{rest}"));
-}
 
 pub fn airlock() -> &'static str {
     env!("CARGO_BIN_EXE_airlock")
@@ -119,9 +105,6 @@ fn run_full(dir: &Path, args: &[&str], cmd: &[String], stdin: Stdio, envs: &[(&s
         .env_remove("AIRLOCK_FD")
         .env("SUPPORT", support(""))
         .env("PYTHONPATH", support(""))
-        // The system's python3: a version manager's shim first on the
-        // caller's PATH is refused under the sandbox (tests/agent_project.rs).
-        .env("PATH", SYSTEM_PATH)
         .envs(envs.iter().copied())
         .stdin(stdin)
         .output()

@@ -40,10 +40,13 @@ use std::path::{Path, PathBuf};
 
 mod confine;
 mod namespaces;
+pub mod program;
 mod report;
 mod seccomp;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_program;
 
 pub use confine::*;
 pub use namespaces::*;
@@ -312,6 +315,12 @@ pub struct Ruleset {
     /// report and the audit log list them.
     #[serde(default)]
     pub direct_read: Vec<PathBuf>,
+    /// What airlock granted on its own for the program the user named
+    /// (its interpreter chain) and the files named as its arguments
+    /// inside a root ([`program`]): listed in the report and the audit
+    /// log.
+    #[serde(default)]
+    pub granted: Vec<program::AutoGrant>,
 }
 
 /// Why `airlock run` will not start.
@@ -474,6 +483,21 @@ impl Ruleset {
         self.paths = paths.rules;
     }
 
+    /// Apply what [`program::check`] decided: each location granted read
+    /// and execute, those inside a root listed as direct reads, and every
+    /// one recorded for the report.
+    pub fn grant_checked(&mut self, checked: &program::Checked) {
+        for g in &checked.grants {
+            self.grant_read_exec(g.path.clone());
+            if g.direct_read && !self.direct_read.contains(&g.path) {
+                self.direct_read.push(g.path.clone());
+            }
+            if !self.granted.contains(g) {
+                self.granted.push(g.clone());
+            }
+        }
+    }
+
     /// Let the child connect to the session's socket in `dir` (it is in
     /// the view at its own path, and on ABI 9+ Landlock lets it resolve).
     pub fn grant_session_dir(&mut self, dir: PathBuf) {
@@ -517,11 +541,12 @@ fn ruleset(kernel_abi: u32, net: bool, paths: Paths) -> Ruleset {
         paths: paths.rules,
         deny_unix_socket_create,
         direct_read: Vec::new(),
+        granted: Vec::new(),
     }
 }
 
 /// What the child would do with a path named on its command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Use {
     /// Run it (the program).
     Execute,

@@ -54,6 +54,11 @@ pub struct InForce {
     /// directly: the audit log does not see those reads.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub direct_read: Vec<std::path::PathBuf>,
+    /// What airlock granted read-only on its own, each with its reason:
+    /// the interpreter chain of the program the user named, and files
+    /// named as arguments inside a root.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub granted: Vec<super::program::AutoGrant>,
 }
 
 /// The report's name for a namespace not in force.
@@ -83,6 +88,7 @@ impl Plan {
                 capabilities: "kept",
                 not_enforced: vec!["fs", "net", "scopes"],
                 direct_read: Vec::new(),
+                granted: Vec::new(),
             },
             Plan::Confined(r) => landlock_view(r),
         }
@@ -187,5 +193,6 @@ fn landlock_view(r: &Ruleset) -> InForce {
         capabilities: "dropped",
         not_enforced: gaps,
         direct_read: r.direct_read.clone(),
+        granted: r.granted.clone(),
     }
 }
