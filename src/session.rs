@@ -674,6 +674,14 @@ impl Session {
                     work.push_back(next);
                 }
             }
+            if let Some(name) = self.proxy.take_virtual_notice() {
+                eprintln!(
+                    "airlock: note: {name} is outside every allowed root, so it is kept in memory (the \
+                     session's virtual namespace) and never written to disk; allow its directory with \
+                     --allow-rw to write it there (this is said once; --audit marks each such record \
+                     \"virtual\": true)"
+                );
+            }
         }
     }
 

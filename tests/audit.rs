@@ -133,3 +133,41 @@ fn without_audit_nothing_is_written_and_a_nested_level_audits_through_its_upstre
         .collect();
     assert!(names.iter().filter(|n| n.contains("audit")).count() == 1, "{names:?}");
 }
+
+/// A write outside every root (only a subdirectory granted) lands in the
+/// session's virtual namespace: it says so once on stderr, naming the
+/// file, every audit record of it is marked `"virtual": true`, a write
+/// inside the root is not, and nothing reaches the disk.
+#[test]
+fn a_write_outside_every_root_says_it_is_virtual() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let audit_arg = audit.display().to_string();
+    let run = run_in(
+        dir.path(),
+        &["--allow-rw", "sub", "--audit", &audit_arg],
+        &sh(r#"
+            echo report | "$AIRLOCK" fs write REPORT.md
+            echo notes | "$AIRLOCK" fs write notes.md
+            echo real | "$AIRLOCK" fs write sub/real.md
+            "$AIRLOCK" fs cat REPORT.md
+        "#),
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "report\n");
+    assert!(!dir.path().join("REPORT.md").exists() && !dir.path().join("notes.md").exists());
+    assert_eq!(std::fs::read_to_string(dir.path().join("sub/real.md")).unwrap(), "real\n");
+    let stderr = run.stderr();
+    assert_eq!(stderr.matches("never written to disk").count(), 1, "said once: {stderr}");
+    assert!(stderr.contains("REPORT.md is outside every allowed root"), "{stderr}");
+    let recs = records(&audit);
+    for r in recs.iter().filter(|r| r.get("path").is_some()) {
+        let path = r["path"].as_str().unwrap();
+        let want = !path.starts_with("sub/");
+        assert_eq!(r.get("virtual") == Some(&Value::Bool(true)), want, "{r}");
+    }
+    let virtual_ops: Vec<&str> =
+        recs.iter().filter(|r| r["path"] == "REPORT.md").map(|r| r["op"].as_str().unwrap()).collect();
+    assert!(["open", "write", "close", "read"].iter().all(|o| virtual_ops.contains(o)), "{virtual_ops:?}");
+}

@@ -41,6 +41,10 @@ pub struct AuditRecord {
     pub code: Option<ErrorCode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The file is in the session's virtual namespace (a relative path
+    /// outside every root): kept in memory, never written to disk.
+    #[serde(default, rename = "virtual", skip_serializing_if = "std::ops::Not::not")]
+    pub is_virtual: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -49,6 +53,7 @@ struct Asked {
     path: Option<String>,
     mode: Option<Mode>,
     handle: Option<Handle>,
+    is_virtual: bool,
 }
 
 /// What the machine keeps to write records: the file operations awaiting
@@ -57,7 +62,7 @@ struct Asked {
 #[derive(Debug, Default)]
 pub(crate) struct Audit {
     asked: BTreeMap<(ClientId, String), VecDeque<Asked>>,
-    handles: BTreeMap<(ClientId, Handle), (String, Mode)>,
+    handles: BTreeMap<(ClientId, Handle), (String, Mode, bool)>,
 }
 
 impl Audit {
@@ -65,21 +70,35 @@ impl Audit {
     /// particulars for its answer.
     pub(crate) fn request(&mut self, client: ClientId, id: &str, op: &Op) {
         let asked = match op {
-            Op::Open { path, mode, .. } => {
-                Asked { op: AuditOp::Open, path: Some(path.clone()), mode: Some(*mode), handle: None }
-            }
+            Op::Open { path, mode, .. } => Asked {
+                op: AuditOp::Open,
+                path: Some(path.clone()),
+                mode: Some(*mode),
+                handle: None,
+                is_virtual: false,
+            },
             Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if !h.is_stdio() => {
-                let (path, mode) = self.handles.get(&(client, *h)).cloned().unzip();
+                let held = self.handles.get(&(client, *h)).cloned();
+                let is_virtual = held.as_ref().is_some_and(|(_, _, v)| *v);
+                let (path, mode) = held.map(|(p, m, _)| (p, m)).unzip();
                 let op = match op {
                     Op::Read { .. } => AuditOp::Read,
                     Op::Write { .. } => AuditOp::Write,
                     _ => AuditOp::Close,
                 };
-                Asked { op, path, mode, handle: Some(*h) }
+                Asked { op, path, mode, handle: Some(*h), is_virtual }
             }
             _ => return,
         };
         self.asked.entry((client, id.to_owned())).or_default().push_back(asked);
+    }
+
+    /// Request `id` of `client` opened a file of the virtual namespace:
+    /// its record, and those of the handle it gets, say so.
+    pub(crate) fn opened_virtual(&mut self, client: ClientId, id: &str) {
+        if let Some(asked) = self.asked.get_mut(&(client, id.to_owned())).and_then(|q| q.front_mut()) {
+            asked.is_virtual = true;
+        }
     }
 
     /// The answer to request `id` of `client`: its record, when it was a
@@ -106,12 +125,13 @@ impl Audit {
             allowed: outcome.is_ok(),
             code: None,
             reason: None,
+            is_virtual: asked.is_virtual,
         };
         match outcome {
             Ok(Success::Opened { handle }) => {
                 record.handle = Some(*handle);
                 if let (Some(path), Some(mode)) = (&record.path, record.mode) {
-                    self.handles.insert((client, *handle), (path.clone(), mode));
+                    self.handles.insert((client, *handle), (path.clone(), mode, record.is_virtual));
                 }
             }
             Ok(Success::Data { data, .. }) => record.bytes = Some(data.len() as u64),
@@ -163,5 +183,26 @@ mod tests {
         a.request(c, "4", &Op::Read { h, max: 10 });
         a.departed(c);
         assert!(a.asked.is_empty() && a.handles.is_empty());
+    }
+
+    #[test]
+    fn a_virtual_file_is_marked_in_every_record_of_its_handle() {
+        let (c, h, h2) = (ClientId(1), Handle::FIRST, Handle::new(4));
+        let mut a = Audit::default();
+        a.request(c, "1", &Op::Open { path: "notes.md".into(), mode: Mode::Write, scope: None });
+        a.opened_virtual(c, "1");
+        let open = a.answered(c, "1", &Ok(Success::Opened { handle: h })).unwrap();
+        assert!(open.is_virtual);
+        let line = serde_json::to_value(&open).unwrap();
+        assert_eq!(line["virtual"], true, "{line}");
+        a.request(c, "2", &Op::Write { h, data: b"abc".to_vec() });
+        assert!(a.answered(c, "2", &Ok(Success::Written { written: 3 })).unwrap().is_virtual);
+        // A host file's records carry no flag at all.
+        a.request(c, "3", &Op::Open { path: "/r/f".into(), mode: Mode::Read, scope: None });
+        let host = a.answered(c, "3", &Ok(Success::Opened { handle: h2 })).unwrap();
+        assert!(!host.is_virtual);
+        assert!(serde_json::to_value(&host).unwrap().get("virtual").is_none());
+        a.request(c, "4", &Op::Close { h });
+        assert!(a.answered(c, "4", &Ok(Success::Closed)).unwrap().is_virtual);
     }
 }

@@ -695,6 +695,10 @@ pub struct FsProxy {
     broker: Option<Broker>,
     /// With `Config::audit`: what the records need.
     audit: Option<audit::Audit>,
+    /// The first file written in the virtual namespace (its name, cut to
+    /// [`NOTICE_NAME_BYTES`]), until the shell takes it to say so once.
+    virtual_notice: Option<String>,
+    virtual_noticed: bool,
     /// The `now` of the input being handled.
     now: Instant,
     /// Broker call ids, for `LLMCMD` and `CANCEL` requests alike.
@@ -847,6 +851,8 @@ impl FsProxy {
             up_narrow: UpNarrow::NotSent,
             outputs: VecDeque::new(),
             audit: config.audit.then(audit::Audit::default),
+            virtual_notice: None,
+            virtual_noticed: false,
             stats: Stats::default(),
             config,
         }
@@ -909,6 +915,13 @@ impl FsProxy {
     pub fn quiescent(&self) -> bool {
         self.pending.values().all(|p| matches!(p.waiting, Waiting::Stdio))
             && self.upstream_pending.values().all(|p| p.req.is_none())
+    }
+
+    /// The first file a client opened for writing in the virtual
+    /// namespace (a relative path outside every root), once per session:
+    /// the shell says on stderr that it is kept in memory only.
+    pub fn take_virtual_notice(&mut self) -> Option<String> {
+        self.virtual_notice.take()
     }
 
     /// Contents of a virtual file (for tests and checkers).
@@ -1579,6 +1592,13 @@ impl FsProxy {
             // none of its roots never reaches a level above.
             Resolved::Virtual { name } => {
                 let name = self.virt.open(&name, mode)?;
+                if let Some(a) = &mut self.audit {
+                    a.opened_virtual(client, id);
+                }
+                if mode.writable() && !self.virtual_noticed {
+                    self.virtual_noticed = true;
+                    self.virtual_notice = Some(notice_name(&name));
+                }
                 let handle =
                     self.table.insert(client, Slot { mode, target: Target::Virtual { name, pos: 0 } });
                 self.stats.handles_opened += 1;
@@ -2048,3 +2068,19 @@ impl FsProxy {
 mod tests;
 #[cfg(test)]
 mod tests_bounds;
+
+/// Bytes of a virtual file's name kept for the notice.
+const NOTICE_NAME_BYTES: usize = 256;
+
+/// `name`, cut to [`NOTICE_NAME_BYTES`] on a character boundary.
+fn notice_name(name: &str) -> String {
+    let mut end = name.len().min(NOTICE_NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end < name.len() {
+        format!("{}…", &name[..end])
+    } else {
+        name.to_owned()
+    }
+}

@@ -155,8 +155,7 @@ pub struct Checked {
     /// Run this instead of `argv[0]`: a shim named by its path, resolved.
     pub program: Option<PathBuf>,
     /// Variables to set in the child's environment, as the version
-    /// manager's `exec` does (its version's `bin` first on `PATH`, the
-    /// version selected).
+    /// manager's `exec` does: its version's `bin` first on `PATH`.
     pub env: Vec<(OsString, OsString)>,
     pub grants: Vec<AutoGrant>,
     /// Arguments the child cannot read directly, each said once.
@@ -596,6 +595,11 @@ impl Walk<'_> {
                 return Ok(());
             }
         }
+        if self.roots.grant_outside {
+            let reason = format!("{what} {name} runs, named on the command line");
+            self.grant(real.to_path_buf(), reason, false);
+            return Ok(());
+        }
         Err(Stop::Refused(Refused::Unreachable {
             name: name.to_owned(),
             what: what.to_owned(),
@@ -670,8 +674,9 @@ impl Walk<'_> {
     }
 
     /// What a version manager's shim runs for `name`, as `NAME which`
-    /// finds it; the version's `bin` goes first on the child's PATH and
-    /// the version into its variable, as `NAME exec` does.
+    /// finds it; the version's `bin` goes first on the child's PATH, as
+    /// `NAME exec` puts it (its version variable is not set: the shim is
+    /// not run again inside, and the tool host passes no such variable).
     fn shim_target(&mut self, shim: &Shim, name: &str, found: &Path) -> R<PathBuf> {
         let m = shim.manager;
         let cmd_name = name_of(Path::new(name));
@@ -700,7 +705,6 @@ impl Walk<'_> {
                 // the directory at its resolved path.
                 let bin = self.stat(&bin)?.map_or(bin, |s| s.real);
                 self.prepend.push(bin.clone());
-                self.out.env.push((OsString::from(m.version_var), OsString::from(resolved.join(":"))));
                 return Ok(bin.join(&cmd_name));
             }
         }
