@@ -449,6 +449,8 @@ fn ci_runs_the_readme_test_command_which_checks_cargo_fuzz_first() {
         ".ci/run and README.md differ"
     );
     assert!(command.starts_with("cargo fuzz --version"), "{command}");
+    // `--all-targets` leaves the doc examples out: they run on their own.
+    assert!(command.contains("&& cargo test --workspace --doc &&"), "{command}");
     assert!(command.find("cargo fuzz --version") < command.find("cargo test"), "{command}");
     // Where cargo-fuzz is missing, the command fails at once, naming how to
     // install it, and goes no further (its check, run here up to the
