@@ -330,6 +330,42 @@ fn an_agent_in_a_venv_on_pyenv_runs_under_toolexec_with_no_grant_typed() {
     assert!(stderr.contains(&format!("granted read-only: {}", pyenv.version_dir().display())), "{stderr}");
 }
 
+/// An attack across sessions: a child of an `--allow-rw .` session
+/// rewrites the project's venv so that its `pyvenv.cfg` names a secret
+/// directory of the user's as its base installation. The next session
+/// run from that venv is refused before starting, naming the directory,
+/// and nothing of it is read.
+#[test]
+fn a_venv_rewritten_by_an_earlier_session_widens_nothing() {
+    let pyenv = Pyenv::get();
+    let (dir, project) = project();
+    pyenv.venv(&project);
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join(".secret")).unwrap();
+    std::fs::write(home.join(".secret/key"), "the-users-secret\n").unwrap();
+    let rewrite = format!(
+        r#"printf 'home = {}\n' | "$AIRLOCK" fs write .venv/pyvenv.cfg"#,
+        home.join(".secret").display()
+    );
+    let out = run(&project, &["--allow-rw", ".", "--", "sh", "-c", &rewrite], Some(&pyenv.user_path()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let key = home.join(".secret/key").display().to_string();
+    let out = Command::new(airlock())
+        .current_dir(&project)
+        .args(["run", "--allow-rw", ".", "--", ".venv/bin/python", "-c"])
+        .arg(format!("print(open({key:?}).read())"))
+        .env("PATH", pyenv.user_path())
+        .env("HOME", &home)
+        .env_remove("AIRLOCK_FD")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(125), "{stdout}{stderr}");
+    assert!(!stdout.contains("the-users-secret"), "{stdout}");
+    let secret = std::fs::canonicalize(home.join(".secret")).unwrap();
+    assert!(stderr.contains(&format!("--sandbox-ro {}", secret.display())), "{stderr}");
+}
+
 // ------------------------------------------------ grants and refusals
 
 #[test]

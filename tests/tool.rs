@@ -937,11 +937,9 @@ fn a_grandchild_that_left_the_group_is_still_not_waited_for() {
         let f = Fixture::new();
         let out = f.run_env(
             &["--kill-grace", "0.3"],
-            &f.py(
-                "if os.fork() == 0:\n    os.setsid(); mark(NOTES + '/esc'); time.sleep(30); os._exit(0)\n\
+            &f.py("if os.fork() == 0:\n    os.setsid(); mark(NOTES + '/esc'); time.sleep(30); os._exit(0)\n\
                  while not os.path.exists(NOTES + '/esc'): time.sleep(0.01)\n\
-                 result('bye')\nos._exit(0)",
-            ),
+                 result('bye')\nos._exit(0)"),
             env,
         );
         out.completed();

@@ -188,6 +188,9 @@ pub enum Refused {
     NoCommand { name: String, manager: &'static str, versions: String, origin: String },
     /// More than [`MAX_HOPS`] interpreters.
     TooDeep { name: String },
+    /// A venv's `home` that its interpreter does not lie in, or that lies
+    /// where installations are not granted on their own.
+    VenvHome { name: String, venv: PathBuf, home: PathBuf },
 }
 
 impl fmt::Display for Refused {
@@ -231,6 +234,15 @@ impl fmt::Display for Refused {
                 f,
                 "the program {name} is {manager}'s shim, and neither {manager} version {versions} (set by \
                  {origin}) nor the system has {name}"
+            ),
+            Refused::VenvHome { name, venv, home } => write!(
+                f,
+                "the program {name} runs in the virtual environment {}, whose pyvenv.cfg names the base \
+                 installation {}; airlock grants one on its own only when the interpreter lies in it and \
+                 it is not right in your home directory; pass --sandbox-ro {} if you trust it",
+                venv.display(),
+                home.display(),
+                home.display()
             ),
             Refused::TooDeep { name } => {
                 write!(f, "the program {name} passes through more than {MAX_HOPS} interpreters")
@@ -560,7 +572,7 @@ impl Walk<'_> {
             return Ok(false);
         }
         self.need(&real, &found, name, "the program")?;
-        self.venv(&found, name)?;
+        self.venv(&found, &real, name)?;
         Ok(false)
     }
 
@@ -645,7 +657,7 @@ impl Walk<'_> {
     /// A Python virtual environment around `found`: `pyvenv.cfg` beside
     /// the executable or one directory up, as Python looks for it from the
     /// path it was run by.
-    fn venv(&mut self, found: &Path, name: &str) -> R<()> {
+    fn venv(&mut self, found: &Path, interpreter: &Path, name: &str) -> R<()> {
         let Some(dir) = found.parent() else { return Ok(()) };
         let candidates: Vec<PathBuf> =
             [Some(dir), dir.parent()].into_iter().flatten().map(|d| d.join("pyvenv.cfg")).collect();
@@ -655,17 +667,38 @@ impl Walk<'_> {
             let real = self.stat(venv)?.map_or_else(|| venv.to_path_buf(), |s| s.real);
             let reason = format!("the virtual environment {} that {name} runs in", venv.display());
             self.need_dir(&real, name, reason)?;
+            // The base installation the venv's `home` names, where Python
+            // finds its standard library. A venv inside a writable root is
+            // the child's to rewrite between sessions, so `home` is taken
+            // only as far as the interpreter itself vouches for it: the
+            // real interpreter must lie in it, and it is granted as any
+            // installation is (away from the home's top and the roots).
             if let Some(home) = venv_home(&text) {
                 if let Some(st) = self.stat(&home)? {
                     let base = match st.real.file_name() {
                         Some(n) if n == "bin" => st.real.parent().map_or(st.real.clone(), Path::to_path_buf),
                         _ => st.real.clone(),
                     };
-                    let reason = format!(
-                        "the base interpreter of the virtual environment {} (its pyvenv.cfg home)",
-                        venv.display()
-                    );
-                    self.need_dir(&base, name, reason)?;
+                    let vouched = interpreter.starts_with(&st.real) && interpreter != st.real;
+                    if self.covered(&base, Use::Read) {
+                        // Already reachable: the system's, or granted.
+                    } else if vouched
+                        && self.grantable(&base, false)
+                        && self.inside_root(&base).is_none()
+                        && self.over_root(&base).is_none()
+                    {
+                        let reason = format!(
+                            "the base interpreter of the virtual environment {} (its pyvenv.cfg home)",
+                            venv.display()
+                        );
+                        self.grant(base, reason, false);
+                    } else {
+                        return Err(Stop::Refused(Refused::VenvHome {
+                            name: name.to_owned(),
+                            venv: venv.to_path_buf(),
+                            home: base.clone(),
+                        }));
+                    }
                 }
             }
             return Ok(());

@@ -388,6 +388,44 @@ fn a_chain_that_loops_is_refused_not_followed() {
     assert!(matches!(case.run(), Err(Refused::TooDeep { .. })));
 }
 
+/// A venv in a writable root is the child's to rewrite between sessions:
+/// a `home` its interpreter does not lie in, or one right in the home
+/// directory, is named in a refusal, never granted.
+#[test]
+fn a_venv_home_is_granted_only_where_its_interpreter_lies() {
+    let mut case = Case::new(&[".venv/bin/python"]);
+    case.fs = case
+        .fs
+        .file(
+            "/home/u/proj/.venv/pyvenv.cfg",
+            "home = /home/u/.ssh
+",
+        )
+        .file("/home/u/.ssh/id_ed25519", "KEY")
+        .file("/home/u/.config/gh/hosts.yml", "token")
+        .dir("/home/u/.config/gh/bin");
+    let msg = case.run().unwrap_err().to_string();
+    assert!(msg.contains("--sandbox-ro /home/u/.ssh"), "{msg}");
+    case.fs = case.fs.file(
+        "/home/u/proj/.venv/pyvenv.cfg",
+        "home = /home/u/.config/gh/bin
+",
+    );
+    let msg = case.run().unwrap_err().to_string();
+    assert!(msg.contains("--sandbox-ro /home/u/.config/gh"), "{msg}");
+    // The interpreter itself moved there, right in the home: still no.
+    case.fs = case
+        .fs
+        .exe("/home/u/.ssh/bin/python", ELF)
+        .link("/home/u/proj/.venv/bin/python", "/home/u/.ssh/bin/python")
+        .file(
+            "/home/u/proj/.venv/pyvenv.cfg",
+            "home = /home/u/.ssh/bin
+",
+        );
+    assert!(case.run().is_err());
+}
+
 #[test]
 fn a_venv_that_is_a_root_or_holds_one_is_refused() {
     let mut case = Case::new(&[".venv/bin/python"]);
