@@ -44,6 +44,8 @@ mod report;
 mod seccomp;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_seccomp;
 
 pub use confine::*;
 pub use namespaces::*;

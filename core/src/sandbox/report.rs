@@ -100,30 +100,27 @@ impl Plan {
         let net_ns = applied.has(Namespace::Net);
         let mount_ns = applied.has(Namespace::Mount);
         let pid_ns = applied.has(Namespace::Pid);
+        // In the fallback without `--sandbox-net`, no IPv4 or IPv6 socket
+        // is created at all (Landlock alone would leave a Fast Open
+        // `sendto` and a `listen` without `bind`).
+        let inet_by_seccomp = !net_ns && !net_allowed && applied.seccomp;
         let closed_by = |gap: &str| -> bool {
             match gap {
-                // A private network namespace has loopback only.
-                "tcp" | "udp" => net_ns,
+                // A private network namespace has loopback only; without
+                // one, seccomp refuses every internet socket unless the
+                // network is allowed.
+                "tcp" | "udp" => net_ns || inet_by_seccomp,
                 // Abstract names live in the network namespace.
                 "scope_abstract_unix_socket" => net_ns,
                 // Nothing outside the PID namespace can be named.
                 "scope_signal" => pid_ns,
                 // Every host location in the view is a read-only mount.
                 "truncate" => mount_ns,
-                // In the fallback without `--sandbox-net`, seccomp refuses
-                // UDP sockets outright.
                 _ => false,
             }
         };
-        let udp_by_seccomp = !net_ns && !net_allowed && applied.seccomp;
-        let mut gaps: Vec<&'static str> = f
-            .not_enforced
-            .iter()
-            .copied()
-            .filter(|g| !closed_by(g))
-            .filter(|g| !(*g == "udp" && udp_by_seccomp))
-            .collect();
-        if net_ns && f.net == "unconfined" {
+        let mut gaps: Vec<&'static str> = f.not_enforced.iter().copied().filter(|g| !closed_by(g)).collect();
+        if (net_ns || inet_by_seccomp) && f.net == "unconfined" {
             f.net = "denied";
         }
         for ns in Namespace::ALL {
