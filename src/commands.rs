@@ -404,9 +404,9 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
             }
         };
         let session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
-        // The socket's directory is in the child's view at its own path.
-        let session_dir = socket.as_ref().map(|s| s.dir().to_path_buf());
-        let confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        // The socket alone is in the child's view, read-only.
+        let session_path = socket.as_ref().map(|s| s.path().to_path_buf());
+        let confinement = sandbox.confinement(&plan, policy.cwd(), require, session_path.as_deref())?;
         let spawned = child::spawn(argv, &remove_env, confinement.as_ref(), &session_env)?;
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;

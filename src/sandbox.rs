@@ -47,23 +47,23 @@ pub struct SandboxArgs {
 
 impl SandboxArgs {
     /// The confinement for `plan` (None when unconfined), for a child in
-    /// `cwd` with the proxy on fd 3. `require` is the flag or the config
-    /// key.
+    /// `cwd` with the proxy on fd 3 and the session's socket (when there
+    /// is one). `require` is the flag or the config key.
     pub fn confinement(
         &self,
         plan: &Plan,
         cwd: &std::path::Path,
         require: bool,
-        session_dir: Option<&std::path::Path>,
+        session_socket: Option<&std::path::Path>,
     ) -> anyhow::Result<Option<sandbox::Confinement>> {
         let Plan::Confined(ruleset) = plan else { return Ok(None) };
         let mode = crate::confine::ns_mode(require)?;
-        let mut ruleset = ruleset.clone();
-        if let Some(dir) = session_dir {
-            ruleset.grant_session_dir(dir.to_path_buf());
+        let view = sandbox::view_for(ruleset, cwd.to_path_buf());
+        let mut c = crate::confine::confinement(ruleset.clone(), view, mode, self.sandbox_net, 3);
+        if let Some(socket) = session_socket {
+            c.session_socket(socket.to_path_buf(), crate::session_socket::SOCKET_ENV);
         }
-        let view = sandbox::view_for(&ruleset, cwd.to_path_buf());
-        Ok(Some(crate::confine::confinement(ruleset, view, mode, self.sandbox_net, 3)))
+        Ok(Some(c))
     }
 }
 

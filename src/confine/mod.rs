@@ -9,6 +9,7 @@
 
 pub mod filter;
 pub mod stage;
+pub mod sweep;
 
 use airlock_core::sandbox::{Confinement, NsMode, Ruleset, StageStatus, View};
 use anyhow::{bail, Context};
@@ -45,7 +46,7 @@ pub fn confinement(
     net: bool,
     keep_fds: u32,
 ) -> Confinement {
-    Confinement { namespaces, net, ruleset, view, keep_fds, status_fd: keep_fds as i32 + 1 }
+    Confinement { namespaces, net, ruleset, view, keep_fds, status_fd: keep_fds as i32 + 1, session: None }
 }
 
 /// A `Command` that runs `argv` confined by `plan`. Set its environment,

@@ -499,9 +499,15 @@ fn payload_exec(
     }
     applied.seccomp = true;
     close_from(plan.keep_fds as RawFd + 1);
+    let session_env = plan.session_env(&applied).map(|(var, path)| (var.to_owned(), path.to_path_buf()));
     send(status, &StageStatus::Applied(applied));
     let Some((program, args)) = argv.split_first() else { return REFUSED_EXIT };
-    let err = std::process::Command::new(program).args(args).exec();
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args);
+    if let Some((var, path)) = session_env {
+        cmd.env(var, path);
+    }
+    let err = cmd.exec();
     // airlock says why, naming the program, as it would for an
     // unconfined start.
     send(status, &StageStatus::ExecFailed { errno: err.raw_os_error().unwrap_or(0) });
@@ -612,10 +618,21 @@ fn mount(
     check(r, &format!("mount {}", dst.display()))
 }
 
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+
 /// Make the mount at `dst` (and those beneath it) read-only and nosuid,
 /// leaving its other flags as they are (a plain remount would have to
 /// repeat the locked ones).
 fn make_read_only(dst: &Path) -> anyhow::Result<()> {
+    set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)
+}
+
+/// Set the `MOUNT_ATTR_*` flags `set` on the mount at `dst` and those
+/// beneath it, leaving the others as they are; before `mount_setattr`
+/// (Linux 5.12), a bind remount with the same flags.
+fn set_attr(dst: &Path, set: u64) -> anyhow::Result<()> {
     #[repr(C)]
     struct MountAttr {
         attr_set: u64,
@@ -623,15 +640,8 @@ fn make_read_only(dst: &Path) -> anyhow::Result<()> {
         propagation: u64,
         userns_fd: u64,
     }
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
-    const MOUNT_ATTR_NOSUID: u64 = 0x2;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
     let c = cstr(dst)?;
     // SAFETY: the path and the attribute struct are ours, its size given.
     let r = unsafe {
@@ -647,7 +657,17 @@ fn make_read_only(dst: &Path) -> anyhow::Result<()> {
     if r == 0 {
         return Ok(());
     }
-    mount(None, dst, None, libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID, None)
+    let mut flags = libc::MS_BIND | libc::MS_REMOUNT;
+    for (attr, flag) in [
+        (MOUNT_ATTR_RDONLY, libc::MS_RDONLY),
+        (MOUNT_ATTR_NOSUID, libc::MS_NOSUID),
+        (MOUNT_ATTR_NODEV, libc::MS_NODEV),
+    ] {
+        if set & attr != 0 {
+            flags |= flag;
+        }
+    }
+    mount(None, dst, None, flags, None)
 }
 
 /// Where the view is assembled, and where the host's root is reachable
@@ -707,9 +727,30 @@ fn build_view(view: &View) -> anyhow::Result<bool> {
                     }
                 }
                 mount(Some(&src), &dst, None, libc::MS_BIND | libc::MS_REC, None)?;
-                if !writable {
+                if *writable {
+                    // Nothing setuid or a device runs from a place the
+                    // payload writes.
+                    set_attr(&dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+                } else {
                     make_read_only(&dst)?;
                 }
+            }
+            Mount::Device { path } => {
+                let src = inside(OLD_ROOT, path);
+                if std::fs::symlink_metadata(&src).is_err() {
+                    continue;
+                }
+                make_parent(&dst)?;
+                std::fs::File::create(&dst)?;
+                mount(Some(&src), &dst, None, libc::MS_BIND, None)?;
+                set_attr(&dst, MOUNT_ATTR_NOSUID)?;
+            }
+            Mount::Socket { source, .. } => {
+                let src = inside(OLD_ROOT, source);
+                make_parent(&dst)?;
+                std::fs::File::create(&dst)?;
+                mount(Some(&src), &dst, None, libc::MS_BIND, None)?;
+                set_attr(&dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
             }
             Mount::Tmpfs { size, mode, .. } => {
                 std::fs::create_dir_all(&dst)?;

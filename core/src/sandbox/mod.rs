@@ -42,10 +42,13 @@ mod confine;
 mod namespaces;
 mod report;
 mod seccomp;
+pub mod sweep;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_seccomp;
+#[cfg(test)]
+mod tests_session;
 
 pub use confine::*;
 pub use namespaces::*;
