@@ -7,6 +7,7 @@
 //! execs the payload; [`Pending::wait`] reads what the stage applied, or
 //! why it refused, before anything else happens.
 
+pub mod bounds;
 pub mod filter;
 pub mod stage;
 pub mod sweep;
@@ -46,7 +47,16 @@ pub fn confinement(
     net: bool,
     keep_fds: u32,
 ) -> Confinement {
-    Confinement { namespaces, net, ruleset, view, keep_fds, status_fd: keep_fds as i32 + 1, session: None }
+    Confinement {
+        namespaces,
+        net,
+        ruleset,
+        view,
+        keep_fds,
+        status_fd: keep_fds as i32 + 1,
+        session: None,
+        bounds: None,
+    }
 }
 
 /// A `Command` that runs `argv` confined by `plan`. Set its environment,

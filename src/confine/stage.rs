@@ -21,6 +21,7 @@
 //! 2-4, and kills every remaining descendant when the payload ends.
 
 use super::filter;
+use airlock_core::sandbox::bounds::{Bound, Rlimit};
 use airlock_core::sandbox::{Applied, Confinement, Mount, Namespace, NsMode, StageStatus, View};
 use std::ffi::{CString, OsString};
 use std::io::{Read, Write};
@@ -89,9 +90,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let status = unsafe { OwnedFd::from_raw_fd(plan.status_fd) };
     let _ = rustix::io::fcntl_setfd(&status, rustix::io::FdFlags::CLOEXEC);
     let mut status = Some(std::fs::File::from(status));
+    // Before anything is forked: all of the session is in its groups.
+    let joined = join_groups(&plan);
     let code = match plan.namespaces {
-        NsMode::Off => fallback(&plan, argv, &mut status),
-        mode => match with_namespaces(&plan, argv, &mut status) {
+        NsMode::Off => fallback(&plan, argv, &mut status, &joined),
+        mode => match with_namespaces(&plan, argv, &mut status, &joined) {
             Ok(code) => code,
             Err(e) if mode == NsMode::Require => refuse(
                 &mut status,
@@ -99,10 +102,37 @@ pub fn main(args: Vec<OsString>) -> i32 {
                     "namespaces are not available ({e:#}); --require-namespaces refuses to start without them"
                 ),
             ),
-            Err(_) => fallback(&plan, argv, &mut status),
+            Err(_) => fallback(&plan, argv, &mut status, &joined),
         },
     };
     code
+}
+
+/// Enter the session's cgroups (see `airlock_core::sandbox::bounds`):
+/// the bounds of those entered; the others fall back to rlimits.
+fn join_groups(plan: &Confinement) -> Vec<Bound> {
+    let mut joined = Vec::new();
+    for g in plan.bounds.iter().flat_map(|b| &b.groups) {
+        if std::fs::write(g.dir.join("cgroup.procs"), "0").is_ok() {
+            joined.extend(&g.bounds);
+        }
+    }
+    joined
+}
+
+/// Set each rlimit, never raising one above what is already in force.
+fn set_rlimits(rlimits: &[Rlimit]) -> std::io::Result<()> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    for r in rlimits {
+        let (res, value) = match *r {
+            Rlimit::Nproc(n) => (Resource::Nproc, n),
+            Rlimit::As(n) => (Resource::As, n),
+        };
+        let now = getrlimit(res);
+        let cap = |x: Option<u64>| Some(x.map_or(value, |x| x.min(value)));
+        setrlimit(res, rustix::process::Rlimit { current: cap(now.current), maximum: cap(now.maximum) })?;
+    }
+    Ok(())
 }
 
 fn usage() -> i32 {
@@ -253,6 +283,7 @@ fn with_namespaces(
     plan: &Confinement,
     argv: &[OsString],
     status: &mut Option<std::fs::File>,
+    joined: &[Bound],
 ) -> anyhow::Result<i32> {
     let (flags, namespaces) = namespace_flags(plan);
     // SAFETY: no arguments.
@@ -270,7 +301,14 @@ fn with_namespaces(
         drop(result_rd);
         drop(alive_wr);
         let code = match map_ids(uid, gid) {
-            Ok(()) => init(plan, argv, namespaces, status, result_wr, alive_rd),
+            Ok(()) => init(
+                plan,
+                argv,
+                Applied { namespaces, cgroups: joined.to_vec(), ..Applied::default() },
+                status,
+                result_wr,
+                alive_rd,
+            ),
             Err(e) => not_set_up(&result_wr, &format!("{e:#}")),
         };
         // SAFETY: leave without running the stage's destructors twice.
@@ -315,7 +353,7 @@ fn not_set_up(result: &OwnedFd, reason: &str) -> i32 {
 fn init(
     plan: &Confinement,
     argv: &[OsString],
-    namespaces: Vec<Namespace>,
+    mut applied: Applied,
     status: &mut Option<std::fs::File>,
     result: OwnedFd,
     alive: OwnedFd,
@@ -329,7 +367,6 @@ fn init(
     if matches!(rustix::io::read(&alive, &mut byte), Ok(0)) {
         return REFUSED_EXIT;
     }
-    let mut applied = Applied { namespaces, seccomp: false, proc: false };
     if applied.has(Namespace::Mount) {
         match build_view(&plan.view) {
             Ok(proc) => applied.proc = proc,
@@ -400,7 +437,12 @@ fn release_stdio() {
 }
 
 /// The fallback: a subreaper stage, the payload its child.
-fn fallback(plan: &Confinement, argv: &[OsString], status: &mut Option<std::fs::File>) -> i32 {
+fn fallback(
+    plan: &Confinement,
+    argv: &[OsString],
+    status: &mut Option<std::fs::File>,
+    joined: &[Bound],
+) -> i32 {
     // SAFETY: a flag on our own process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let me = std::process::id() as libc::pid_t;
@@ -413,7 +455,7 @@ fn fallback(plan: &Confinement, argv: &[OsString], status: &mut Option<std::fs::
             // SAFETY: leave at once.
             unsafe { libc::_exit(REFUSED_EXIT) };
         }
-        let applied = Applied::default();
+        let applied = Applied { cgroups: joined.to_vec(), ..Applied::default() };
         let code = payload_exec(plan, argv, applied, status, false);
         // SAFETY: leave at once.
         unsafe { libc::_exit(code) };
@@ -473,6 +515,9 @@ fn payload_exec(
     unsafe { libc::syscall(libc::SYS_keyctl, libc::KEYCTL_JOIN_SESSION_KEYRING, 0usize) };
     if let Err(e) = drop_capabilities() {
         return refuse(status, format!("dropping capabilities: {e}"));
+    }
+    if let Err(e) = set_rlimits(&plan.rlimits_for(&applied)) {
+        return refuse(status, format!("setting the session's rlimits: {e}"));
     }
     if let Err(e) = rustix::thread::set_no_new_privs(true) {
         return refuse(status, format!("no_new_privs: {e}"));

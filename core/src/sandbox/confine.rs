@@ -4,6 +4,7 @@
 //! view, then in the payload capabilities, `no_new_privs`, Landlock,
 //! seccomp, and the descriptors closed before exec.
 
+use super::bounds::{BoundsInForce, Rlimit, SessionBounds};
 use super::{
     private_dirs, seccomp_policy, view, Applied, Grant, Namespace, NsMode, PathRule, Ruleset, SeccompInputs,
     Source, SyscallRule, View, ViewInputs,
@@ -30,6 +31,9 @@ pub struct Confinement {
     /// child): see [`Confinement::session_socket`].
     #[serde(default)]
     pub session: Option<SessionSocket>,
+    /// What the session's processes may take (see [`super::bounds`]).
+    #[serde(default)]
+    pub bounds: Option<SessionBounds>,
 }
 
 /// The session's socket as the payload reaches it.
@@ -99,6 +103,21 @@ impl Confinement {
             }
         }
         r
+    }
+
+    /// The rlimits the payload sets on itself for the bounds no joined
+    /// cgroup enforces.
+    pub fn rlimits_for(&self, applied: &Applied) -> Vec<Rlimit> {
+        self.bounds
+            .as_ref()
+            .map_or_else(Vec::new, |b| b.enforcement(&applied.cgroups, applied.has(Namespace::User)).1)
+    }
+
+    /// The report's account of the bounds, and their gaps, for what was
+    /// applied.
+    pub fn bounds_in_force(&self, applied: &Applied) -> Option<(BoundsInForce, Vec<&'static str>)> {
+        let (f, _, gaps) = self.bounds.as_ref()?.enforcement(&applied.cgroups, applied.has(Namespace::User));
+        Some((f, gaps))
     }
 
     /// The seccomp rules for what was applied.

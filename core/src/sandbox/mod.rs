@@ -38,6 +38,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub mod bounds;
 mod confine;
 mod namespaces;
 mod report;
@@ -45,6 +46,8 @@ mod seccomp;
 pub mod sweep;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bounds;
 #[cfg(test)]
 mod tests_seccomp;
 #[cfg(test)]

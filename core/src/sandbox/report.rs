@@ -18,6 +18,9 @@ pub struct Applied {
     /// one).
     #[serde(default)]
     pub proc: bool,
+    /// The bounds whose cgroups the stage joined.
+    #[serde(default)]
+    pub cgroups: Vec<super::bounds::Bound>,
 }
 
 impl Applied {
@@ -54,6 +57,21 @@ pub struct InForce {
     /// directly: the audit log does not see those reads.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub direct_read: Vec<std::path::PathBuf>,
+    /// What the session's processes may take, how each bound is enforced
+    /// and which were reached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bounds: Option<super::bounds::BoundsInForce>,
+}
+
+impl InForce {
+    /// Add the bounds' account: their gaps join `not_enforced`.
+    pub fn with_bounds(mut self, bounds: Option<(super::bounds::BoundsInForce, Vec<&'static str>)>) -> Self {
+        if let Some((b, gaps)) = bounds {
+            self.not_enforced.extend(gaps);
+            self.bounds = Some(b);
+        }
+        self
+    }
 }
 
 /// The report's name for a namespace not in force.
@@ -83,6 +101,7 @@ impl Plan {
                 capabilities: "kept",
                 not_enforced: vec!["fs", "net", "scopes"],
                 direct_read: Vec::new(),
+                bounds: None,
             },
             Plan::Confined(r) => landlock_view(r),
         }
@@ -184,5 +203,6 @@ fn landlock_view(r: &Ruleset) -> InForce {
         capabilities: "dropped",
         not_enforced: gaps,
         direct_read: r.direct_read.clone(),
+        bounds: None,
     }
 }

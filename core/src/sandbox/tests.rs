@@ -275,7 +275,7 @@ fn a_path_named_twice_gets_one_rule() {
 // The confinement's description: namespaces, view, seccomp, report.
 
 fn all_ns() -> Applied {
-    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true }
+    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true, ..Applied::default() }
 }
 
 #[test]
@@ -333,7 +333,7 @@ proptest! {
         let plan = Plan::Confined(confined(&inputs(&p, &o, abi)));
         let namespaces: Vec<Namespace> =
             Namespace::ALL.into_iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n).collect();
-        let applied = Applied { namespaces: namespaces.clone(), seccomp, proc: true };
+        let applied = Applied { namespaces: namespaces.clone(), seccomp, proc: true, ..Applied::default() };
         let f = plan.in_force_with(&applied, net);
         for ns in Namespace::ALL {
             let wanted = !(net && ns == Namespace::Net);
@@ -416,6 +416,7 @@ fn private_dirs_are_granted_read_write_only_inside_the_view() {
         keep_fds: 3,
         status_fd: 4,
         session: None,
+        bounds: None,
     };
     assert_eq!(c.ruleset_for(&Applied::default()), r);
     let inside = c.ruleset_for(&all_ns());
@@ -585,7 +586,16 @@ fn confinement(net: bool) -> Confinement {
     let o = Options { net, ..Options::default() };
     let r = confined(&inputs(&p, &o, 7));
     let view = view_for(&r, PathBuf::from("/work/project"));
-    Confinement { namespaces: NsMode::Try, net, ruleset: r, view, keep_fds: 3, status_fd: 4, session: None }
+    Confinement {
+        namespaces: NsMode::Try,
+        net,
+        ruleset: r,
+        view,
+        keep_fds: 3,
+        status_fd: 4,
+        session: None,
+        bounds: None,
+    }
 }
 
 #[test]

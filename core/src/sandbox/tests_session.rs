@@ -15,6 +15,7 @@ fn confinement(abi: u32) -> Confinement {
         keep_fds: 3,
         status_fd: 4,
         session: None,
+        bounds: None,
     }
 }
 
@@ -25,7 +26,7 @@ fn with_socket(abi: u32) -> Confinement {
 }
 
 fn in_view() -> Applied {
-    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true }
+    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true, ..Applied::default() }
 }
 
 #[test]
