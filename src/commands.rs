@@ -409,10 +409,10 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let session_path = socket.as_ref().map(|s| s.path().to_path_buf());
         let mut confinement = sandbox.confinement(&plan, policy.cwd(), require, session_path.as_deref())?;
         // The session's cgroups go at the end, however it ends.
-        let mut groups = Groups::default();
+        let mut groups = crate::confine::bounds::Groups::default();
         if let Some(c) = confinement.as_mut() {
-            let bounds = crate::confine::bounds::session(limits);
-            groups.0 = bounds.groups.clone();
+            let (bounds, guard) = crate::confine::bounds::session(limits);
+            groups = guard;
             c.bounds = Some(bounds);
         }
         let spawned = child::spawn(argv, &remove_env, confinement.as_ref(), &session_env)?;
@@ -472,24 +472,6 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         drop(socket);
         Ok(code)
     })
-}
-
-/// The session's cgroups, removed when dropped if [`Groups::finish`] was
-/// not called (an error on the way).
-#[derive(Default)]
-struct Groups(Vec<airlock_core::sandbox::bounds::Group>);
-
-impl Groups {
-    /// The bounds the session reached; the groups are gone afterwards.
-    fn finish(&mut self) -> Vec<airlock_core::sandbox::bounds::Bound> {
-        crate::confine::bounds::finish(&std::mem::take(&mut self.0))
-    }
-}
-
-impl Drop for Groups {
-    fn drop(&mut self) {
-        self.finish();
-    }
 }
 
 /// Under another airlock, a connection of this level's own, attached over

@@ -274,3 +274,40 @@ fn a_killed_sessions_cgroups_go_when_the_next_airlock_starts() {
     }
     assert!(groups_of(std::process::id()).is_empty());
 }
+
+/// `airlock tool`'s tool runs in cgroups of its own, bounded by the
+/// defaults, and they are gone when it ends.
+#[test]
+fn the_vfs_tool_is_bounded_too() {
+    let script = r#"
+import json, sys
+sys.stdin.readline()
+text = open("/proc/self/cgroup").read()
+print(json.dumps({"jsonrpc": "2.0", "method": "result", "params": {"content": text}}), flush=True)
+"#;
+    let project = tempfile::tempdir().unwrap();
+    for mode in confine_common::MODES {
+        let mut c = std::process::Command::new(common::airlock());
+        c.current_dir(project.path())
+            .args(["tool", "--sandbox-ro", "/proc", "--", "python3", "-c", script])
+            .stdin(Stdio::null());
+        if mode == Mode::Fallback {
+            c.env(confine_common::NO_NAMESPACES, "1");
+        }
+        let out = c.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let j: Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("{mode:?}: {e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+        let text = j["content"][0]["text"].as_str().unwrap_or_else(|| panic!("{mode:?}: {j}"));
+        let groups: Vec<&str> = text
+            .lines()
+            .filter(|l| ["pids", "memory", "cpu"].iter().any(|c| l.split(':').nth(1) == Some(*c)))
+            .filter(|l| l.contains("/airlock-"))
+            .collect();
+        assert_eq!(groups.len(), 3, "{mode:?}: the tool is not in a group of its own for each bound: {text}");
+        // The group's path on the host, for the pids hierarchy.
+        let pids = groups.iter().find(|l| l.contains(":pids:")).unwrap().splitn(3, ':').nth(2).unwrap();
+        let dir = PathBuf::from(format!("/sys/fs/cgroup/pids{pids}"));
+        assert!(!dir.exists(), "{mode:?}: {} stays after the tool ended", dir.display());
+    }
+}

@@ -46,12 +46,42 @@ fn user_tasks(uid: u32) -> u64 {
 }
 
 /// The session's bounds for the stage: `limits`, and the groups that
-/// could be made for them. Call [`finish`] with the groups at the end.
-pub fn session(limits: Limits) -> SessionBounds {
+/// could be made for them, which the returned guard removes (call
+/// [`Groups::finish`] to learn what was reached first).
+pub fn session(limits: Limits) -> (SessionBounds, Groups) {
     // SAFETY: getuid takes nothing.
     let uid = unsafe { libc::getuid() };
     let groups = make(&limits);
-    SessionBounds { limits, groups, root: uid == 0, user_tasks: user_tasks(uid) }
+    let guard = Groups(groups.clone());
+    (SessionBounds { limits, groups, root: uid == 0, user_tasks: user_tasks(uid) }, guard)
+}
+
+/// Bound a process airlock starts with the default limits for this host:
+/// `airlock tool`'s tool and its programs, `toolexec serve`'s tools. Keep
+/// the guard as long as the process runs.
+pub fn bound(plan: &mut airlock_core::sandbox::Confinement) -> Groups {
+    let Ok(limits) = bounds::limits(&bounds::Asked::default(), &host()) else { return Groups::default() };
+    let (b, guard) = session(limits);
+    plan.bounds = Some(b);
+    guard
+}
+
+/// A session's cgroups: removed, with whatever still runs in them, when
+/// dropped.
+#[derive(Debug, Default)]
+pub struct Groups(Vec<Group>);
+
+impl Groups {
+    /// The bounds the session reached; the groups are gone afterwards.
+    pub fn finish(&mut self) -> Vec<Bound> {
+        finish(&std::mem::take(&mut self.0))
+    }
+}
+
+impl Drop for Groups {
+    fn drop(&mut self) {
+        self.finish();
+    }
 }
 
 fn make(limits: &Limits) -> Vec<Group> {
@@ -144,7 +174,7 @@ fn remove(dir: &Path) -> bool {
 
 /// At the session's end: which bounds it reached, then its groups killed
 /// and removed.
-pub fn finish(groups: &[Group]) -> Vec<Bound> {
+fn finish(groups: &[Group]) -> Vec<Bound> {
     let mut hit = Vec::new();
     for g in groups {
         for b in &g.bounds {
