@@ -14,13 +14,18 @@ use std::time::{Duration, Instant};
 /// to go.
 const REMOVE_WITHIN: Duration = Duration::from_secs(2);
 
-/// The host's memory and the CPUs this process may use.
+/// The host's memory and the CPUs this process may use. `sysinfo(2)`,
+/// not `/proc/meminfo`: a nested airlock's view has no `/proc` to read.
 pub fn host() -> Host {
-    let memory = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("MemTotal:").map(str::to_owned)))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb.saturating_mul(1024));
+    // SAFETY: sysinfo fills the struct we own; zeroed is a valid value.
+    let memory = unsafe {
+        let mut info: libc::sysinfo = std::mem::zeroed();
+        if libc::sysinfo(&mut info) == 0 {
+            u64::from(info.totalram).saturating_mul(u64::from(info.mem_unit.max(1)))
+        } else {
+            0
+        }
+    };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     Host { memory, cpus }
 }
