@@ -21,7 +21,10 @@ pub fn host() -> Host {
     let memory = unsafe {
         let mut info: libc::sysinfo = std::mem::zeroed();
         if libc::sysinfo(&mut info) == 0 {
-            u64::from(info.totalram).saturating_mul(u64::from(info.mem_unit.max(1)))
+            // `c_ulong`: 32 bits on some targets.
+            #[allow(clippy::useless_conversion)]
+            let total = u64::from(info.totalram);
+            total.saturating_mul(u64::from(info.mem_unit.max(1)))
         } else {
             0
         }
