@@ -381,6 +381,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
     let mut plan = sandbox.plan(&policy)?;
     let started = crate::sandbox::check_run_command(&mut plan, &policy, argv)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
+    let limits = sandbox.limits(&secrets.0)?;
     block_on(async {
         let upstream = nested_upstream()?;
         let (mut session, remove_env, report) =
@@ -405,19 +406,29 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         };
         let mut session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
         session_env.extend(started.env.iter().cloned());
-        // The socket's directory is in the child's view at its own path.
-        let session_dir = socket.as_ref().map(|s| s.dir().to_path_buf());
-        let confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        // The socket alone is in the child's view, read-only.
+        let session_path = socket.as_ref().map(|s| s.path().to_path_buf());
+        let mut confinement = sandbox.confinement(&plan, policy.cwd(), require, session_path.as_deref())?;
+        // The session's cgroups go at the end, however it ends.
+        let mut groups = crate::confine::bounds::Groups::default();
+        if let Some(c) = confinement.as_mut() {
+            let (bounds, guard) = crate::confine::bounds::session(limits);
+            groups = guard;
+            c.bounds = Some(bounds);
+        }
         let spawned = child::spawn(&started.argv, &remove_env, confinement.as_ref(), &session_env)?;
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;
         }
-        let in_force = match &spawned.applied {
+        let bounds_of = |a: &Applied| confinement.as_ref().and_then(|c| c.bounds_in_force(a));
+        let mut in_force = match &spawned.applied {
             None => plan.in_force(),
-            Some(StageStatus::Applied(applied)) => plan.in_force_with(applied, sandbox.sandbox_net),
-            Some(StageStatus::ExecFailed { .. }) => {
-                plan.in_force_with(&Applied::default(), sandbox.sandbox_net)
+            Some(StageStatus::Applied(applied)) => {
+                plan.in_force_with(applied, sandbox.sandbox_net).with_bounds(bounds_of(applied))
             }
+            Some(StageStatus::ExecFailed { .. }) => plan
+                .in_force_with(&Applied::default(), sandbox.sandbox_net)
+                .with_bounds(bounds_of(&Applied::default())),
             Some(StageStatus::Refused { message }) => {
                 eprintln!("airlock: {message}");
                 return Ok(crate::confine::stage::REFUSED_EXIT);
@@ -450,6 +461,13 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let code = status.map(exit_code).unwrap_or(1);
         use std::os::unix::process::ExitStatusExt;
         let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
+        let hit = groups.finish();
+        for b in &hit {
+            eprintln!("{}", airlock_core::sandbox::bounds::hit_message(*b, &limits));
+        }
+        if let Some(b) = in_force.bounds.as_mut() {
+            b.hit = hit;
+        }
         args.close(session, report, exit, Some(in_force)).await?;
         // The socket and its directory go with the session.
         drop(socket);

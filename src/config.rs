@@ -42,8 +42,38 @@ pub struct FileConfig {
     /// as `--require-namespaces` does.
     #[serde(default)]
     pub require_namespaces: bool,
+    /// `max_processes = N`, as `--max-processes`.
+    #[serde(default)]
+    pub max_processes: Option<u64>,
+    /// `max_memory = BYTES` or `"4G"`, as `--max-memory`.
+    #[serde(default)]
+    pub max_memory: Option<Bytes>,
+    /// `max_cpu = PERCENT`, as `--max-cpu`.
+    #[serde(default)]
+    pub max_cpu: Option<u32>,
     pub broker: Option<BrokerSection>,
     pub file_descriptor: Option<crate::fdconfig::FdSection>,
+}
+
+/// A byte count: a number, or a string with a unit (`"512M"`, `"4G"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Number(n) => Ok(Bytes(n)),
+            Raw::Text(t) => {
+                airlock_core::sandbox::bounds::parse_bytes(&t).map(Bytes).map_err(serde::de::Error::custom)
+            }
+        }
+    }
 }
 
 /// `[broker]`, as written.
@@ -212,6 +242,10 @@ pub struct Settings {
     pub pager: Option<airlock_core::pager::PagerConfig>,
     /// `require_namespaces = true`.
     pub require_namespaces: bool,
+    /// `max_processes`, `max_memory`, `max_cpu`.
+    pub max_processes: Option<u64>,
+    pub max_memory: Option<u64>,
+    pub max_cpu: Option<u32>,
 }
 
 /// Read and check `path`. Relative paths inside resolve against the
@@ -236,7 +270,14 @@ pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Settings> {
         Some(section) => section.resolve()?,
         None => None,
     };
-    Ok(Settings { broker, pager, require_namespaces: file.require_namespaces })
+    Ok(Settings {
+        broker,
+        pager,
+        require_namespaces: file.require_namespaces,
+        max_processes: file.max_processes,
+        max_memory: file.max_memory.map(|b| b.0),
+        max_cpu: file.max_cpu,
+    })
 }
 
 fn seconds(key: &str, value: f64) -> anyhow::Result<Duration> {

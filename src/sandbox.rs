@@ -40,6 +40,19 @@ pub struct SandboxArgs {
     /// capabilities and Landlock alone.
     #[arg(long)]
     pub require_namespaces: bool,
+    /// At most N processes and threads at once in the session (default
+    /// 1024). A fork past it fails.
+    #[arg(long, value_name = "N")]
+    pub max_processes: Option<u64>,
+    /// At most BYTES of memory for the session, swap included (default:
+    /// half the host's); K, M, G, T suffixes are powers of 1024. Past it
+    /// the kernel kills a process of the session.
+    #[arg(long, value_name = "BYTES", value_parser = sandbox::bounds::parse_bytes)]
+    pub max_memory: Option<u64>,
+    /// At most PERCENT of one CPU for the session (200: two CPUs' worth;
+    /// default: every CPU but one).
+    #[arg(long, value_name = "PERCENT")]
+    pub max_cpu: Option<u32>,
     /// Testing only: act as if the kernel's Landlock ABI were at most N
     /// (0 simulates a kernel without Landlock).
     #[arg(long, value_name = "N", hide = true)]
@@ -48,23 +61,36 @@ pub struct SandboxArgs {
 
 impl SandboxArgs {
     /// The confinement for `plan` (None when unconfined), for a child in
-    /// `cwd` with the proxy on fd 3. `require` is the flag or the config
-    /// key.
+    /// `cwd` with the proxy on fd 3 and the session's socket (when there
+    /// is one). `require` is the flag or the config key.
     pub fn confinement(
         &self,
         plan: &Plan,
         cwd: &std::path::Path,
         require: bool,
-        session_dir: Option<&std::path::Path>,
+        session_socket: Option<&std::path::Path>,
     ) -> anyhow::Result<Option<sandbox::Confinement>> {
         let Plan::Confined(ruleset) = plan else { return Ok(None) };
         let mode = crate::confine::ns_mode(require)?;
-        let mut ruleset = ruleset.clone();
-        if let Some(dir) = session_dir {
-            ruleset.grant_session_dir(dir.to_path_buf());
+        let view = sandbox::view_for(ruleset, cwd.to_path_buf());
+        let mut c = crate::confine::confinement(ruleset.clone(), view, mode, self.sandbox_net, 3);
+        if let Some(socket) = session_socket {
+            c.session_socket(socket.to_path_buf(), crate::session_socket::SOCKET_ENV);
         }
-        let view = sandbox::view_for(&ruleset, cwd.to_path_buf());
-        Ok(Some(crate::confine::confinement(ruleset, view, mode, self.sandbox_net, 3)))
+        Ok(Some(c))
+    }
+}
+
+impl SandboxArgs {
+    /// The session's bounds: the flags, else the config file's keys, else
+    /// the defaults for this host.
+    pub fn limits(&self, config: &crate::config::Settings) -> anyhow::Result<sandbox::bounds::Limits> {
+        let asked = sandbox::bounds::Asked {
+            processes: self.max_processes.or(config.max_processes),
+            memory: self.max_memory.or(config.max_memory),
+            cpu_percent: self.max_cpu.or(config.max_cpu),
+        };
+        Ok(sandbox::bounds::limits(&asked, &crate::confine::bounds::host())?)
     }
 }
 

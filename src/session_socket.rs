@@ -4,9 +4,12 @@
 //! tool runners; the environment survives them.
 //!
 //! `airlock run` listens on a Unix socket in a directory of its own (mode
-//! 0700, removed when the session ends) and tells the child where it is
-//! (`AIRLOCK_SOCKET`) and the session's secret (`AIRLOCK_TOKEN`), drawn
-//! from the OS RNG and known only to airlock and the processes of the
+//! 0700, in `$XDG_RUNTIME_DIR` when it is private, else the temporary
+//! directory; removed when the session ends, whatever a child did to its
+//! modes, and by the next airlock of the user when a SIGKILL left it) and
+//! tells the child where it is (`AIRLOCK_SOCKET`) and the session's secret
+//! (`AIRLOCK_TOKEN`), drawn from the OS RNG and known only to airlock and
+//! the processes of the
 //! session. A connection first sends the secret; a wrong one, or none in
 //! time, gets nothing but the closed connection (and a count in the
 //! report). A connection that proves it is then handed to the FS proxy
@@ -14,6 +17,7 @@
 //! same policy, same cleanup.
 
 use crate::session::Event;
+use airlock_core::sandbox::sweep::{self, socket_base};
 use anyhow::Context;
 use std::ffi::OsString;
 use std::fmt;
@@ -42,8 +46,9 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const MAX_PENDING_HANDSHAKES: usize = 16;
 /// The socket's name in its directory.
 const SOCKET_NAME: &str = "session";
-/// Longest socket path the kernel takes (`sun_path` less its NUL).
-const MAX_SOCKET_PATH: usize = 107;
+/// The longest name of the socket's directory: `airlock-PID.START-` and
+/// 16 hex digits.
+const DIR_NAME_MAX: usize = "airlock-".len() + 10 + 1 + 20 + 1 + 16;
 
 /// The session's secret. Never printed: `Debug` shows nothing of it.
 #[derive(Clone)]
@@ -100,25 +105,31 @@ pub struct SessionSocket {
 }
 
 impl SessionSocket {
-    /// A fresh directory under the temporary directory (`$TMPDIR`, else
-    /// /tmp; /tmp when `$TMPDIR` is too long for a socket path), the socket
-    /// listening in it.
+    /// A fresh directory under the user's runtime directory or the
+    /// temporary directory (see `airlock_core::sandbox::sweep::socket_base`),
+    /// the socket listening in it. Dead sessions' directories there are
+    /// removed first.
     pub fn create() -> anyhow::Result<SessionSocket> {
         let token = Token::random().context("reading the OS random number generator")?;
-        let mut base = std::env::temp_dir();
-        if base.as_os_str().len() + 1 + "airlock-".len() + 16 + 1 + SOCKET_NAME.len() > MAX_SOCKET_PATH {
-            base = PathBuf::from("/tmp");
-        }
+        let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+        let private = runtime.as_deref().map(|p| (p, is_private_dir(p)));
+        let base = socket_base(private, &std::env::temp_dir(), DIR_NAME_MAX + 1 + SOCKET_NAME.len());
+        crate::confine::sweep::socket_dirs(&base);
         let dir = private_dir(&base)?;
         let path = dir.join(SOCKET_NAME);
         let listener = match std::os::unix::net::UnixListener::bind(&path) {
             Ok(l) => l,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = crate::confine::sweep::remove_tree(&dir);
                 return Err(e).with_context(|| format!("listening on {}", path.display()));
             }
         };
         Ok(SessionSocket { dir, path, token, listener: Some(listener) })
+    }
+
+    /// The socket's path on the host.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// The directory holding the socket: what a sandbox must let the child
@@ -149,21 +160,32 @@ impl SessionSocket {
 impl Drop for SessionSocket {
     fn drop(&mut self) {
         drop(self.listener.take());
-        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+        if let Err(e) = crate::confine::sweep::remove_tree(&self.dir) {
             tracing::warn!("removing the session socket's directory {}: {e}", self.dir.display());
         }
     }
 }
 
-/// A directory of our own under `base`: created, never found, so nobody
-/// else's directory (or symlink) of the same name is ever used.
+/// Whether `p` is a directory of the user's own that nobody else may
+/// enter (not a symlink): a place for the socket's directory.
+fn is_private_dir(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid takes nothing.
+    let me = unsafe { libc::geteuid() };
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o077 == 0)
+}
+
+/// A directory of our own under `base`, named for this process (so a
+/// later airlock can tell when it is left over): created, never found, so
+/// nobody else's directory (or symlink) of the same name is ever used.
 fn private_dir(base: &Path) -> anyhow::Result<PathBuf> {
+    let me = crate::confine::sweep::me();
     let mut last = None;
     for _ in 0..8 {
         let mut raw = [0u8; 8];
         std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
-        let name: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        let dir = base.join(format!("airlock-{name}"));
+        let suffix: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = base.join(sweep::name(me, &suffix));
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),

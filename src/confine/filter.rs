@@ -110,6 +110,22 @@ pub fn number(name: &str) -> Option<i64> {
         "mq_timedreceive" => SYS_mq_timedreceive,
         "mq_notify" => SYS_mq_notify,
         "mq_getsetattr" => SYS_mq_getsetattr,
+        "ioctl" => SYS_ioctl,
+        #[cfg(target_arch = "x86_64")]
+        "chmod" => SYS_chmod,
+        "fchmod" => SYS_fchmod,
+        "fchmodat" => SYS_fchmodat,
+        // Linux 6.6, numbered alike on every architecture.
+        "fchmodat2" => 452,
+        #[cfg(target_arch = "x86_64")]
+        "mknod" => SYS_mknod,
+        "mknodat" => SYS_mknodat,
+        #[cfg(target_arch = "x86_64")]
+        "creat" => SYS_creat,
+        #[cfg(target_arch = "x86_64")]
+        "open" => SYS_open,
+        "openat" => SYS_openat,
+        "openat2" => SYS_openat2,
         _ => return None,
     })
 }
@@ -118,7 +134,7 @@ pub fn number(name: &str) -> Option<i64> {
 #[cfg(target_arch = "x86_64")]
 const ABSENT: &[&str] = &[];
 #[cfg(not(target_arch = "x86_64"))]
-const ABSENT: &[&str] = &["kexec_load", "iopl", "ioperm", "uselib"];
+const ABSENT: &[&str] = &["kexec_load", "iopl", "ioperm", "uselib", "chmod", "mknod", "creat", "open"];
 
 fn errno_value(e: Errno) -> u32 {
     (match e {

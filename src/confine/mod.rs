@@ -7,8 +7,10 @@
 //! execs the payload; [`Pending::wait`] reads what the stage applied, or
 //! why it refused, before anything else happens.
 
+pub mod bounds;
 pub mod filter;
 pub mod stage;
+pub mod sweep;
 
 use airlock_core::sandbox::{Confinement, NsMode, Ruleset, StageStatus, View};
 use anyhow::{bail, Context};
@@ -45,7 +47,16 @@ pub fn confinement(
     net: bool,
     keep_fds: u32,
 ) -> Confinement {
-    Confinement { namespaces, net, ruleset, view, keep_fds, status_fd: keep_fds as i32 + 1 }
+    Confinement {
+        namespaces,
+        net,
+        ruleset,
+        view,
+        keep_fds,
+        status_fd: keep_fds as i32 + 1,
+        session: None,
+        bounds: None,
+    }
 }
 
 /// A `Command` that runs `argv` confined by `plan`. Set its environment,

@@ -21,6 +21,7 @@
 //! 2-4, and kills every remaining descendant when the payload ends.
 
 use super::filter;
+use airlock_core::sandbox::bounds::{Bound, Rlimit};
 use airlock_core::sandbox::{Applied, Confinement, Mount, Namespace, NsMode, StageStatus, View};
 use std::ffi::{CString, OsString};
 use std::io::{Read, Write};
@@ -89,9 +90,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let status = unsafe { OwnedFd::from_raw_fd(plan.status_fd) };
     let _ = rustix::io::fcntl_setfd(&status, rustix::io::FdFlags::CLOEXEC);
     let mut status = Some(std::fs::File::from(status));
+    // Before anything is forked: all of the session is in its groups.
+    let joined = join_groups(&plan);
     let code = match plan.namespaces {
-        NsMode::Off => fallback(&plan, argv, &mut status),
-        mode => match with_namespaces(&plan, argv, &mut status) {
+        NsMode::Off => fallback(&plan, argv, &mut status, &joined),
+        mode => match with_namespaces(&plan, argv, &mut status, &joined) {
             Ok(code) => code,
             Err(e) if mode == NsMode::Require => refuse(
                 &mut status,
@@ -99,10 +102,37 @@ pub fn main(args: Vec<OsString>) -> i32 {
                     "namespaces are not available ({e:#}); --require-namespaces refuses to start without them"
                 ),
             ),
-            Err(_) => fallback(&plan, argv, &mut status),
+            Err(_) => fallback(&plan, argv, &mut status, &joined),
         },
     };
     code
+}
+
+/// Enter the session's cgroups (see `airlock_core::sandbox::bounds`):
+/// the bounds of those entered; the others fall back to rlimits.
+fn join_groups(plan: &Confinement) -> Vec<Bound> {
+    let mut joined = Vec::new();
+    for g in plan.bounds.iter().flat_map(|b| &b.groups) {
+        if std::fs::write(g.dir.join("cgroup.procs"), "0").is_ok() {
+            joined.extend(&g.bounds);
+        }
+    }
+    joined
+}
+
+/// Set each rlimit, never raising one above what is already in force.
+fn set_rlimits(rlimits: &[Rlimit]) -> std::io::Result<()> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    for r in rlimits {
+        let (res, value) = match *r {
+            Rlimit::Nproc(n) => (Resource::Nproc, n),
+            Rlimit::As(n) => (Resource::As, n),
+        };
+        let now = getrlimit(res);
+        let cap = |x: Option<u64>| Some(x.map_or(value, |x| x.min(value)));
+        setrlimit(res, rustix::process::Rlimit { current: cap(now.current), maximum: cap(now.maximum) })?;
+    }
+    Ok(())
 }
 
 fn usage() -> i32 {
@@ -253,6 +283,7 @@ fn with_namespaces(
     plan: &Confinement,
     argv: &[OsString],
     status: &mut Option<std::fs::File>,
+    joined: &[Bound],
 ) -> anyhow::Result<i32> {
     let (flags, namespaces) = namespace_flags(plan);
     // SAFETY: no arguments.
@@ -270,7 +301,14 @@ fn with_namespaces(
         drop(result_rd);
         drop(alive_wr);
         let code = match map_ids(uid, gid) {
-            Ok(()) => init(plan, argv, namespaces, status, result_wr, alive_rd),
+            Ok(()) => init(
+                plan,
+                argv,
+                Applied { namespaces, cgroups: joined.to_vec(), ..Applied::default() },
+                status,
+                result_wr,
+                alive_rd,
+            ),
             Err(e) => not_set_up(&result_wr, &format!("{e:#}")),
         };
         // SAFETY: leave without running the stage's destructors twice.
@@ -315,7 +353,7 @@ fn not_set_up(result: &OwnedFd, reason: &str) -> i32 {
 fn init(
     plan: &Confinement,
     argv: &[OsString],
-    namespaces: Vec<Namespace>,
+    mut applied: Applied,
     status: &mut Option<std::fs::File>,
     result: OwnedFd,
     alive: OwnedFd,
@@ -329,7 +367,6 @@ fn init(
     if matches!(rustix::io::read(&alive, &mut byte), Ok(0)) {
         return REFUSED_EXIT;
     }
-    let mut applied = Applied { namespaces, seccomp: false, proc: false };
     if applied.has(Namespace::Mount) {
         match build_view(&plan.view) {
             Ok(proc) => applied.proc = proc,
@@ -400,7 +437,12 @@ fn release_stdio() {
 }
 
 /// The fallback: a subreaper stage, the payload its child.
-fn fallback(plan: &Confinement, argv: &[OsString], status: &mut Option<std::fs::File>) -> i32 {
+fn fallback(
+    plan: &Confinement,
+    argv: &[OsString],
+    status: &mut Option<std::fs::File>,
+    joined: &[Bound],
+) -> i32 {
     // SAFETY: a flag on our own process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let me = std::process::id() as libc::pid_t;
@@ -413,7 +455,7 @@ fn fallback(plan: &Confinement, argv: &[OsString], status: &mut Option<std::fs::
             // SAFETY: leave at once.
             unsafe { libc::_exit(REFUSED_EXIT) };
         }
-        let applied = Applied::default();
+        let applied = Applied { cgroups: joined.to_vec(), ..Applied::default() };
         let code = payload_exec(plan, argv, applied, status, false);
         // SAFETY: leave at once.
         unsafe { libc::_exit(code) };
@@ -474,6 +516,9 @@ fn payload_exec(
     if let Err(e) = drop_capabilities() {
         return refuse(status, format!("dropping capabilities: {e}"));
     }
+    if let Err(e) = set_rlimits(&plan.rlimits_for(&applied)) {
+        return refuse(status, format!("setting the session's rlimits: {e}"));
+    }
     if let Err(e) = rustix::thread::set_no_new_privs(true) {
         return refuse(status, format!("no_new_privs: {e}"));
     }
@@ -499,9 +544,15 @@ fn payload_exec(
     }
     applied.seccomp = true;
     close_from(plan.keep_fds as RawFd + 1);
+    let session_env = plan.session_env(&applied).map(|(var, path)| (var.to_owned(), path.to_path_buf()));
     send(status, &StageStatus::Applied(applied));
     let Some((program, args)) = argv.split_first() else { return REFUSED_EXIT };
-    let err = std::process::Command::new(program).args(args).exec();
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args);
+    if let Some((var, path)) = session_env {
+        cmd.env(var, path);
+    }
+    let err = cmd.exec();
     // airlock says why, naming the program, as it would for an
     // unconfined start.
     send(status, &StageStatus::ExecFailed { errno: err.raw_os_error().unwrap_or(0) });
@@ -612,10 +663,21 @@ fn mount(
     check(r, &format!("mount {}", dst.display()))
 }
 
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+
 /// Make the mount at `dst` (and those beneath it) read-only and nosuid,
 /// leaving its other flags as they are (a plain remount would have to
 /// repeat the locked ones).
 fn make_read_only(dst: &Path) -> anyhow::Result<()> {
+    set_attr(dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)
+}
+
+/// Set the `MOUNT_ATTR_*` flags `set` on the mount at `dst` and those
+/// beneath it, leaving the others as they are; before `mount_setattr`
+/// (Linux 5.12), a bind remount with the same flags.
+fn set_attr(dst: &Path, set: u64) -> anyhow::Result<()> {
     #[repr(C)]
     struct MountAttr {
         attr_set: u64,
@@ -623,15 +685,8 @@ fn make_read_only(dst: &Path) -> anyhow::Result<()> {
         propagation: u64,
         userns_fd: u64,
     }
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
-    const MOUNT_ATTR_NOSUID: u64 = 0x2;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
     let c = cstr(dst)?;
     // SAFETY: the path and the attribute struct are ours, its size given.
     let r = unsafe {
@@ -647,7 +702,17 @@ fn make_read_only(dst: &Path) -> anyhow::Result<()> {
     if r == 0 {
         return Ok(());
     }
-    mount(None, dst, None, libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID, None)
+    let mut flags = libc::MS_BIND | libc::MS_REMOUNT;
+    for (attr, flag) in [
+        (MOUNT_ATTR_RDONLY, libc::MS_RDONLY),
+        (MOUNT_ATTR_NOSUID, libc::MS_NOSUID),
+        (MOUNT_ATTR_NODEV, libc::MS_NODEV),
+    ] {
+        if set & attr != 0 {
+            flags |= flag;
+        }
+    }
+    mount(None, dst, None, flags, None)
 }
 
 /// Where the view is assembled, and where the host's root is reachable
@@ -707,9 +772,30 @@ fn build_view(view: &View) -> anyhow::Result<bool> {
                     }
                 }
                 mount(Some(&src), &dst, None, libc::MS_BIND | libc::MS_REC, None)?;
-                if !writable {
+                if *writable {
+                    // Nothing setuid or a device runs from a place the
+                    // payload writes.
+                    set_attr(&dst, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
+                } else {
                     make_read_only(&dst)?;
                 }
+            }
+            Mount::Device { path } => {
+                let src = inside(OLD_ROOT, path);
+                if std::fs::symlink_metadata(&src).is_err() {
+                    continue;
+                }
+                make_parent(&dst)?;
+                std::fs::File::create(&dst)?;
+                mount(Some(&src), &dst, None, libc::MS_BIND, None)?;
+                set_attr(&dst, MOUNT_ATTR_NOSUID)?;
+            }
+            Mount::Socket { source, .. } => {
+                let src = inside(OLD_ROOT, source);
+                make_parent(&dst)?;
+                std::fs::File::create(&dst)?;
+                mount(Some(&src), &dst, None, libc::MS_BIND, None)?;
+                set_attr(&dst, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)?;
             }
             Mount::Tmpfs { size, mode, .. } => {
                 std::fs::create_dir_all(&dst)?;

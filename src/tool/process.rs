@@ -71,7 +71,7 @@ pub fn spawn_tool(
     argv: &[std::ffi::OsString],
     grants: &Grants,
     policy: &airlock_core::vfs::ToolPolicy,
-) -> anyhow::Result<tokio::process::Child> {
+) -> anyhow::Result<(tokio::process::Child, crate::confine::bounds::Groups)> {
     use airlock_core::sandbox::StageStatus;
     if argv.is_empty() {
         anyhow::bail!("no command given");
@@ -103,7 +103,8 @@ pub fn spawn_tool(
     let argv = &started.argv[..];
     let view = airlock_core::sandbox::view_for(&ruleset, cwd);
     let mode = crate::confine::ns_mode(grants.require_namespaces)?;
-    let plan = crate::confine::confinement(ruleset, view, mode, false, 2);
+    let mut plan = crate::confine::confinement(ruleset, view, mode, false, 2);
+    let groups = crate::confine::bounds::bound(&mut plan);
     let (mut cmd, pending) = crate::confine::command(&plan, argv)?;
     cmd.process_group(0)
         .env_clear()
@@ -117,7 +118,7 @@ pub fn spawn_tool(
     let mut child = cmd.spawn()?;
     drop(cmd);
     match pending.wait() {
-        Ok(StageStatus::Applied(_)) => Ok(child),
+        Ok(StageStatus::Applied(_)) => Ok((child, groups)),
         Ok(StageStatus::Refused { message }) => {
             let _ = child.start_kill();
             anyhow::bail!("{message}")
@@ -166,7 +167,9 @@ pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpErro
     }
     let view = airlock_core::sandbox::view_for(&ruleset, p.cwd.clone());
     let mode = crate::confine::ns_mode(grants.require_namespaces).map_err(|e| starting(&e))?;
-    let plan = crate::confine::confinement(ruleset, view, mode, true, 2);
+    let mut plan = crate::confine::confinement(ruleset, view, mode, true, 2);
+    // Removed when this run ends, however it ends.
+    let _groups = crate::confine::bounds::bound(&mut plan);
     let argv: Vec<std::ffi::OsString> =
         std::iter::once(p.program.clone().into_os_string()).chain(p.args.iter().map(Into::into)).collect();
     let (mut cmd, pending) = crate::confine::command(&plan, &argv).map_err(|e| starting(&e))?;

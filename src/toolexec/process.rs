@@ -171,10 +171,12 @@ impl ProcessRunner {
         let argv: Vec<OsString> = std::iter::once(program.clone())
             .chain(req.args.iter().map(|a| OsString::from_vec(a.clone())))
             .collect();
+        let mut groups = crate::confine::bounds::Groups::default();
         let (mut cmd, pending) = match &self.sandbox {
             Some(sb) => {
                 let view = airlock_core::sandbox::view_for(&sb.ruleset, real.clone());
-                let plan = crate::confine::confinement(sb.ruleset.clone(), view, sb.mode, sb.net, 2);
+                let mut plan = crate::confine::confinement(sb.ruleset.clone(), view, sb.mode, sb.net, 2);
+                groups = crate::confine::bounds::bound(&mut plan);
                 let (cmd, pending) =
                     crate::confine::command(&plan, &argv).map_err(|e| SpawnError::Other(format!("{e:#}")))?;
                 (cmd, Some(pending))
@@ -251,7 +253,7 @@ impl ProcessRunner {
         }
         let pgid = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32));
         let pipe = pipe::Receiver::from_owned_fd(rd).map_err(other)?;
-        Ok((Running { child, pgid, status: None }, OutputPipe { pipe, buf: Vec::new() }))
+        Ok((Running { child, pgid, status: None, _bounds: groups }, OutputPipe { pipe, buf: Vec::new() }))
     }
 }
 
@@ -304,6 +306,8 @@ pub struct Running {
     child: tokio::process::Child,
     pgid: Option<rustix::process::Pid>,
     status: Option<ExitStatus>,
+    /// The tool's cgroups, removed with it.
+    _bounds: crate::confine::bounds::Groups,
 }
 
 /// The read end of the tool's stdout+stderr pipe.

@@ -4,12 +4,13 @@
 //! view, then in the payload capabilities, `no_new_privs`, Landlock,
 //! seccomp, and the descriptors closed before exec.
 
+use super::bounds::{BoundsInForce, Rlimit, SessionBounds};
 use super::{
     private_dirs, seccomp_policy, view, Applied, Grant, Namespace, NsMode, PathRule, Ruleset, SeccompInputs,
     Source, SyscallRule, View, ViewInputs,
 };
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything the stage needs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,6 +27,22 @@ pub struct Confinement {
     pub keep_fds: u32,
     /// Where the stage reports what it applied (a descriptor it inherits).
     pub status_fd: i32,
+    /// The session's socket, when the payload is to reach it (`run`'s
+    /// child): see [`Confinement::session_socket`].
+    #[serde(default)]
+    pub session: Option<SessionSocket>,
+    /// What the session's processes may take (see [`super::bounds`]).
+    #[serde(default)]
+    pub bounds: Option<SessionBounds>,
+}
+
+/// The session's socket as the payload reaches it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSocket {
+    /// The socket on the host.
+    pub host: PathBuf,
+    /// The environment variable that names it to the payload.
+    pub env: String,
 }
 
 /// What the stage tells airlock, one JSON line each.
@@ -47,19 +64,60 @@ impl Confinement {
         Namespace::ALL.into_iter().filter(|ns| !(self.net && *ns == Namespace::Net)).collect()
     }
 
+    /// Let the payload reach the session's socket `host`, named to it in
+    /// `env`: in the view the socket alone is bound, read-only, at
+    /// [`SESSION_SOCKET_IN_VIEW`]; without the view it is reached at its
+    /// host path, in a directory Landlock grants nothing but connecting in
+    /// (ABI 9).
+    pub fn session_socket(&mut self, host: PathBuf, env: &str) {
+        self.view.add_session_socket(host.clone());
+        self.session = Some(SessionSocket { host, env: env.to_owned() });
+    }
+
+    /// Where the payload finds the session's socket once `applied`, when
+    /// that is not its host path: the variable and its value.
+    pub fn session_env(&self, applied: &Applied) -> Option<(&str, &Path)> {
+        let s = self.session.as_ref()?;
+        let inside = self.view.session_socket()?;
+        applied.has(Namespace::Mount).then_some((s.env.as_str(), inside))
+    }
+
     /// The Landlock rules for what was applied: inside the mount view, the
     /// private tmpfs mounts are granted read-write (they exist only there;
-    /// without the view, `/tmp` is the host's and stays out of reach).
+    /// without the view, `/tmp` is the host's and stays out of reach); the
+    /// session's socket may be connected to where it is.
     pub fn ruleset_for(&self, applied: &Applied) -> Ruleset {
         let mut r = self.ruleset.clone();
-        if applied.has(Namespace::Mount) {
+        let in_view = applied.has(Namespace::Mount);
+        if in_view {
             let abi = r.abi;
             for path in private_dirs(&self.view) {
                 let rights = Grant::ReadWrite.rights().into_iter().filter(|x| x.since() <= abi).collect();
                 r.paths.push(PathRule { path, grant: Grant::ReadWrite, rights, source: Source::Private });
             }
         }
+        if let Some(s) = &self.session {
+            let socket = if in_view { self.view.session_socket() } else { Some(s.host.as_path()) };
+            if let Some(dir) = socket.and_then(Path::parent) {
+                r.grant_session_dir(dir.to_path_buf());
+            }
+        }
         r
+    }
+
+    /// The rlimits the payload sets on itself for the bounds no joined
+    /// cgroup enforces.
+    pub fn rlimits_for(&self, applied: &Applied) -> Vec<Rlimit> {
+        self.bounds
+            .as_ref()
+            .map_or_else(Vec::new, |b| b.enforcement(&applied.cgroups, applied.has(Namespace::User)).1)
+    }
+
+    /// The report's account of the bounds, and their gaps, for what was
+    /// applied.
+    pub fn bounds_in_force(&self, applied: &Applied) -> Option<(BoundsInForce, Vec<&'static str>)> {
+        let (f, _, gaps) = self.bounds.as_ref()?.enforcement(&applied.cgroups, applied.has(Namespace::User));
+        Some((f, gaps))
     }
 
     /// The seccomp rules for what was applied.
@@ -87,9 +145,8 @@ pub fn view_for(ruleset: &Ruleset, cwd: PathBuf) -> View {
             Source::User => inputs.read_only.push(rule.path.clone()),
             Source::WorkDir => inputs.read_write.push(rule.path.clone()),
             Source::Airlock => inputs.airlock = Some(rule.path.clone()),
-            // Bound writable: a connect needs write access to the socket.
-            Source::Session => inputs.read_write.push(rule.path.clone()),
-            Source::Default | Source::Private => {}
+            // The session's socket is bound alone (`session_socket`).
+            Source::Default | Source::Private | Source::Session => {}
         }
     }
     view(&inputs)

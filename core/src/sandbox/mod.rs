@@ -38,15 +38,23 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub mod bounds;
 mod confine;
 mod namespaces;
 pub mod program;
 mod report;
 mod seccomp;
+pub mod sweep;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_program;
+#[cfg(test)]
+mod tests_bounds;
+#[cfg(test)]
+mod tests_seccomp;
+#[cfg(test)]
+mod tests_session;
 
 pub use confine::*;
 pub use namespaces::*;

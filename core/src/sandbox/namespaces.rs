@@ -5,10 +5,13 @@
 //! at their own paths (what `sh`, `python3`, `git` need to start), a
 //! `/dev` holding only a few harmless devices, a fresh `/proc` for the PID
 //! namespace, private size-bounded `/tmp` and `/dev/shm`, the airlock
-//! binary (so `"$AIRLOCK"` works), the paths the caller grants, and the
-//! working directory's path (an empty directory unless a grant covers it).
-//! No host `/run`, no home, no host `/tmp`: no host unix socket to connect
-//! to. Landlock still applies on top, with the same rules as without the
+//! binary (so `"$AIRLOCK"` works), the session's socket alone (read-only,
+//! at [`SESSION_SOCKET_IN_VIEW`], outside the private `/tmp`), the paths
+//! the caller grants, and the working directory's path (an empty
+//! directory unless a grant covers it). No host `/run`, no home, no host
+//! `/tmp`: no other host unix socket to connect to. Every writable bind
+//! is `nosuid,nodev`; every read-only one `nosuid`; devices keep `dev`
+//! and lose `suid`. Landlock still applies on top, with the same rules as without the
 //! view; the view removes what Landlock cannot name.
 
 use serde::{Deserialize, Serialize};
@@ -76,6 +79,11 @@ pub const SYSTEM_BINDS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "
 /// The devices bound into the private `/dev`.
 pub const DEVICES: &[&str] = &["/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/tty"];
 
+/// Where the session's socket is in the view: outside the private `/tmp`
+/// (whose Landlock rule grants everything beneath it), in a directory of
+/// the read-only root that holds nothing else.
+pub const SESSION_SOCKET_IN_VIEW: &str = "/run/airlock/session";
+
 /// The symlinks of a usual `/dev`.
 pub const DEV_LINKS: &[(&str, &str)] = &[
     ("/dev/fd", "/proc/self/fd"),
@@ -89,8 +97,15 @@ pub const DEV_LINKS: &[(&str, &str)] = &[
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Mount {
     /// Bind the host's `path` at the same path. A missing path is skipped
-    /// unless `required`; a symlink is recreated as a symlink.
+    /// unless `required`; a symlink is recreated as a symlink. Writable:
+    /// `nosuid,nodev`; read-only: `ro,nosuid`.
     Bind { path: PathBuf, writable: bool, required: bool },
+    /// Bind the host's device `path` at the same path, read-write,
+    /// `nosuid`; skipped when missing.
+    Device { path: PathBuf },
+    /// Bind the host's socket `source` alone at `path`, `ro,nosuid,nodev`
+    /// (a connect needs no write access to the mount): the session's own.
+    Socket { source: PathBuf, path: PathBuf },
     /// A fresh tmpfs of `size` bytes with permission bits `mode`.
     Tmpfs { path: PathBuf, size: u64, mode: u32 },
     /// A fresh procfs for the PID namespace.
@@ -105,6 +120,8 @@ impl Mount {
     pub fn path(&self) -> &Path {
         match self {
             Mount::Bind { path, .. }
+            | Mount::Device { path }
+            | Mount::Socket { path, .. }
             | Mount::Tmpfs { path, .. }
             | Mount::Proc { path }
             | Mount::Symlink { path, .. }
@@ -156,7 +173,7 @@ pub fn view(inputs: &ViewInputs) -> View {
     }
     mounts.push(Mount::Tmpfs { path: PathBuf::from("/dev"), size: ROOT_TMPFS_SIZE, mode: 0o755 });
     for d in DEVICES {
-        mounts.push(Mount::Bind { path: PathBuf::from(d), writable: true, required: false });
+        mounts.push(Mount::Device { path: PathBuf::from(d) });
     }
     for (path, target) in DEV_LINKS {
         mounts.push(Mount::Symlink { path: PathBuf::from(path), target: PathBuf::from(target) });
@@ -180,6 +197,27 @@ pub fn view(inputs: &ViewInputs) -> View {
     }
     mounts.push(Mount::Dir { path: inputs.cwd.clone() });
     View { mounts, cwd: inputs.cwd.clone(), hostname: HOSTNAME.to_owned(), root_size: ROOT_TMPFS_SIZE }
+}
+
+impl View {
+    /// Add the session's socket `source` (a host path), bound alone at
+    /// [`SESSION_SOCKET_IN_VIEW`] after the system binds and the private
+    /// mounts, before the grants: a grant cannot be beneath `/run`, which
+    /// the view does not have.
+    pub fn add_session_socket(&mut self, source: PathBuf) {
+        let path = PathBuf::from(SESSION_SOCKET_IN_VIEW);
+        self.mounts.retain(|m| m.path() != path);
+        let at = self.mounts.iter().position(|m| matches!(m, Mount::Proc { .. })).map_or(0, |i| i + 1);
+        self.mounts.insert(at, Mount::Socket { source, path });
+    }
+
+    /// The session's socket in the view, when it has one.
+    pub fn session_socket(&self) -> Option<&Path> {
+        self.mounts.iter().find_map(|m| match m {
+            Mount::Socket { path, .. } => Some(path.as_path()),
+            _ => None,
+        })
+    }
 }
 
 /// The directories a Landlock ruleset must grant read-write inside the

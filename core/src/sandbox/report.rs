@@ -18,6 +18,9 @@ pub struct Applied {
     /// one).
     #[serde(default)]
     pub proc: bool,
+    /// The bounds whose cgroups the stage joined.
+    #[serde(default)]
+    pub cgroups: Vec<super::bounds::Bound>,
 }
 
 impl Applied {
@@ -59,6 +62,21 @@ pub struct InForce {
     /// named as arguments inside a root.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub granted: Vec<super::program::AutoGrant>,
+    /// What the session's processes may take, how each bound is enforced
+    /// and which were reached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bounds: Option<super::bounds::BoundsInForce>,
+}
+
+impl InForce {
+    /// Add the bounds' account: their gaps join `not_enforced`.
+    pub fn with_bounds(mut self, bounds: Option<(super::bounds::BoundsInForce, Vec<&'static str>)>) -> Self {
+        if let Some((b, gaps)) = bounds {
+            self.not_enforced.extend(gaps);
+            self.bounds = Some(b);
+        }
+        self
+    }
 }
 
 /// The report's name for a namespace not in force.
@@ -89,6 +107,7 @@ impl Plan {
                 not_enforced: vec!["fs", "net", "scopes"],
                 direct_read: Vec::new(),
                 granted: Vec::new(),
+                bounds: None,
             },
             Plan::Confined(r) => landlock_view(r),
         }
@@ -106,30 +125,27 @@ impl Plan {
         let net_ns = applied.has(Namespace::Net);
         let mount_ns = applied.has(Namespace::Mount);
         let pid_ns = applied.has(Namespace::Pid);
+        // In the fallback without `--sandbox-net`, no IPv4 or IPv6 socket
+        // is created at all (Landlock alone would leave a Fast Open
+        // `sendto` and a `listen` without `bind`).
+        let inet_by_seccomp = !net_ns && !net_allowed && applied.seccomp;
         let closed_by = |gap: &str| -> bool {
             match gap {
-                // A private network namespace has loopback only.
-                "tcp" | "udp" => net_ns,
+                // A private network namespace has loopback only; without
+                // one, seccomp refuses every internet socket unless the
+                // network is allowed.
+                "tcp" | "udp" => net_ns || inet_by_seccomp,
                 // Abstract names live in the network namespace.
                 "scope_abstract_unix_socket" => net_ns,
                 // Nothing outside the PID namespace can be named.
                 "scope_signal" => pid_ns,
                 // Every host location in the view is a read-only mount.
                 "truncate" => mount_ns,
-                // In the fallback without `--sandbox-net`, seccomp refuses
-                // UDP sockets outright.
                 _ => false,
             }
         };
-        let udp_by_seccomp = !net_ns && !net_allowed && applied.seccomp;
-        let mut gaps: Vec<&'static str> = f
-            .not_enforced
-            .iter()
-            .copied()
-            .filter(|g| !closed_by(g))
-            .filter(|g| !(*g == "udp" && udp_by_seccomp))
-            .collect();
-        if net_ns && f.net == "unconfined" {
+        let mut gaps: Vec<&'static str> = f.not_enforced.iter().copied().filter(|g| !closed_by(g)).collect();
+        if (net_ns || inet_by_seccomp) && f.net == "unconfined" {
             f.net = "denied";
         }
         for ns in Namespace::ALL {
@@ -194,5 +210,6 @@ fn landlock_view(r: &Ruleset) -> InForce {
         not_enforced: gaps,
         direct_read: r.direct_read.clone(),
         granted: r.granted.clone(),
+        bounds: None,
     }
 }

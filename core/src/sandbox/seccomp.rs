@@ -12,11 +12,23 @@
 //! accounting and reboot. `clone3` answers ENOSYS, so the C library falls
 //! back to `clone`, whose flags a filter can read.
 //!
+//! The terminal a process inherits is the user's: `ioctl` requests that
+//! push input into it (`TIOCSTI`, `TIOCLINUX`) or redefine what the
+//! console's keys type (the `KD*` and `VT_*` ranges) are refused, the
+//! request compared as the 32 bits the kernel's tty code reads, so a
+//! request with high bits set is the same request here (flatpak's
+//! CVE-2019-10063). Setting the setuid or setgid bit is refused wherever a
+//! call takes a mode: `chmod` and its family, creating a file (`open`,
+//! `openat`, `creat` with `O_CREAT` or `O_TMPFILE`, `mknod`); `openat2`,
+//! whose mode lies in a structure a filter cannot read, answers ENOSYS so
+//! the C library uses `openat`.
+//!
 //! Refused only where no namespace closes the class (the fallback): SysV
-//! and POSIX message-queue IPC (host-wide without an IPC namespace), UDP
-//! sockets unless the network is allowed (Landlock before ABI 10 cannot
-//! stop them), and datagram socketpairs (whose `sendto` reaches a named
-//! host socket before Landlock ABI 9).
+//! and POSIX message-queue IPC (host-wide without an IPC namespace),
+//! every IPv4 and IPv6 socket unless the network is allowed (Landlock
+//! cannot stop UDP before ABI 10, nor a TCP Fast Open `sendto` or a
+//! `listen` that binds on its own, at any ABI), and datagram socketpairs
+//! (whose `sendto` reaches a named host socket before Landlock ABI 9).
 
 use serde::Serialize;
 
@@ -188,6 +200,23 @@ pub const SOCK_PACKET: u64 = 10;
 pub const SOCK_TYPE_MASK: u64 = 0xf;
 pub const IPPROTO_MPTCP: u64 = 262;
 pub const PRIO_PROCESS: u64 = 0;
+/// `ioctl` requests that push bytes into a terminal's input: `TIOCSTI`
+/// (a character, as if typed) and `TIOCLINUX` (a console's selection
+/// pasted, among others).
+pub const TTY_INJECT: &[u64] = &[0x5412, 0x541c];
+/// The console's keyboard (`KD*`, 0x4Bxx: what a key or a function key
+/// types) and virtual-terminal (`VT_*`, 0x56xx) requests, matched on the
+/// bits above the low byte: a process whose controlling terminal is the
+/// console may redefine a key to type a command the user then presses.
+pub const CONSOLE_RANGES: &[u64] = &[0x4b00, 0x5600];
+/// The mask that leaves a request's range.
+pub const REQUEST_RANGE_MASK: u64 = 0xffff_ff00;
+/// The setuid and setgid bits of a mode.
+pub const S_ISUID: u64 = 0o4000;
+pub const S_ISGID: u64 = 0o2000;
+/// `open` flags that create a file with the given mode.
+pub const O_CREAT: u64 = 0o100;
+pub const O_TMPFILE: u64 = 0o20_200_000;
 pub const IOPRIO_WHO_PROCESS: u64 = 1;
 
 /// The rules for `inputs`, in a fixed order.
@@ -228,8 +257,11 @@ pub fn seccomp_policy(inputs: &SeccompInputs) -> Vec<SyscallRule> {
         socket.push(vec![Cond::dword(0, Eq, AF_UNIX)]);
     }
     if !inputs.net_ns && !inputs.net_allowed {
-        socket.push(vec![Cond::dword(0, Eq, AF_INET), Cond::dword(1, MaskedEq(SOCK_TYPE_MASK), SOCK_DGRAM)]);
-        socket.push(vec![Cond::dword(0, Eq, AF_INET6), Cond::dword(1, MaskedEq(SOCK_TYPE_MASK), SOCK_DGRAM)]);
+        // No internet socket at all: Landlock refuses `bind` and `connect`,
+        // but not a `sendto` with MSG_FASTOPEN (a TCP connect with data)
+        // nor a `listen` that binds 0.0.0.0 by itself.
+        socket.push(vec![Cond::dword(0, Eq, AF_INET)]);
+        socket.push(vec![Cond::dword(0, Eq, AF_INET6)]);
     }
     // EACCES, as Landlock answers: the filter stands in for it.
     rules.push(SyscallRule { call: "socket", when: socket, errno: Errno::Acces });
@@ -243,5 +275,49 @@ pub fn seccomp_policy(inputs: &SeccompInputs) -> Vec<SyscallRule> {
     if !inputs.ipc_ns {
         rules.extend(HOST_IPC.iter().map(|c| always(c)));
     }
+    rules.extend(terminal_rules());
+    rules.extend(setid_rules());
+    rules
+}
+
+/// The terminal: no input pushed into it, no console key redefined.
+fn terminal_rules() -> Vec<SyscallRule> {
+    let mut when: Vec<Vec<Cond>> = TTY_INJECT.iter().map(|r| vec![Cond::dword(1, Op::Eq, *r)]).collect();
+    when.extend(CONSOLE_RANGES.iter().map(|r| vec![Cond::dword(1, Op::MaskedEq(REQUEST_RANGE_MASK), *r)]));
+    vec![SyscallRule { call: "ioctl", when, errno: Errno::Perm }]
+}
+
+/// No setuid or setgid bit set on any file: `(call, index of its mode,
+/// index of its open flags)` for every call that takes a mode.
+pub const MODE_CALLS: &[(&str, u8, Option<u8>)] = &[
+    ("chmod", 1, None),
+    ("fchmod", 1, None),
+    ("fchmodat", 2, None),
+    ("fchmodat2", 2, None),
+    ("mknod", 1, None),
+    ("mknodat", 2, None),
+    ("creat", 1, None),
+    ("open", 2, Some(1)),
+    ("openat", 3, Some(2)),
+];
+
+fn setid_rules() -> Vec<SyscallRule> {
+    let mut rules = Vec::new();
+    for (call, mode, flags) in MODE_CALLS {
+        let mut when = Vec::new();
+        for bit in [S_ISUID, S_ISGID] {
+            let set = Cond::dword(*mode, Op::MaskedEq(bit), bit);
+            match flags {
+                // The mode counts only when the call creates a file.
+                Some(f) => {
+                    when.push(vec![Cond::dword(*f, Op::MaskedEq(O_CREAT), O_CREAT), set]);
+                    when.push(vec![Cond::dword(*f, Op::MaskedEq(O_TMPFILE), O_TMPFILE), set]);
+                }
+                None => when.push(vec![set]),
+            }
+        }
+        rules.push(SyscallRule { call, when, errno: Errno::Perm });
+    }
+    rules.push(SyscallRule { call: "openat2", when: Vec::new(), errno: Errno::Nosys });
     rules
 }

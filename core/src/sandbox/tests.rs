@@ -275,7 +275,7 @@ fn a_path_named_twice_gets_one_rule() {
 // The confinement's description: namespaces, view, seccomp, report.
 
 fn all_ns() -> Applied {
-    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true }
+    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true, ..Applied::default() }
 }
 
 #[test]
@@ -333,7 +333,7 @@ proptest! {
         let plan = Plan::Confined(confined(&inputs(&p, &o, abi)));
         let namespaces: Vec<Namespace> =
             Namespace::ALL.into_iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n).collect();
-        let applied = Applied { namespaces: namespaces.clone(), seccomp, proc: true };
+        let applied = Applied { namespaces: namespaces.clone(), seccomp, proc: true, ..Applied::default() };
         let f = plan.in_force_with(&applied, net);
         for ns in Namespace::ALL {
             let wanted = !(net && ns == Namespace::Net);
@@ -376,12 +376,9 @@ fn seccomp_always_refuses_the_dangerous_calls_and_ipc_only_without_its_namespace
         assert!(!inside.iter().any(|r| r.call == *call), "{call}");
     }
     let socket = |rules: &[SyscallRule]| rules.iter().find(|r| r.call == "socket").unwrap().when.clone();
-    let udp = vec![
-        Cond { arg: 0, dword: true, op: Op::Eq, value: AF_INET },
-        Cond { arg: 1, dword: true, op: Op::MaskedEq(SOCK_TYPE_MASK), value: SOCK_DGRAM },
-    ];
-    assert!(socket(&fallback).contains(&udp));
-    assert!(!socket(&inside).contains(&udp));
+    let inet = vec![Cond { arg: 0, dword: true, op: Op::Eq, value: AF_INET }];
+    assert!(socket(&fallback).contains(&inet));
+    assert!(!socket(&inside).contains(&inet));
     let mptcp = vec![Cond { arg: 2, dword: true, op: Op::Eq, value: IPPROTO_MPTCP }];
     assert!(socket(&fallback).contains(&mptcp) && socket(&inside).contains(&mptcp));
 }
@@ -418,6 +415,8 @@ fn private_dirs_are_granted_read_write_only_inside_the_view() {
         view: v,
         keep_fds: 3,
         status_fd: 4,
+        session: None,
+        bounds: None,
     };
     assert_eq!(c.ruleset_for(&Applied::default()), r);
     let inside = c.ruleset_for(&all_ns());
@@ -587,7 +586,16 @@ fn confinement(net: bool) -> Confinement {
     let o = Options { net, ..Options::default() };
     let r = confined(&inputs(&p, &o, 7));
     let view = view_for(&r, PathBuf::from("/work/project"));
-    Confinement { namespaces: NsMode::Try, net, ruleset: r, view, keep_fds: 3, status_fd: 4 }
+    Confinement {
+        namespaces: NsMode::Try,
+        net,
+        ruleset: r,
+        view,
+        keep_fds: 3,
+        status_fd: 4,
+        session: None,
+        bounds: None,
+    }
 }
 
 #[test]
@@ -649,7 +657,8 @@ fn the_private_tmpfs_sizes_are_the_documented_ones() {
 /// Before ABI 3 Landlock cannot refuse truncate: under the mount view
 /// every host location is a read-only mount, so it is closed there and
 /// listed only in the fallback. Before ABI 4 it cannot refuse TCP: the
-/// network namespace denies it, and without one it stays unconfined.
+/// network namespace denies it, and without one seccomp refuses every
+/// internet socket; without seccomp either, it is unconfined.
 #[test]
 fn the_view_closes_truncate_and_the_network_namespace_tcp_on_old_abis() {
     let p = policy(&[]);
@@ -661,6 +670,9 @@ fn the_view_closes_truncate_and_the_network_namespace_tcp_on_old_abis() {
     let pre_tcp = Plan::Confined(confined(&inputs(&p, &o, 3)));
     assert_eq!(pre_tcp.in_force_with(&all_ns(), false).net, "denied");
     let f = pre_tcp.in_force_with(&fallback, false);
+    assert_eq!(f.net, "denied");
+    assert!(!f.not_enforced.contains(&"tcp"));
+    let f = pre_tcp.in_force_with(&Applied::default(), false);
     assert_eq!(f.net, "unconfined");
     assert!(f.not_enforced.contains(&"tcp"));
 }
