@@ -20,6 +20,7 @@ use airlock_core::fsproxy::{
     DEFAULT_MAX_SESSION_QUEUED_BYTES, DEFAULT_MAX_UPSTREAM_FRAME, DEFAULT_MAX_VIRTUAL_BYTES,
     DEFAULT_MAX_VIRTUAL_FILES,
 };
+use airlock_core::guard::{DenySet, Grants, Guard};
 use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
 use airlock_core::sandbox::{Applied, InForce, Plan, StageStatus};
@@ -43,6 +44,20 @@ pub struct ServeArgs {
     /// Let the child read and write PATH.
     #[arg(long = "allow-rw", value_name = "PATH")]
     pub allow_rw: Vec<PathBuf>,
+    /// Let the child change the protected path PATH (and what lies
+    /// beneath it): `.git/config`, `.git/hooks`, `.vscode`, `.mcp.json`,
+    /// shell start-up files, … are never changed otherwise.
+    #[arg(long = "allow-protected", value_name = "PATH")]
+    pub allow_protected: Vec<PathBuf>,
+    /// Let the child read the secret file PATH (and what lies beneath
+    /// it): the `.env` family, SSH keys and credential files are never
+    /// served otherwise.
+    #[arg(long = "allow-secret", value_name = "PATH")]
+    pub allow_secret: Vec<PathBuf>,
+    /// Keep paths matching GLOB (gitignore syntax, relative to the working
+    /// directory) out of the child's reach, as secret files are.
+    #[arg(long = "deny", value_name = "GLOB")]
+    pub deny: Vec<String>,
     /// Write a JSON report of the session to FILE when airlock exits.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
@@ -128,7 +143,8 @@ impl ServeArgs {
                     .map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadWrite }),
             )
             .collect();
-        Ok(Policy::new(cwd, roots))
+        let guard = guard(&cwd, &self.allow_protected, &self.allow_secret, &self.deny)?;
+        Ok(Policy::new(cwd, roots).with_guard(guard))
     }
 
     fn config(&self, stdio: StdioRole, upstream: bool) -> anyhow::Result<Config> {
@@ -153,6 +169,25 @@ impl ServeArgs {
         config.audit = self.audit.is_some();
         Ok(config)
     }
+}
+
+/// The session's guard: grants by their physical paths (as roots), the
+/// `--deny` globs relative to `cwd`, and the user's home (its start-up
+/// files are protected wherever a root grants it).
+pub(crate) fn guard(
+    cwd: &std::path::Path,
+    allow_protected: &[PathBuf],
+    allow_secret: &[PathBuf],
+    deny: &[String],
+) -> anyhow::Result<Guard> {
+    let grants = |paths: &[PathBuf]| Grants::new(paths.iter().map(|p| physical_root(cwd, p)));
+    let deny = DenySet::new(cwd.to_path_buf(), deny.to_vec()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
+    let homes = home.into_iter().flat_map(|h| {
+        let real = std::fs::canonicalize(&h).ok();
+        [Some(h), real].into_iter().flatten()
+    });
+    Ok(Guard::new(grants(allow_protected), grants(allow_secret), Some(deny), homes))
 }
 
 /// A root by its physical path: symlinks on the way to it are resolved

@@ -98,17 +98,15 @@ impl Rule {
     /// What the rule covers, for a refusal.
     pub fn describe(self) -> &'static str {
         match self {
-            Rule::GitDir => "a git directory itself (.git, a .git file, .git/modules, .git/worktrees)",
-            Rule::GitConfig => "the repository's executable configuration (.git/config and the like)",
-            Rule::GitHooks => "the repository's hooks (.git/hooks)",
-            Rule::EditorConfig => "editor configuration that runs commands (.vscode, .idea, .devcontainer)",
-            Rule::AgentConfig => "agent configuration that runs commands (.claude, .cursor, .mcp.json, …)",
-            Rule::HomeStartup => "a start-up file of a home directory (.bashrc, .profile, .gitconfig, …)",
+            Rule::GitDir => "a git directory itself: .git, a .git file, .git/modules, .git/worktrees",
+            Rule::GitConfig => "the repository's executable configuration: .git/config and the like",
+            Rule::GitHooks => "the repository's hooks: .git/hooks",
+            Rule::EditorConfig => "editor configuration that runs commands: .vscode, .idea, .devcontainer",
+            Rule::AgentConfig => "agent configuration that runs commands: .claude, .cursor, .mcp.json, …",
+            Rule::HomeStartup => "a start-up file of a home directory: .bashrc, .profile, .gitconfig, …",
             Rule::EnvFile => "the .env family",
             Rule::SshKey => "an SSH private key",
-            Rule::Credentials => {
-                "a credentials file (.netrc, .pgpass, .npmrc, .pypirc, cloud credentials, …)"
-            }
+            Rule::Credentials => "a credentials file: .netrc, .pgpass, .npmrc, .pypirc, cloud credentials, …",
             Rule::DenyGlob => "a --deny glob",
         }
     }

@@ -17,6 +17,9 @@ pub enum AuditOp {
     Read,
     Write,
     Close,
+    /// A request resolved to a protected path, a secret file or a
+    /// `--deny`ed path: refused, or lifted by a grant (`allowed`).
+    Guard,
 }
 
 /// One file operation and its outcome.
@@ -41,6 +44,36 @@ pub struct AuditRecord {
     pub code: Option<ErrorCode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// For `guard`: the rule that matched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<crate::guard::Rule>,
+}
+
+impl AuditRecord {
+    /// The record of a guarded path the walk of `client`'s request met.
+    pub fn guarded(client: ClientId, hit: &crate::guard::Hit) -> Self {
+        AuditRecord {
+            client,
+            op: AuditOp::Guard,
+            path: Some(hit.path.to_string_lossy().into_owned()),
+            mode: None,
+            handle: None,
+            bytes: None,
+            allowed: hit.granted,
+            code: None,
+            reason: Some(if hit.granted {
+                format!(
+                    "{} ({}): lifted by {}",
+                    hit.path.display(),
+                    hit.rule.describe(),
+                    hit.flag().unwrap_or("")
+                )
+            } else {
+                hit.to_string()
+            }),
+            rule: Some(hit.rule),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -106,6 +139,7 @@ impl Audit {
             allowed: outcome.is_ok(),
             code: None,
             reason: None,
+            rule: None,
         };
         match outcome {
             Ok(Success::Opened { handle }) => {
