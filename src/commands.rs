@@ -182,12 +182,7 @@ pub(crate) fn guard(
 ) -> anyhow::Result<Guard> {
     let grants = |paths: &[PathBuf]| Grants::new(paths.iter().map(|p| physical_root(cwd, p)));
     let deny = DenySet::new(cwd.to_path_buf(), deny.to_vec()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
-    let homes = home.into_iter().flat_map(|h| {
-        let real = std::fs::canonicalize(&h).ok();
-        [Some(h), real].into_iter().flatten()
-    });
-    Ok(Guard::new(grants(allow_protected), grants(allow_secret), Some(deny), homes))
+    Ok(Guard::new(grants(allow_protected), grants(allow_secret), Some(deny), crate::tool::homes()))
 }
 
 /// A root by its physical path: symlinks on the way to it are resolved
