@@ -358,7 +358,7 @@ impl ServeArgs {
         session: Session,
         report_file: Option<OutFile>,
         exit: Option<ChildExit>,
-        sandbox: Option<InForce>,
+        sandbox: Option<(InForce, crate::report::Direct)>,
     ) -> anyhow::Result<()> {
         let (proxy, host, observer) = session.shutdown().await;
         if let (Some(mut o), Some(path)) = (observer, &self.record) {
@@ -366,7 +366,10 @@ impl ServeArgs {
         }
         if let (Some(path), Some(out)) = (&self.report, report_file) {
             let mut report = Report::new(&proxy, host.open_files(), exit);
-            report.sandbox = sandbox;
+            if let Some((in_force, direct)) = sandbox {
+                report.sandbox = Some(in_force);
+                report.direct = direct;
+            }
             report.write(path, out)?;
         }
         Ok(())
@@ -410,6 +413,9 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
     let policy = args.policy()?;
     let plan = sandbox.plan(&policy)?;
     crate::sandbox::check_command(&plan, policy.cwd(), argv)?;
+    // What the guard covers in the trees the child reaches directly.
+    let trees = crate::sandbox::direct_trees(&plan);
+    let found = crate::guardscan::scan(policy.guard(), &trees)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     block_on(async {
         let upstream = nested_upstream()?;
@@ -436,7 +442,10 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
         // The socket's directory is in the child's view at its own path.
         let session_dir = socket.as_ref().map(|s| s.dir().to_path_buf());
-        let confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        let mut confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        if let Some(c) = confinement.as_mut() {
+            c.view.covers = found.covers.clone();
+        }
         let spawned = child::spawn(argv, &remove_env, confinement.as_ref(), &session_env)?;
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;
@@ -479,7 +488,16 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let code = status.map(exit_code).unwrap_or(1);
         use std::os::unix::process::ExitStatusExt;
         let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
-        args.close(session, report, exit, Some(in_force)).await?;
+        let created = crate::guardscan::created(policy.guard(), &trees, &found.protected);
+        for p in &created {
+            eprintln!(
+                "airlock: warning: the child created the protected path {} in a --sandbox-rw directory, \
+                 which a mount cannot stop; look at it before git, an editor or a shell runs it",
+                p.display()
+            );
+        }
+        let direct = crate::report::Direct { covered: found.covers.clone(), protected_created: created };
+        args.close(session, report, exit, Some((in_force, direct))).await?;
         // The socket and its directory go with the session.
         drop(socket);
         Ok(code)

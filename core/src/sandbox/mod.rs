@@ -39,6 +39,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 mod confine;
+mod guarded;
 mod namespaces;
 mod report;
 mod seccomp;
@@ -46,6 +47,7 @@ mod seccomp;
 mod tests;
 
 pub use confine::*;
+pub use guarded::*;
 pub use namespaces::*;
 pub use report::*;
 pub use seccomp::*;
