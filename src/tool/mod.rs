@@ -173,18 +173,19 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         homes: homes(),
     };
     let policy = ToolPolicy::new(&policy_config)?;
-    Ok(Prepared {
-        project,
-        config,
-        policy,
-        policy_config,
-        record: a.record.clone(),
-        grants: process::Grants {
-            require_namespaces: a.require_namespaces,
-            read_only: canonical_all(&a.sandbox_ro, "--sandbox-ro")?,
-            read_write: canonical_all(&a.sandbox_rw, "--sandbox-rw")?,
-        },
-    })
+    let grants = process::Grants {
+        require_namespaces: a.require_namespaces,
+        read_only: canonical_all(&a.sandbox_ro, "--sandbox-ro")?,
+        read_write: canonical_all(&a.sandbox_rw, "--sandbox-rw")?,
+        project: policy
+            .gate()
+            .roots()
+            .into_iter()
+            .map(|(p, access)| (p, access == airlock_core::policy::Access::ReadWrite))
+            .collect(),
+        guard: policy.gate().guard().clone(),
+    };
+    Ok(Prepared { project, config, policy, policy_config, record: a.record.clone(), grants })
 }
 
 /// An `--env-allow` value, removed from airlock's own environment (as

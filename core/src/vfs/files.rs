@@ -198,6 +198,21 @@ impl Gate {
         &self.guard
     }
 
+    /// The roots as absolute paths with their access, shallowest first:
+    /// what a `process.run` program may reach of the project directly.
+    pub fn roots(&self) -> Vec<(PathBuf, crate::policy::Access)> {
+        self.scope
+            .rules()
+            .iter()
+            .filter_map(|r| {
+                let rel = r.path.strip_prefix("/").unwrap_or(&r.path);
+                let abs =
+                    if rel.as_os_str().is_empty() { self.project.clone() } else { self.project.join(rel) };
+                r.access.map(|a| (abs, a))
+            })
+            .collect()
+    }
+
     /// Largest file read or written, in bytes.
     pub fn max_file(&self) -> usize {
         self.max_file
