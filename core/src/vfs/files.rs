@@ -299,6 +299,10 @@ impl Refused {
     /// Worded for the path itself.
     fn direct(&self) -> String {
         match self {
+            // The words `.env` files were always refused with.
+            Refused::Guard(hit) if hit.rule == crate::guard::Rule::EnvFile => {
+                ".env files are never accessible".into()
+            }
             Refused::Guard(hit) => match hit.class {
                 Class::Secret => format!(
                     "it is a secret file ({}), never served; --allow-secret PATH shares one",
@@ -318,6 +322,9 @@ impl Refused {
     /// Worded for a path a symlink on it leads to, which it does not name.
     fn through_link(&self) -> String {
         match self {
+            Refused::Guard(hit) if hit.rule == crate::guard::Rule::EnvFile => {
+                "a symlink on it leads to a .env file, never accessible".into()
+            }
             Refused::Guard(hit) => match hit.class {
                 Class::Secret => {
                     format!("a symlink on it leads to a secret file ({}), never served", hit.rule.describe())
