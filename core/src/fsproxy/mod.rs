@@ -191,6 +191,10 @@ pub enum PlantedBug {
     /// A nested level never narrows its upstream, so the top resolves its
     /// requests under the top's policy alone.
     NestedSkipsNarrow,
+    /// The guard a nested level narrows to replaces this level's instead
+    /// of meeting it: the nested level's `--allow-protected` and
+    /// `--allow-secret` grants lift the rule here.
+    GuardNestedReplaces,
     /// The pager forgets the session's `max_total_bytes`.
     PagerIgnoresLimit,
     /// A connection holding a partial frame reserves room for a whole
@@ -1682,6 +1686,9 @@ impl FsProxy {
             // The usual case: no request scope, and the client's
             // intersection with this level was computed at its `narrow`.
             (Some(_), Some(eff), false) if bug.is_none() => eff,
+            (Some(n), _, _) if bug == Some(PlantedBug::GuardNestedReplaces) => {
+                own.intersect(n).with_guard(n.guard().clone())
+            }
             (Some(n), _, _) => own.intersect(n),
             (None, _, _) => own,
         }
