@@ -20,6 +20,7 @@ use airlock_core::fsproxy::{
     DEFAULT_MAX_SESSION_QUEUED_BYTES, DEFAULT_MAX_UPSTREAM_FRAME, DEFAULT_MAX_VIRTUAL_BYTES,
     DEFAULT_MAX_VIRTUAL_FILES,
 };
+use airlock_core::guard::{DenySet, Grants, Guard};
 use airlock_core::handles::ClientId;
 use airlock_core::policy::{Access, Policy, Root};
 use airlock_core::sandbox::{Applied, InForce, Plan, StageStatus};
@@ -43,6 +44,20 @@ pub struct ServeArgs {
     /// Let the child read and write PATH.
     #[arg(long = "allow-rw", value_name = "PATH")]
     pub allow_rw: Vec<PathBuf>,
+    /// Let the child change the protected path PATH (and what lies
+    /// beneath it): `.git/config`, `.git/hooks`, `.vscode`, `.mcp.json`,
+    /// shell start-up files, … are never changed otherwise.
+    #[arg(long = "allow-protected", value_name = "PATH")]
+    pub allow_protected: Vec<PathBuf>,
+    /// Let the child read the secret file PATH (and what lies beneath
+    /// it): the `.env` family, SSH keys and credential files are never
+    /// served otherwise.
+    #[arg(long = "allow-secret", value_name = "PATH")]
+    pub allow_secret: Vec<PathBuf>,
+    /// Keep paths matching GLOB (gitignore syntax, relative to the working
+    /// directory) out of the child's reach, as secret files are.
+    #[arg(long = "deny", value_name = "GLOB")]
+    pub deny: Vec<String>,
     /// Write a JSON report of the session to FILE when airlock exits.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
@@ -128,7 +143,8 @@ impl ServeArgs {
                     .map(|p| Root { path: physical_root(&cwd, p), access: Access::ReadWrite }),
             )
             .collect();
-        Ok(Policy::new(cwd, roots))
+        let guard = guard(&cwd, &self.allow_protected, &self.allow_secret, &self.deny)?;
+        Ok(Policy::new(cwd, roots).with_guard(guard))
     }
 
     fn config(&self, stdio: StdioRole, upstream: bool) -> anyhow::Result<Config> {
@@ -153,6 +169,20 @@ impl ServeArgs {
         config.audit = self.audit.is_some();
         Ok(config)
     }
+}
+
+/// The session's guard: grants by their physical paths (as roots), the
+/// `--deny` globs relative to `cwd`, and the user's home (its start-up
+/// files are protected wherever a root grants it).
+pub(crate) fn guard(
+    cwd: &std::path::Path,
+    allow_protected: &[PathBuf],
+    allow_secret: &[PathBuf],
+    deny: &[String],
+) -> anyhow::Result<Guard> {
+    let grants = |paths: &[PathBuf]| Grants::new(paths.iter().map(|p| physical_root(cwd, p)));
+    let deny = DenySet::new(cwd.to_path_buf(), deny.to_vec()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(Guard::new(grants(allow_protected), grants(allow_secret), Some(deny), crate::tool::homes()))
 }
 
 /// A root by its physical path: symlinks on the way to it are resolved
@@ -328,7 +358,7 @@ impl ServeArgs {
         session: Session,
         report_file: Option<OutFile>,
         exit: Option<ChildExit>,
-        sandbox: Option<InForce>,
+        sandbox: Option<(InForce, crate::report::Direct)>,
     ) -> anyhow::Result<()> {
         let (proxy, host, observer) = session.shutdown().await;
         if let (Some(mut o), Some(path)) = (observer, &self.record) {
@@ -336,7 +366,10 @@ impl ServeArgs {
         }
         if let (Some(path), Some(out)) = (&self.report, report_file) {
             let mut report = Report::new(&proxy, host.open_files(), exit);
-            report.sandbox = sandbox;
+            if let Some((in_force, direct)) = sandbox {
+                report.sandbox = Some(in_force);
+                report.direct = direct;
+            }
             report.write(path, out)?;
         }
         Ok(())
@@ -380,6 +413,9 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
     let policy = args.policy()?;
     let mut plan = sandbox.plan(&policy)?;
     let started = crate::sandbox::check_run_command(&mut plan, &policy, argv)?;
+    // What the guard covers in the trees the child reaches directly.
+    let trees = crate::sandbox::direct_trees(&plan);
+    let found = crate::guardscan::scan(policy.guard(), &trees)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     let limits = sandbox.limits(&secrets.0)?;
     block_on(async {
@@ -415,6 +451,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
             let (bounds, guard) = crate::confine::bounds::session(limits);
             groups = guard;
             c.bounds = Some(bounds);
+            c.view.covers = found.covers.clone();
         }
         let spawned = child::spawn(&started.argv, &remove_env, confinement.as_ref(), &session_env)?;
         if let Some(s) = socket.as_mut() {
@@ -468,7 +505,16 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         if let Some(b) = in_force.bounds.as_mut() {
             b.hit = hit;
         }
-        args.close(session, report, exit, Some(in_force)).await?;
+        let created = crate::guardscan::created(policy.guard(), &trees, &found.protected);
+        for p in &created {
+            eprintln!(
+                "airlock: warning: the child created the protected path {} in a --sandbox-rw directory, \
+                 which a mount cannot stop; look at it before git, an editor or a shell runs it",
+                p.display()
+            );
+        }
+        let direct = crate::report::Direct { covered: found.covers.clone(), protected_created: created };
+        args.close(session, report, exit, Some((in_force, direct))).await?;
         // The socket and its directory go with the session.
         drop(socket);
         Ok(code)

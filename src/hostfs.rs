@@ -15,6 +15,7 @@
 
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{Effect, EffectResult, FileId, FsErrorKind};
+use airlock_core::guard::{Act, Hit};
 use airlock_core::policy::{Policy, RootId};
 use airlock_core::resolve::{self, Entry, Final, Namespace, OpenFinal, Refusal};
 use airlock_core::scope::Scope;
@@ -38,6 +39,9 @@ pub struct HostFs {
     dirs: Vec<Dir>,
     anchors: Vec<PathBuf>,
     files: BTreeMap<FileId, File>,
+    /// Guarded paths the last effects' walks met (refused or granted),
+    /// for the machine's report and audit log (`Input::Guarded`).
+    hits: Vec<Hit>,
 }
 
 fn failed(kind: FsErrorKind, message: impl Into<String>) -> EffectResult {
@@ -163,8 +167,13 @@ impl HostFs {
     }
 
     fn open_roots(policy: &Policy, nested: bool) -> anyhow::Result<Self> {
-        let mut hostfs =
-            HostFs { roots: Vec::new(), dirs: Vec::new(), anchors: Vec::new(), files: BTreeMap::new() };
+        let mut hostfs = HostFs {
+            roots: Vec::new(),
+            dirs: Vec::new(),
+            anchors: Vec::new(),
+            files: BTreeMap::new(),
+            hits: Vec::new(),
+        };
         for root in policy.roots() {
             let path = &root.path;
             hostfs.roots.push(path.clone());
@@ -195,6 +204,11 @@ impl HostFs {
             hostfs.anchors.push(anchor);
         }
         Ok(hostfs)
+    }
+
+    /// The guarded paths met since last asked.
+    pub fn take_hits(&mut self) -> Vec<Hit> {
+        std::mem::take(&mut self.hits)
     }
 
     /// Files currently open on the machine's behalf.
@@ -245,11 +259,21 @@ impl HostFs {
         let path = root_path.join(rel);
         let mut caps = Caps { dirs: &self.dirs };
         match resolve::open(&mut caps, &self.anchors, &path, mode, scope) {
-            Ok((f, _)) => {
+            Ok((f, real)) => {
+                // A guarded path reached through a grant: for the report.
+                let act = if mode.writable() { Act::Write } else { Act::Read };
+                if let Ok(Some(hit)) = scope.guard().check(&real, act, false) {
+                    self.hits.push(hit);
+                }
                 self.files.insert(file, f);
                 EffectResult::Opened
             }
-            Err(refusal) => failed(refusal.kind(), refusal.to_string()),
+            Err(refusal) => {
+                if let Refusal::Guarded { hit, .. } = &refusal {
+                    self.hits.push(hit.clone());
+                }
+                failed(refusal.kind(), refusal.to_string())
+            }
         }
     }
 }

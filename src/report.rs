@@ -3,7 +3,7 @@
 use crate::outfile::OutFile;
 use airlock_core::broker::{Broker, BrokerStats};
 use airlock_core::fsproxy::{FsProxy, Stats};
-use airlock_core::sandbox::InForce;
+use airlock_core::sandbox::{Cover, InForce};
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
@@ -38,6 +38,21 @@ pub struct Report {
     /// `net`, `scoped`, `not_enforced`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<InForce>,
+    /// The guard in the trees the child reached directly.
+    #[serde(flatten)]
+    pub direct: Direct,
+}
+
+/// The guard in the trees the child reached directly (`--sandbox-ro`,
+/// `--sandbox-rw`): what the view covered, and the protected paths the
+/// child created where a mount could not stop it.
+#[derive(Debug, Default, Serialize)]
+pub struct Direct {
+    /// Secret files masked, protected paths read-only, git directories pinned.
+    #[serde(rename = "direct_covered", skip_serializing_if = "Vec::is_empty")]
+    pub covered: Vec<Cover>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub protected_created: Vec<std::path::PathBuf>,
 }
 
 /// What the broker did: its own counters (`submitted`, `started`,
@@ -77,6 +92,7 @@ impl Report {
             child_exit,
             broker: proxy.broker().map(BrokerReport::new),
             sandbox: None,
+            direct: Direct::default(),
         }
     }
 

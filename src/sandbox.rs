@@ -94,6 +94,21 @@ impl SandboxArgs {
     }
 }
 
+/// The trees a confined child reaches directly under `plan`: its
+/// `--sandbox-ro` paths read-only, its `--sandbox-rw` paths writable.
+pub fn direct_trees(plan: &Plan) -> Vec<crate::guardscan::Tree> {
+    let Plan::Confined(rules) = plan else { return Vec::new() };
+    rules
+        .paths
+        .iter()
+        .filter_map(|r| match r.source {
+            sandbox::Source::User => Some(crate::guardscan::Tree { path: r.path.clone(), writable: false }),
+            sandbox::Source::WorkDir => Some(crate::guardscan::Tree { path: r.path.clone(), writable: true }),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The kernel's Landlock ABI version; 0 when it has no Landlock (or has it
 /// disabled).
 pub fn detect_abi() -> u32 {

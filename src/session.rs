@@ -671,6 +671,12 @@ impl Session {
                     obs.output(&out);
                 }
                 if let Some(next) = self.carry_out(out) {
+                    // What the effect's walk met, before its result.
+                    if let Input::EffectDone { id, .. } = &next {
+                        for hit in self.host.take_hits() {
+                            work.push_back(Input::Guarded { id: *id, hit });
+                        }
+                    }
                     work.push_back(next);
                 }
             }

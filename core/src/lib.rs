@@ -13,6 +13,7 @@ pub mod fsproxy;
 /// `fuzzing` feature for its integration tests and the fuzz targets.
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod guard;
 pub mod handles;
 /// A counting global allocator for the harnesses (never the binary's).
 #[cfg(any(test, feature = "heapcount"))]

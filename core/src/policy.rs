@@ -8,6 +8,8 @@
 //! the files, on the resolved path, against the intersection of every
 //! level's policy (`crate::scope`, `crate::resolve`).
 
+use crate::guard::Guard;
+use crate::scope::Scope;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::ffi::OsString;
@@ -80,6 +82,11 @@ impl fmt::Display for Denied {
 pub struct Policy {
     roots: Vec<Root>,
     cwd: PathBuf,
+    /// Protected paths and secret files, with the session's grants and
+    /// `--deny` globs: applied on every resolved path (`crate::guard`).
+    /// Absent from a policy written before guards, or the plain rule.
+    #[serde(default, skip_serializing_if = "Guard::is_plain")]
+    guard: Guard,
     /// Each root's [`bytes::spelled_count`], which every resolve would
     /// otherwise derive again.
     #[serde(skip)]
@@ -91,11 +98,13 @@ pub struct Policy {
 struct Parts {
     roots: Vec<Root>,
     cwd: PathBuf,
+    #[serde(default)]
+    guard: Guard,
 }
 
 impl From<Parts> for Policy {
     fn from(p: Parts) -> Self {
-        Policy::kept(p.roots, p.cwd)
+        Policy::kept(p.roots, p.cwd).with_guard(p.guard)
     }
 }
 
@@ -126,7 +135,22 @@ impl Policy {
 
     fn kept(roots: Vec<Root>, cwd: PathBuf) -> Self {
         let counts = roots.iter().map(|r| bytes::spelled_count(bytes::bytes(&r.path))).collect();
-        Policy { roots, cwd, counts }
+        Policy { roots, cwd, guard: Guard::default(), counts }
+    }
+
+    /// The same roots under `guard` (grants, `--deny` globs, homes).
+    pub fn with_guard(mut self, guard: Guard) -> Self {
+        self.guard = guard;
+        self
+    }
+
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// The scope of this policy: its roots, under its guard.
+    pub fn scope(&self) -> Scope {
+        Scope::from_roots(&self.roots).with_guard(self.guard.clone())
     }
 
     pub fn roots(&self) -> &[Root] {

@@ -21,9 +21,9 @@
 //! actually opened, never on the text the child sent.
 
 use crate::fsproxy::wire::Mode;
+use crate::guard::{Act, Hit};
 use crate::policy::bytes::{self, Comp};
-use crate::policy::Access;
-use crate::scope::{Rule, Scope};
+use crate::scope::{Denial, Rule, Scope};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
@@ -77,6 +77,12 @@ pub enum Refusal {
         root: PathBuf,
         via: Option<Via>,
     },
+    /// A protected path, a secret file or a `--deny` glob ([`crate::guard`]):
+    /// `hit` names the resolved path and the rule.
+    Guarded {
+        hit: Hit,
+        via: Option<Via>,
+    },
     TooManyLinks,
     NotFound,
     /// The file system refused (permission, not a regular file, …).
@@ -93,6 +99,7 @@ impl Refusal {
         match self {
             Refusal::Outside { .. }
             | Refusal::ReadOnly { .. }
+            | Refusal::Guarded { .. }
             | Refusal::TooManyLinks
             | Refusal::Denied(_) => FsErrorKind::Denied,
             Refusal::NotFound => FsErrorKind::NotFound,
@@ -126,6 +133,13 @@ impl std::fmt::Display for Refusal {
             }
             Refusal::ReadOnly { path, root, via } => {
                 write!(f, "{} is under read-only root {}", path.display(), root.display())?;
+                match via {
+                    Some(v) => write!(f, " (reached through symlink {})", v.link.display()),
+                    None => Ok(()),
+                }
+            }
+            Refusal::Guarded { hit, via } => {
+                write!(f, "{hit}")?;
                 match via {
                     Some(v) => write!(f, " (reached through symlink {})", v.link.display()),
                     None => Ok(()),
@@ -398,15 +412,16 @@ impl<N: OpenFinal> Finish<N> for ProxyOpen<'_> {
         path: &[u8],
     ) -> Result<Step<N::File>, Refusal> {
         let full = path_of(path);
-        // One rule decides both the read and the write question.
-        let rule = self.rule_for(path);
-        match rule.and_then(|r| r.access) {
-            None => return Err(outside(rule, full, self.via.clone())),
-            Some(Access::ReadOnly) if self.mode.writable() => {
-                let root = rule.map_or_else(|| full.clone(), |r| r.path.clone());
-                return Err(Refusal::ReadOnly { path: full, root, via: self.via.clone() });
+        // One decision for the read and the write question: the scope's
+        // rule, then the guard (protected paths, secret files, --deny).
+        let act = if self.mode.writable() { Act::Write } else { Act::Read };
+        match self.scope.decide(path, act, false) {
+            Err(Denial::Outside { rule }) => return Err(outside(rule, full, self.via.clone())),
+            Err(Denial::ReadOnly { rule }) => {
+                return Err(Refusal::ReadOnly { path: full, root: rule.path.clone(), via: self.via.clone() });
             }
-            Some(_) => {}
+            Err(Denial::Guarded(hit)) => return Err(Refusal::Guarded { hit, via: self.via.clone() }),
+            Ok(_) => {}
         }
         Ok(match ns.open_final(dir, name, &full, self.mode)? {
             Final::File(f) => Step::Done(f),
@@ -518,6 +533,7 @@ fn outside(rule: Option<&Rule>, path: PathBuf, via: Option<Via>) -> Refusal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Access;
     use std::collections::BTreeMap;
 
     /// A namespace of absolute paths: directories, files, symlinks.
@@ -633,6 +649,61 @@ mod tests {
         let elsewhere = scope(&[("/d/a", RO)]);
         let e = open(&mut m, &anchors, Path::new("/d"), Mode::Read, &elsewhere).unwrap_err();
         assert!(matches!(e, Refusal::Outside { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn protected_and_secret_files_are_decided_on_the_resolved_file() {
+        use crate::guard::{Class, Grants, Guard, Rule as GuardRule};
+        let mut m = world();
+        for d in ["/d/.git", "/d/.git/hooks"] {
+            m.nodes.insert(d.into(), Node::Dir);
+        }
+        for f in ["/d/.git/config", "/d/.git/index", "/d/.env"] {
+            m.nodes.insert(f.into(), Node::File);
+        }
+        m.nodes.insert("/d/cfg".into(), Node::Link(".git/config".into()));
+        m.nodes.insert("/d/notes.txt".into(), Node::Link("/d/.env".into()));
+        m.nodes.insert("/d/g".into(), Node::Link(".git".into()));
+        let anchors = m.anchors.clone();
+        let s = scope(&[("/d", RW)]);
+        // Written through a symlink, by its own name, created, truncated:
+        // refused, naming the rule and the link.
+        for (path, mode) in [
+            ("/d/cfg", Mode::Write),
+            ("/d/cfg", Mode::Append),
+            ("/d/.git/config", Mode::ReadWrite),
+            ("/d/g/hooks/pre-commit", Mode::Write),
+            ("/d/g/config.worktree", Mode::Append),
+            ("/d/a/.git", Mode::Write),
+        ] {
+            let e = open(&mut m, &anchors, Path::new(path), mode, &s).unwrap_err();
+            let Refusal::Guarded { hit, .. } = &e else { panic!("{path}: {e:?}") };
+            assert_eq!(hit.class, Class::Protected, "{path}");
+            assert!(e.to_string().contains("--allow-protected"), "{e}");
+        }
+        assert!(!m.nodes.contains_key(Path::new("/d/.git/hooks/pre-commit")));
+        // Read freely; the rest of .git written freely.
+        assert!(open(&mut m, &anchors, Path::new("/d/cfg"), Mode::Read, &s).is_ok());
+        assert!(open(&mut m, &anchors, Path::new("/d/g/index"), Mode::Write, &s).is_ok());
+        // A secret is never served, by any name.
+        let e = open(&mut m, &anchors, Path::new("/d/notes.txt"), Mode::Read, &s).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/d/.env is a secret file (the .env family): airlock never serves it; pass --allow-secret \
+             /d/.env to share it (reached through symlink /d/notes.txt)"
+        );
+        let Refusal::Guarded { hit, .. } = e else { unreachable!() };
+        assert_eq!(hit.rule, GuardRule::EnvFile);
+        // Granted at this level, but not at a nested one: refused.
+        let granted = Guard::new(Grants::new(["/d/.git".into()]), Grants::default(), None, []);
+        let top = s.clone().with_guard(granted);
+        assert!(open(&mut m, &anchors, Path::new("/d/cfg"), Mode::Write, &top).is_ok());
+        let nested = scope(&[("/d", RW)]);
+        let both = top.intersect(&nested);
+        assert!(matches!(
+            open(&mut m, &anchors, Path::new("/d/cfg"), Mode::Write, &both),
+            Err(Refusal::Guarded { .. })
+        ));
     }
 
     #[test]

@@ -11,9 +11,16 @@
 //! (property-tested below), so a level can only ever narrow what reaches
 //! the files.
 //!
+//! A scope also carries the [`Guard`]: protected paths and secret files,
+//! with the grants that lift them and the `--deny` globs that add to
+//! them, met across levels the same way. [`Scope::decide`] is the one
+//! decision every door takes on a resolved path: the most specific rule,
+//! then the guard.
+//!
 //! The shell that owns the files checks the *resolved* path against the
 //! scope ([`crate::resolve`]), never the path as the child wrote it.
 
+use crate::guard::{Act, Guard, Hit};
 use crate::policy::{bytes, normalize, Access, Root};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -38,6 +45,19 @@ pub struct Rule {
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Scope {
     rules: Arc<Rules>,
+    guard: Arc<Guard>,
+}
+
+/// Why [`Scope::decide`] refused a path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Denial<'a> {
+    /// No rule gives access; `rule` is the one that decided, if any
+    /// (a `none` rule of a narrowing).
+    Outside { rule: Option<&'a Rule> },
+    /// A change under a read-only rule.
+    ReadOnly { rule: &'a Rule },
+    /// A protected path, a secret file or a `--deny` glob.
+    Guarded(Hit),
 }
 
 #[derive(Default, PartialEq, Eq)]
@@ -51,20 +71,46 @@ struct Rules {
 
 impl fmt::Debug for Scope {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Scope").field("rules", &self.rules.rules).finish()
+        let mut d = f.debug_struct("Scope");
+        d.field("rules", &self.rules.rules);
+        if !self.guard.is_plain() {
+            d.field("guard", &*self.guard);
+        }
+        d.finish()
     }
+}
+
+/// A scope as written: its rules alone when its guard is the plain rule
+/// (as every scope was written before guards), else both.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum Written {
+    Rules(Vec<Rule>),
+    WithGuard { rules: Vec<Rule>, guard: Guard },
 }
 
 impl Serialize for Scope {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.rules.rules.serialize(s)
+        if self.guard.is_plain() {
+            self.rules.rules.serialize(s)
+        } else {
+            #[derive(Serialize)]
+            struct Both<'a> {
+                rules: &'a [Rule],
+                guard: &'a Guard,
+            }
+            Both { rules: &self.rules.rules, guard: &self.guard }.serialize(s)
+        }
     }
 }
 
 impl<'de> Deserialize<'de> for Scope {
     /// Taken as written, unsorted and unsimplified.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Vec::<Rule>::deserialize(d).map(Scope::kept)
+        Ok(match Written::deserialize(d)? {
+            Written::Rules(rules) => Scope::kept(rules),
+            Written::WithGuard { rules, guard } => Scope::kept(rules).with_guard(guard),
+        })
     }
 }
 
@@ -80,14 +126,27 @@ impl fmt::Display for ScopeError {
 
 impl Scope {
     /// Everything, read-write: the identity of [`Scope::intersect`].
+    /// Its guard lifts every rule too.
     pub fn everything() -> Self {
         Scope::kept(vec![Rule { path: PathBuf::from("/"), access: Some(Access::ReadWrite) }])
+            .with_guard(Guard::everything())
     }
 
-    /// A scope of `rules` as they are.
+    /// A scope of `rules` as they are, under the plain guard.
     fn kept(rules: Vec<Rule>) -> Self {
         let counts = rules.iter().map(|r| bytes::spelled_count(bytes::bytes(&r.path))).collect();
-        Scope { rules: Arc::new(Rules { rules, counts }) }
+        Scope { rules: Arc::new(Rules { rules, counts }), guard: Arc::default() }
+    }
+
+    /// The same rules under `guard`.
+    pub fn with_guard(mut self, guard: Guard) -> Self {
+        self.guard = Arc::new(guard);
+        self
+    }
+
+    /// Protected paths, secret files and `--deny` globs, with their grants.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
     }
 
     /// Nothing at all.
@@ -139,13 +198,47 @@ impl Scope {
             .map(|(_, r, _)| r)
     }
 
-    /// Whether `path` may be opened for reading, or writing when `write`.
+    /// Whether `path` may be opened for reading, or writing when `write`:
+    /// [`Scope::decide`] on a file.
     pub fn permits(&self, path: &Path, write: bool) -> bool {
-        match self.access(path) {
-            Some(Access::ReadWrite) => true,
-            Some(Access::ReadOnly) => !write,
-            None => false,
+        let b = bytes::bytes(path);
+        let act = if write { Act::Write } else { Act::Read };
+        self.decide_spelled(b, bytes::is_canonical(b), act, false).is_ok()
+    }
+
+    /// The decision on a resolved path (canonical, absolute) for `act`:
+    /// the most specific rule must give access (writing for an act that
+    /// changes the file system), then the guard must not refuse. `Ok`
+    /// carries what a grant lifted, for the report. `is_dir`: whether the
+    /// path is a directory (a `--deny` glob ending in `/` matches only
+    /// those).
+    pub fn decide(&self, path: &[u8], act: Act, is_dir: bool) -> Result<Option<Hit>, Denial<'_>> {
+        self.decide_spelled(path, true, act, is_dir)
+    }
+
+    fn decide_spelled(
+        &self,
+        path: &[u8],
+        spelled: bool,
+        act: Act,
+        is_dir: bool,
+    ) -> Result<Option<Hit>, Denial<'_>> {
+        let rule = self.rule_for_spelled(path, spelled);
+        let Some(r) = rule.filter(|r| r.access.is_some()) else {
+            return Err(Denial::Outside { rule });
+        };
+        let canonical;
+        let path = if spelled {
+            path
+        } else {
+            canonical = bytes::canonical(path);
+            &canonical
+        };
+        let hit = self.guard.check(Path::new(bytes::os(path)), act, is_dir).map_err(Denial::Guarded)?;
+        if act.changes() && r.access == Some(Access::ReadOnly) {
+            return Err(Denial::ReadOnly { rule: r });
         }
+        Ok(hit)
     }
 
     /// The scope that gives every path the lesser of the two accesses.
@@ -165,10 +258,11 @@ impl Scope {
         let mut v: Vec<Rule> = rules.collect();
         v.sort();
         v.dedup();
-        simplified(v)
+        simplified(v).with_guard(self.guard.intersect(&other.guard))
     }
 
-    /// The wire form: `{"rules":[{"path":"/a","access":"r"|"rw"|"none"}]}`.
+    /// The wire form: `{"rules":[{"path":"/a","access":"r"|"rw"|"none"}]}`,
+    /// with a `"guard"` ([`Guard::to_wire`]) unless it is the plain rule.
     pub fn to_wire(&self) -> serde_json::Value {
         let rules: Vec<serde_json::Value> = self
             .rules()
@@ -182,7 +276,11 @@ impl Scope {
                 serde_json::json!({ "path": r.path.to_string_lossy(), "access": access })
             })
             .collect();
-        serde_json::json!({ "rules": rules })
+        if self.guard.is_plain() {
+            serde_json::json!({ "rules": rules })
+        } else {
+            serde_json::json!({ "rules": rules, "guard": self.guard.to_wire() })
+        }
     }
 
     /// Parse the wire form, refusing relative, unnormalized or NUL-bearing
@@ -210,7 +308,13 @@ impl Scope {
             }
             out.push(Rule { path: p.to_path_buf(), access });
         }
-        Ok(Scope::from_rules(out))
+        // A level that sends no guard asks for the plain rule: no grant
+        // lifts it.
+        let guard = match v.get("guard") {
+            None => Guard::default(),
+            Some(g) => Guard::from_wire(g).map_err(|e| ScopeError(e.to_string()))?,
+        };
+        Ok(Scope::from_rules(out).with_guard(guard))
     }
 }
 
@@ -274,6 +378,31 @@ mod tests {
             .map(|i| serde_json::json!({"path": format!("/{i}"), "access": "r"}))
             .collect();
         assert!(Scope::from_wire(&serde_json::json!({ "rules": many })).is_err());
+    }
+
+    #[test]
+    fn a_guard_travels_with_its_scope() {
+        use crate::guard::{Grants, Guard};
+        let g = Guard::new(Grants::new(["/d/.git/hooks".into()]), Grants::default(), None, ["/h".into()]);
+        let s = Scope::from_rules([rule("/d", RW)]).with_guard(g.clone());
+        assert_eq!(Scope::from_wire(&s.to_wire()), Ok(s.clone()));
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<Scope>(&text).unwrap(), s);
+        // A scope with the plain rule is written as its rules alone, as
+        // before guards; read back, it has the plain rule.
+        let plain = Scope::from_rules([rule("/d", RW)]);
+        assert_eq!(serde_json::to_string(&plain).unwrap(), r#"[{"path":"/d","access":"read_write"}]"#);
+        assert_eq!(plain.to_wire(), serde_json::json!({"rules": [{"path": "/d", "access": "rw"}]}));
+        // A level that sends none gets no grant; one that grants more
+        // than this level is met with this level's.
+        let from_old =
+            Scope::from_wire(&serde_json::json!({"rules": [{"path": "/d", "access": "rw"}]})).unwrap();
+        assert!(!from_old.permits(Path::new("/d/.git/hooks/x"), true));
+        assert!(s.permits(Path::new("/d/.git/hooks/x"), true));
+        assert!(!s.intersect(&from_old).permits(Path::new("/d/.git/hooks/x"), true));
+        assert!(!s.permits(Path::new("/d/.env"), false));
+        assert!(Scope::everything().permits(Path::new("/d/.env"), false));
+        assert!(Scope::from_wire(&serde_json::json!({"rules": [], "guard": {"protected": ["x"]}})).is_err());
     }
 
     fn arb_path() -> impl Strategy<Value = PathBuf> {

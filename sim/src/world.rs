@@ -795,6 +795,7 @@ impl World {
                     let (result, resolved) = opened.map_err(misuse)?;
                     if let Some(p) = resolved {
                         self.check_confined(&p, mode, true)?;
+                        self.check_guarded(&p, mode)?;
                     }
                     result
                 }

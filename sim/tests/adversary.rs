@@ -17,6 +17,10 @@ use airlock_sim::{run_seed_with_bug, Scenario, SimOptions};
 use std::path::{Path, PathBuf};
 
 fn found(bug: PlantedBug, name: &str) {
+    found_as(bug, name, "confinement");
+}
+
+fn found_as(bug: PlantedBug, name: &str, invariant: &str) {
     let dir = std::env::temp_dir().join(format!("airlock-adversary-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let o = SimOptions {
@@ -32,7 +36,7 @@ fn found(bug: PlantedBug, name: &str) {
         .find(|r| !r.passed())
         .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 1000 adversary seeds"));
     let failure = res.failure.clone().unwrap();
-    assert_eq!(failure.invariant, "confinement", "{}", res.swarm_description());
+    assert_eq!(failure.invariant, invariant, "{}", res.swarm_description());
     let shrunk = res.shrunk.clone().unwrap();
     assert!(shrunk.clients <= 2, "not shrunk: {}", res.swarm_description());
     let path = res.trace.clone().expect("a failing seed writes its trace");
@@ -41,7 +45,7 @@ fn found(bug: PlantedBug, name: &str) {
     assert!(lines < 2_000, "trace of {lines} lines: {}", res.swarm_description());
     let report = replay(text.as_bytes()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(report.header.config.planted_bug, Some(bug));
-    assert_eq!(report.header.meta.as_ref().unwrap()["failure"]["invariant"], "confinement");
+    assert_eq!(report.header.meta.as_ref().unwrap()["failure"]["invariant"], invariant);
     if std::env::var_os("AIRLOCK_KEEP_PLANTED_TRACES").is_some() {
         let keep =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/planted").join(format!("{name}.jsonl"));
@@ -69,4 +73,29 @@ fn forwarding_a_nested_relative_name_upstream_is_found() {
 #[test]
 fn a_nested_level_that_does_not_narrow_is_found() {
     found(PlantedBug::NestedSkipsNarrow, "nested-skips-narrow");
+}
+
+/// DESIGN.md invariants 13 and 14: a nested level's grants of protected
+/// paths and secret files must meet the top's, never replace them.
+#[test]
+fn a_nested_level_whose_grants_replace_the_top_s_is_found() {
+    found_any(PlantedBug::GuardNestedReplaces, "guard-nested-replaces", &["protected_paths", "secret_files"]);
+}
+
+fn found_any(bug: PlantedBug, name: &str, invariants: &[&str]) {
+    let o = SimOptions {
+        seeds: 0..1,
+        steps: None,
+        clients: None,
+        scenario: Scenario::Adversary,
+        jobs: 1,
+        trace_dir: None,
+    };
+    let res = (0..1000)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 1000 adversary seeds"));
+    let invariant = res.failure.clone().unwrap().invariant;
+    assert!(invariants.contains(&invariant.as_str()), "{invariant}: {}", res.swarm_description());
+    found_as(bug, name, &invariant);
 }

@@ -22,7 +22,9 @@
 
 use super::filter;
 use airlock_core::sandbox::bounds::{Bound, Rlimit};
-use airlock_core::sandbox::{Applied, Confinement, Mount, Namespace, NsMode, StageStatus, View};
+use airlock_core::sandbox::{
+    Applied, Confinement, Cover, CoverRefusal, Mount, Namespace, NsMode, StageStatus, View,
+};
 use std::ffi::{CString, OsString};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -443,6 +445,11 @@ fn fallback(
     status: &mut Option<std::fs::File>,
     joined: &[Bound],
 ) -> i32 {
+    // Without a mount view nothing can be masked or kept read-only.
+    if let Some(first) = plan.view.covers.first() {
+        let refusal = CoverRefusal::NoMountNamespace { first: first.clone(), count: plan.view.covers.len() };
+        return refuse(status, refusal.to_string());
+    }
     // SAFETY: a flag on our own process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let me = std::process::id() as libc::pid_t;
@@ -838,6 +845,7 @@ fn build_view(view: &View) -> anyhow::Result<bool> {
             }
         }
     }
+    apply_covers(&view.covers)?;
     mount(None, new_root, None, libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV, None)?;
     umount_detach(Path::new(OLD_ROOT))?;
     std::env::set_current_dir(new_root)?;
@@ -848,6 +856,42 @@ fn build_view(view: &View) -> anyhow::Result<bool> {
         std::env::set_current_dir("/")?;
     }
     Ok(proc)
+}
+
+/// The guard's covers over the trees just bound (see
+/// `airlock_core::sandbox::guarded`): masks are an empty file or
+/// directory of the scratch root, read-only; read-only paths and pins are
+/// bound over themselves. A path gone since it was found is skipped; one
+/// that became a symlink is refused (a mount would follow it).
+fn apply_covers(covers: &[Cover]) -> anyhow::Result<()> {
+    if covers.is_empty() {
+        return Ok(());
+    }
+    // The scratch root (`/` now) outlives nothing it lends: a bind keeps
+    // its inode.
+    let (empty_file, empty_dir) = (Path::new("/mask-file"), Path::new("/mask-dir"));
+    std::fs::File::create(empty_file)?;
+    std::fs::create_dir(empty_dir)?;
+    for c in covers {
+        let dst = inside(NEW_ROOT, c.path());
+        let Ok(meta) = std::fs::symlink_metadata(&dst) else { continue };
+        if meta.file_type().is_symlink() {
+            anyhow::bail!("{} became a symlink while the view was made", c.path().display());
+        }
+        match c {
+            Cover::Mask { dir, .. } => {
+                let src = if *dir { empty_dir } else { empty_file };
+                mount(Some(src), &dst, None, libc::MS_BIND, None)?;
+                make_read_only(&dst)?;
+            }
+            Cover::ReadOnly { .. } => {
+                mount(Some(&dst), &dst, None, libc::MS_BIND | libc::MS_REC, None)?;
+                make_read_only(&dst)?;
+            }
+            Cover::Pin { .. } => mount(Some(&dst), &dst, None, libc::MS_BIND | libc::MS_REC, None)?,
+        }
+    }
+    Ok(())
 }
 
 fn make_parent(p: &Path) -> std::io::Result<()> {

@@ -32,6 +32,16 @@ pub struct ToolArgs {
     /// Refuse paths matching GLOB (gitignore syntax, relative to the project).
     #[arg(long, value_name = "GLOB")]
     pub deny: Vec<String>,
+    /// Let the tool change the protected path PATH (project-relative) and
+    /// what lies beneath it: `.git/config`, `.git/hooks`, `.vscode`, … are
+    /// never changed otherwise.
+    #[arg(long = "allow-protected", value_name = "PATH")]
+    pub allow_protected: Vec<String>,
+    /// Let the tool read the secret file PATH (project-relative): the
+    /// `.env` family, SSH keys and credential files are never served
+    /// otherwise.
+    #[arg(long = "allow-secret", value_name = "PATH")]
+    pub allow_secret: Vec<String>,
     /// A program process.run may start: a bare name (resolved on PATH now) or an absolute path.
     #[arg(long = "allow-cmd", value_name = "PROG")]
     pub allow_cmd: Vec<String>,
@@ -93,6 +103,19 @@ pub struct ToolArgs {
     pub argv: Vec<OsString>,
 }
 
+/// The user's home, as written and resolved: its start-up files are
+/// protected wherever a root covers it.
+pub(crate) fn homes() -> Vec<PathBuf> {
+    let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from) else {
+        return Vec::new();
+    };
+    let real = std::fs::canonicalize(&home).ok();
+    let mut out = vec![home];
+    out.extend(real);
+    out.dedup();
+    out
+}
+
 fn secs(s: &str) -> Result<Duration, String> {
     let v: f64 = s.parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
     Duration::try_from_secs_f64(v).map_err(|_| format!("{s:?} is not a valid number of seconds"))
@@ -145,20 +168,24 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         allow_url: a.allow_url.clone(),
         env_allow: a.env_allow.iter().map(|v| (v.clone(), take_secret(v))).collect(),
         path_env,
+        allow_protected: a.allow_protected.clone(),
+        allow_secret: a.allow_secret.clone(),
+        homes: homes(),
     };
     let policy = ToolPolicy::new(&policy_config)?;
-    Ok(Prepared {
-        project,
-        config,
-        policy,
-        policy_config,
-        record: a.record.clone(),
-        grants: process::Grants {
-            require_namespaces: a.require_namespaces,
-            read_only: canonical_all(&a.sandbox_ro, "--sandbox-ro")?,
-            read_write: canonical_all(&a.sandbox_rw, "--sandbox-rw")?,
-        },
-    })
+    let grants = process::Grants {
+        require_namespaces: a.require_namespaces,
+        read_only: canonical_all(&a.sandbox_ro, "--sandbox-ro")?,
+        read_write: canonical_all(&a.sandbox_rw, "--sandbox-rw")?,
+        project: policy
+            .gate()
+            .roots()
+            .into_iter()
+            .map(|(p, access)| (p, access == airlock_core::policy::Access::ReadWrite))
+            .collect(),
+        guard: policy.gate().guard().clone(),
+    };
+    Ok(Prepared { project, config, policy, policy_config, record: a.record.clone(), grants })
 }
 
 /// An `--env-allow` value, removed from airlock's own environment (as

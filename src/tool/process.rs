@@ -49,6 +49,12 @@ pub struct Grants {
     pub read_only: Vec<std::path::PathBuf>,
     /// Resolved paths, read and written directly.
     pub read_write: Vec<std::path::PathBuf>,
+    /// The tool policy's roots (absolute, resolved) and whether each is
+    /// writable: what a `process.run` program reaches of the project.
+    pub project: Vec<(std::path::PathBuf, bool)>,
+    /// The tool policy's guard, covering secret files, `--deny`ed paths
+    /// and protected paths in every tree reached directly.
+    pub guard: airlock_core::guard::Guard,
 }
 
 impl Grants {
@@ -59,6 +65,40 @@ impl Grants {
         for p in &self.read_write {
             ruleset.grant_read_write(p.clone());
         }
+    }
+
+    /// The project as the tool's policy lets it be reached: its read-only
+    /// roots read and executed, its read-write roots read and written;
+    /// nothing of it otherwise.
+    fn apply_project(&self, ruleset: &mut airlock_core::sandbox::Ruleset) {
+        for (p, writable) in &self.project {
+            if !p.exists() {
+                continue;
+            }
+            if *writable {
+                ruleset.grant_read_write(p.clone());
+            } else {
+                ruleset.grant_read_exec(p.clone());
+            }
+        }
+    }
+
+    /// What the guard covers in the trees `ruleset` grants directly.
+    fn covers(
+        &self,
+        ruleset: &airlock_core::sandbox::Ruleset,
+    ) -> anyhow::Result<Vec<airlock_core::sandbox::Cover>> {
+        use airlock_core::sandbox::Source;
+        let trees: Vec<crate::guardscan::Tree> = ruleset
+            .paths
+            .iter()
+            .filter_map(|r| match r.source {
+                Source::User => Some(crate::guardscan::Tree { path: r.path.clone(), writable: false }),
+                Source::WorkDir => Some(crate::guardscan::Tree { path: r.path.clone(), writable: true }),
+                _ => None,
+            })
+            .collect();
+        Ok(crate::guardscan::scan(&self.guard, &trees)?.covers)
     }
 }
 
@@ -101,7 +141,8 @@ pub fn spawn_tool(
         eprintln!("airlock: tool: granted read-only: {} ({})", g.path.display(), g.reason);
     }
     let argv = &started.argv[..];
-    let view = airlock_core::sandbox::view_for(&ruleset, cwd);
+    let mut view = airlock_core::sandbox::view_for(&ruleset, cwd);
+    view.covers = grants.covers(&ruleset)?;
     let mode = crate::confine::ns_mode(grants.require_namespaces)?;
     let mut plan = crate::confine::confinement(ruleset, view, mode, false, 2);
     let groups = crate::confine::bounds::bound(&mut plan);
@@ -148,14 +189,18 @@ fn readable_by_policy(policy: &airlock_core::vfs::ToolPolicy, real: &std::path::
 /// group (the core cancelled it or its `--op-timeout` passed).
 ///
 /// The process goes through airlock's one confinement: the system
-/// locations, its program, the project read-write (its working directory,
-/// as `airlock tool` has always granted it), the network as before, and
-/// nothing else of the host; namespaces where available.
+/// locations, its program, the project as the tool's policy lets the tool
+/// reach it (read-only roots read-only, read-write roots writable, secret
+/// files and `--deny`ed paths masked, protected paths read-only), the
+/// network as before, and nothing else of the host; namespaces where
+/// available (without them, a project holding anything to cover is
+/// refused).
 pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpError> {
     use airlock_core::sandbox::StageStatus;
     let starting = |e: &dyn std::fmt::Display| OpError::io(format!("starting {}: {e}", p.program.display()));
     let abi = crate::sandbox::detect_abi();
-    let mut ruleset = airlock_core::sandbox::tool_ruleset(abi, &p.cwd, true).map_err(|e| starting(&e))?;
+    let mut ruleset = airlock_core::sandbox::system_ruleset(abi, true).map_err(|e| starting(&e))?;
+    grants.apply_project(&mut ruleset);
     grants.apply(&mut ruleset);
     // The program itself, unless a granted location (the system's, the
     // project) already holds it: a file bound over one inside a bound
@@ -165,7 +210,8 @@ pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpErro
             ruleset.grant_read_exec(real);
         }
     }
-    let view = airlock_core::sandbox::view_for(&ruleset, p.cwd.clone());
+    let mut view = airlock_core::sandbox::view_for(&ruleset, p.cwd.clone());
+    view.covers = grants.covers(&ruleset).map_err(|e| starting(&e))?;
     let mode = crate::confine::ns_mode(grants.require_namespaces).map_err(|e| starting(&e))?;
     let mut plan = crate::confine::confinement(ruleset, view, mode, true, 2);
     // Removed when this run ends, however it ends.

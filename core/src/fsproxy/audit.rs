@@ -17,6 +17,9 @@ pub enum AuditOp {
     Read,
     Write,
     Close,
+    /// A request resolved to a protected path, a secret file or a
+    /// `--deny`ed path: refused, or lifted by a grant (`allowed`).
+    Guard,
 }
 
 /// One file operation and its outcome.
@@ -45,6 +48,36 @@ pub struct AuditRecord {
     /// outside every root): kept in memory, never written to disk.
     #[serde(default, rename = "virtual", skip_serializing_if = "std::ops::Not::not")]
     pub is_virtual: bool,
+    /// For `guard`: the rule that matched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<crate::guard::Rule>,
+}
+
+impl AuditRecord {
+    /// The record of a guarded path the walk of `client`'s request met.
+    pub fn guarded(client: ClientId, hit: &crate::guard::Hit) -> Self {
+        AuditRecord {
+            client,
+            op: AuditOp::Guard,
+            path: Some(hit.path.to_string_lossy().into_owned()),
+            mode: None,
+            handle: None,
+            bytes: None,
+            allowed: hit.granted,
+            code: None,
+            reason: Some(if hit.granted {
+                format!(
+                    "{} ({}): lifted by {}",
+                    hit.path.display(),
+                    hit.rule.describe(),
+                    hit.flag().unwrap_or("")
+                )
+            } else {
+                hit.to_string()
+            }),
+            rule: Some(hit.rule),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -126,6 +159,7 @@ impl Audit {
             code: None,
             reason: None,
             is_virtual: asked.is_virtual,
+            rule: None,
         };
         match outcome {
             Ok(Success::Opened { handle }) => {

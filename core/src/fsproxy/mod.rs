@@ -191,6 +191,10 @@ pub enum PlantedBug {
     /// A nested level never narrows its upstream, so the top resolves its
     /// requests under the top's policy alone.
     NestedSkipsNarrow,
+    /// The guard a nested level narrows to replaces this level's instead
+    /// of meeting it: the nested level's `--allow-protected` and
+    /// `--allow-secret` grants lift the rule here.
+    GuardNestedReplaces,
     /// The pager forgets the session's `max_total_bytes`.
     PagerIgnoresLimit,
     /// A connection holding a partial frame reserves room for a whole
@@ -325,6 +329,13 @@ pub enum Input {
     /// A connection on the session socket sent a wrong secret, or none in
     /// time; the shell has closed it.
     Unauthenticated,
+    /// The walk of effect `id` met a protected path, a secret file or a
+    /// `--deny` glob (refused, or lifted by a grant): for the report and
+    /// the audit log. Fed before the effect's `EffectDone`.
+    Guarded {
+        id: EffectId,
+        hit: crate::guard::Hit,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -496,6 +507,30 @@ pub struct Stats {
     /// secret.
     #[serde(default)]
     pub socket_unauthenticated: u64,
+    /// Every protected path, secret file and `--deny`ed path a request
+    /// resolved to, with its rule and how often it was refused and
+    /// granted (at most [`MAX_GUARDED_PATHS`] paths; more are counted in
+    /// `guarded_unlisted`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub guarded: BTreeMap<PathBuf, GuardedPath>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub guarded_unlisted: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Paths the report lists in `guarded`.
+pub const MAX_GUARDED_PATHS: usize = 1024;
+
+/// One guarded path in [`Stats::guarded`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardedPath {
+    pub rule: crate::guard::Rule,
+    pub class: crate::guard::Class,
+    pub refused: u64,
+    pub granted: u64,
 }
 
 #[derive(Debug)]
@@ -726,22 +761,28 @@ pub struct FsProxy {
     starting_reads: Vec<read_batch::Starting>,
 }
 
-/// A nested level's narrowing refuses `abs` before anything is resolved.
+/// A nested level's narrowing refuses `abs` before anything is resolved
+/// (the decision on the resolved file follows, at the level that holds
+/// it).
 fn narrowed_permit(narrowing: Option<&Scope>, abs: &std::path::Path, write: bool) -> Result<(), Failure> {
-    match narrowing {
-        Some(n) if !n.permits(abs, write) => {
-            let rule = n.rule_for(abs).map(|r| r.path.display().to_string());
-            let msg = match (n.permits(abs, false), rule) {
-                (true, Some(r)) => format!("path is under {r}, which a nested level narrowed to read-only"),
-                (false, Some(r)) => format!("path is under {r}, which a nested level denies"),
-                (_, None) => {
-                    "path is outside the roots a nested level narrowed this connection to".to_owned()
-                }
-            };
-            Err(Failure::new(ErrorCode::Perm, msg))
+    use crate::scope::Denial;
+    let Some(n) = narrowing else { return Ok(()) };
+    let act = if write { crate::guard::Act::Write } else { crate::guard::Act::Read };
+    let canonical = crate::policy::bytes::canonical(crate::policy::bytes::bytes(abs));
+    let msg = match n.decide(&canonical, act, false) {
+        Ok(_) => return Ok(()),
+        Err(Denial::Guarded(hit)) => hit.to_string(),
+        Err(Denial::ReadOnly { rule }) => {
+            format!("path is under {}, which a nested level narrowed to read-only", rule.path.display())
         }
-        _ => Ok(()),
-    }
+        Err(Denial::Outside { rule: Some(r) }) => {
+            format!("path is under {}, which a nested level denies", r.path.display())
+        }
+        Err(Denial::Outside { rule: None }) => {
+            "path is outside the roots a nested level narrowed this connection to".to_owned()
+        }
+    };
+    Err(Failure::new(ErrorCode::Perm, msg))
 }
 
 fn missing_failure(h: Handle, m: Missing) -> Failure {
@@ -847,7 +888,7 @@ impl FsProxy {
             upstream_alive: config.upstream,
             next_upstream_id: 0,
             next_attached: ATTACHED_CLIENT_BASE,
-            own_scope: Scope::from_roots(config.policy.roots()),
+            own_scope: config.policy.scope(),
             up_narrow: UpNarrow::NotSent,
             outputs: VecDeque::new(),
             audit: config.audit.then(audit::Audit::default),
@@ -965,6 +1006,7 @@ impl FsProxy {
             Input::Tick => self.feed_broker(BrokerInput::Tick),
             Input::Accepted => self.accept(),
             Input::Unauthenticated => self.stats.socket_unauthenticated += 1,
+            Input::Guarded { id, hit } => self.guarded(id, hit),
         }
         self.flush_reads();
     }
@@ -1664,6 +1706,9 @@ impl FsProxy {
             // The usual case: no request scope, and the client's
             // intersection with this level was computed at its `narrow`.
             (Some(_), Some(eff), false) if bug.is_none() => eff,
+            (Some(n), _, _) if bug == Some(PlantedBug::GuardNestedReplaces) => {
+                own.intersect(n).with_guard(n.guard().clone())
+            }
             (Some(n), _, _) => own.intersect(n),
             (None, _, _) => own,
         }
@@ -1810,6 +1855,32 @@ impl FsProxy {
             self.pump(client);
         } else {
             self.cleanup(client);
+        }
+    }
+
+    /// The walk of effect `id` met a guarded path: counted, and audited
+    /// for the client the effect is for.
+    fn guarded(&mut self, id: EffectId, hit: crate::guard::Hit) {
+        let known =
+            self.stats.guarded.len() < MAX_GUARDED_PATHS || self.stats.guarded.contains_key(&hit.path);
+        if known {
+            let entry = self.stats.guarded.entry(hit.path.clone()).or_insert(GuardedPath {
+                rule: hit.rule,
+                class: hit.class,
+                refused: 0,
+                granted: 0,
+            });
+            if hit.granted {
+                entry.granted += 1;
+            } else {
+                entry.refused += 1;
+            }
+        } else {
+            self.stats.guarded_unlisted += 1;
+        }
+        if self.audit.is_some() {
+            let client = self.pending.get(&id).map_or(ClientId(0), |p| p.client);
+            self.outputs.push_back(Output::Audit { record: audit::AuditRecord::guarded(client, &hit) });
         }
     }
 

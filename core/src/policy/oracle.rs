@@ -216,6 +216,12 @@ fn old_open<N: OpenFinal>(
         if !old_permits(scope.rules(), &full, false) {
             return Err(old_outside(scope, full, via));
         }
+        // The guard is its own module, with its own tests: the walk is
+        // held to asking it, on the resolved path, in this order.
+        let act = if mode.writable() { crate::guard::Act::Write } else { crate::guard::Act::Read };
+        if let Err(hit) = scope.guard().check(&full, act, false) {
+            return Err(Refusal::Guarded { hit, via });
+        }
         if mode.writable() && !old_permits(scope.rules(), &full, true) {
             let root = old_rule_for(scope.rules(), &full).map_or_else(|| full.clone(), |r| r.path.clone());
             return Err(Refusal::ReadOnly { path: full, root, via });

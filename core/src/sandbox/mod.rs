@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 
 pub mod bounds;
 mod confine;
+mod guarded;
 mod namespaces;
 pub mod program;
 mod report;
@@ -57,6 +58,7 @@ mod tests_seccomp;
 mod tests_session;
 
 pub use confine::*;
+pub use guarded::*;
 pub use namespaces::*;
 pub use report::*;
 pub use seccomp::*;

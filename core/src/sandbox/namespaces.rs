@@ -134,6 +134,11 @@ impl Mount {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct View {
     pub mounts: Vec<Mount>,
+    /// Secret files masked, protected paths kept read-only and git
+    /// directories pinned in the trees granted directly (see
+    /// [`super::guarded`]), mounted after `mounts`, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub covers: Vec<super::Cover>,
     /// The working directory inside.
     pub cwd: PathBuf,
     pub hostname: String,
@@ -196,7 +201,13 @@ pub fn view(inputs: &ViewInputs) -> View {
         mounts.push(Mount::Bind { path: exe.clone(), writable: false, required: true });
     }
     mounts.push(Mount::Dir { path: inputs.cwd.clone() });
-    View { mounts, cwd: inputs.cwd.clone(), hostname: HOSTNAME.to_owned(), root_size: ROOT_TMPFS_SIZE }
+    View {
+        mounts,
+        covers: Vec::new(),
+        cwd: inputs.cwd.clone(),
+        hostname: HOSTNAME.to_owned(),
+        root_size: ROOT_TMPFS_SIZE,
+    }
 }
 
 impl View {

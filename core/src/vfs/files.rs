@@ -28,8 +28,8 @@
 
 use super::effect::OpError;
 use super::scrub::Scrubber;
+use crate::guard::{Act, Class, Guard, Hit};
 use crate::scope::Scope;
-use ignore::gitignore::Gitignore;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -135,8 +135,9 @@ pub struct Gate {
     project: PathBuf,
     /// Roots over `/` + project-relative paths.
     scope: Scope,
-    deny: Gitignore,
-    env_files: Gitignore,
+    /// Protected paths, secret files and `--deny` globs, decided on the
+    /// absolute path (`project` joined with the project path).
+    guard: Guard,
     max_file: usize,
     max_grep_lines: usize,
     /// `PlantedBug::ToolLexicalOnly`.
@@ -149,18 +150,11 @@ pub struct Gate {
 }
 
 impl Gate {
-    pub(crate) fn new(
-        project: PathBuf,
-        scope: Scope,
-        deny: Gitignore,
-        env_files: Gitignore,
-        scrubber: Scrubber,
-    ) -> Self {
+    pub(crate) fn new(project: PathBuf, scope: Scope, guard: Guard, scrubber: Scrubber) -> Self {
         Gate {
             project,
             scope,
-            deny,
-            env_files,
+            guard,
             max_file: super::DEFAULT_MAX_FILE,
             max_grep_lines: super::DEFAULT_MAX_GREP_LINES,
             lexical_only: false,
@@ -199,6 +193,26 @@ impl Gate {
         &self.project
     }
 
+    /// Protected paths, secret files and `--deny` globs.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// The roots as absolute paths with their access, shallowest first:
+    /// what a `process.run` program may reach of the project directly.
+    pub fn roots(&self) -> Vec<(PathBuf, crate::policy::Access)> {
+        self.scope
+            .rules()
+            .iter()
+            .filter_map(|r| {
+                let rel = r.path.strip_prefix("/").unwrap_or(&r.path);
+                let abs =
+                    if rel.as_os_str().is_empty() { self.project.clone() } else { self.project.join(rel) };
+                r.access.map(|a| (abs, a))
+            })
+            .collect()
+    }
+
     /// Largest file read or written, in bytes.
     pub fn max_file(&self) -> usize {
         self.max_file
@@ -218,8 +232,9 @@ impl Gate {
     }
 
     /// May `path` (resolved, or as written) be read (`write` false) or
-    /// written? `is_dir` says whether it is a directory (deny globs ending
-    /// in `/` match directories only). `.env` files, then `--deny`, then
+    /// changed (written, created, removed, renamed)? `is_dir` says whether
+    /// it is a directory (deny globs ending in `/` match directories
+    /// only). The guard (`--deny`, secret files, protected paths), then
     /// the most specific root decide.
     pub fn check(&self, path: &ProjectPath, write: bool, is_dir: bool) -> Result<(), OpError> {
         match self.refusal(path, write, is_dir) {
@@ -255,13 +270,11 @@ impl Gate {
 
     /// The rule that refuses `path` so, if one does.
     fn refusal(&self, path: &ProjectPath, write: bool, is_dir: bool) -> Option<Refused> {
-        let abs = self.project.join(path.as_str());
         if !path.is_root() {
-            if self.env_files.matched_path_or_any_parents(&abs, is_dir).is_ignore() {
-                return Some(Refused::EnvFile);
-            }
-            if self.deny.matched_path_or_any_parents(&abs, is_dir).is_ignore() {
-                return Some(Refused::Deny);
+            let abs = self.project.join(path.as_str());
+            let act = if write { Act::Write } else { Act::Read };
+            if let Err(hit) = self.guard.check(&abs, act, is_dir) {
+                return Some(Refused::Guard(hit));
             }
         }
         let virt = Path::new("/").join(path.as_str());
@@ -274,32 +287,56 @@ impl Gate {
 }
 
 /// The rule a [`Gate`] refuses a path by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Refused {
-    EnvFile,
-    Deny,
+    /// A protected path, a secret file or a `--deny` glob.
+    Guard(Hit),
     NoRoot,
     ReadOnly,
 }
 
 impl Refused {
     /// Worded for the path itself.
-    fn direct(self) -> &'static str {
+    fn direct(&self) -> String {
         match self {
-            Refused::EnvFile => ".env files are never accessible",
-            Refused::Deny => "it matches a --deny glob",
-            Refused::NoRoot => "it is under no --allow or --allow-rw root",
-            Refused::ReadOnly => "it is under a read-only root (--allow)",
+            // The words `.env` files were always refused with.
+            Refused::Guard(hit) if hit.rule == crate::guard::Rule::EnvFile => {
+                ".env files are never accessible".into()
+            }
+            Refused::Guard(hit) => match hit.class {
+                Class::Secret => format!(
+                    "it is a secret file ({}), never served; --allow-secret PATH shares one",
+                    hit.rule.describe()
+                ),
+                Class::Protected => format!(
+                    "it is a protected path ({}), read but never changed; --allow-protected PATH lifts it",
+                    hit.rule.describe()
+                ),
+                Class::Denied => "it matches a --deny glob".into(),
+            },
+            Refused::NoRoot => "it is under no --allow or --allow-rw root".into(),
+            Refused::ReadOnly => "it is under a read-only root (--allow)".into(),
         }
     }
 
     /// Worded for a path a symlink on it leads to, which it does not name.
-    fn through_link(self) -> &'static str {
+    fn through_link(&self) -> String {
         match self {
-            Refused::EnvFile => "a symlink on it leads to a .env file, never accessible",
-            Refused::Deny => "a symlink on it leads where a --deny glob matches",
-            Refused::NoRoot => "a symlink on it leads under no --allow or --allow-rw root",
-            Refused::ReadOnly => "a symlink on it leads under a read-only root (--allow)",
+            Refused::Guard(hit) if hit.rule == crate::guard::Rule::EnvFile => {
+                "a symlink on it leads to a .env file, never accessible".into()
+            }
+            Refused::Guard(hit) => match hit.class {
+                Class::Secret => {
+                    format!("a symlink on it leads to a secret file ({}), never served", hit.rule.describe())
+                }
+                Class::Protected => format!(
+                    "a symlink on it leads to a protected path ({}), never changed",
+                    hit.rule.describe()
+                ),
+                Class::Denied => "a symlink on it leads where a --deny glob matches".into(),
+            },
+            Refused::NoRoot => "a symlink on it leads under no --allow or --allow-rw root".into(),
+            Refused::ReadOnly => "a symlink on it leads under a read-only root (--allow)".into(),
         }
     }
 }

@@ -39,6 +39,7 @@ pub fn policy_config() -> PolicyConfig {
         allow_url: vec!["http://127.0.0.1:9/api".into()],
         env_allow: vec![("TOKEN".into(), Some(SECRET.into()))],
         path_env: "/usr/bin".into(),
+        ..Default::default()
     }
 }
 

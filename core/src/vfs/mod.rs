@@ -174,6 +174,8 @@ fn is_default_max_line_values(n: &usize) -> bool {
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_guard;
+#[cfg(test)]
 mod tests_host;
 #[cfg(test)]
 mod tests_parts;

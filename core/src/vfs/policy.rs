@@ -1,4 +1,5 @@
-//! The tool's access policy: project roots, deny globs, `.env` files,
+//! The tool's access policy: project roots, the guard (protected paths,
+//! secret files, deny globs: `crate::guard`, the rule every door shares),
 //! commands, URL prefixes and environment variables.
 //!
 //! File decisions are made twice: on the path as the tool wrote it
@@ -12,9 +13,9 @@ use super::scrub::Scrubber;
 use super::url::path_extends;
 pub use super::url::CheckedUrl;
 use super::MIN_SECRET_LEN;
+use crate::guard::{DenySet, Grants, Guard};
 use crate::policy::{normalize, Access};
 use crate::scope::{Rule, Scope};
-use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,17 @@ pub struct PolicyConfig {
     pub allow_rw: Vec<String>,
     /// `--deny`: gitignore-syntax globs, relative to the project root.
     pub deny: Vec<String>,
+    /// `--allow-protected`: protected paths the tool may change,
+    /// project-relative or absolute inside the project.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_protected: Vec<String>,
+    /// `--allow-secret`: secret files the tool may read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_secret: Vec<String>,
+    /// Home directories (absolute, resolved) whose start-up files are
+    /// protected, besides `/root` and `/home/NAME`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub homes: Vec<PathBuf>,
     /// `--allow-cmd`: each as written (bare name or absolute path), with
     /// the absolute program the shell resolved it to at start.
     pub allow_cmd: Vec<(String, PathBuf)>,
@@ -46,8 +58,19 @@ pub struct PolicyConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PolicyError {
     RootOutsideProject(String),
-    BadDeny { glob: String, why: String },
-    BadUrlPrefix { prefix: String, why: String },
+    /// An `--allow-protected` or `--allow-secret` path outside the project.
+    GrantOutsideProject {
+        flag: &'static str,
+        path: String,
+    },
+    BadDeny {
+        glob: String,
+        why: String,
+    },
+    BadUrlPrefix {
+        prefix: String,
+        why: String,
+    },
     ProjectNotAbsolute(PathBuf),
 }
 
@@ -55,6 +78,9 @@ impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PolicyError::RootOutsideProject(r) => write!(f, "root {r:?} is outside the project"),
+            PolicyError::GrantOutsideProject { flag, path } => {
+                write!(f, "{flag} {path:?} is outside the project")
+            }
             PolicyError::BadDeny { glob, why } => write!(f, "--deny {glob:?}: {why}"),
             PolicyError::BadUrlPrefix { prefix, why } => write!(f, "--allow-url {prefix:?}: {why}"),
             PolicyError::ProjectNotAbsolute(p) => write!(f, "project root {} is not absolute", p.display()),
@@ -110,27 +136,34 @@ impl ToolPolicy {
             }
         }
         let scope = Scope::from_rules(scope_rules);
-        let mut deny = GitignoreBuilder::new(&project);
         for g in &cfg.deny {
-            deny.add_line(None, g)
+            DenySet::new(project.clone(), vec![g.clone()])
                 .map_err(|e| PolicyError::BadDeny { glob: g.clone(), why: e.to_string() })?;
         }
-        let deny = deny
-            .build()
+        let deny = DenySet::new(project.clone(), cfg.deny.clone())
             .map_err(|e| PolicyError::BadDeny { glob: cfg.deny.join(" "), why: e.to_string() })?;
-        let mut env_files = GitignoreBuilder::new(&project);
-        for g in ENV_FILE_GLOBS {
-            // Fixed, valid globs.
-            let _ = env_files.add_line(None, g);
-        }
-        let env_files = env_files.build().unwrap_or_else(|_| Gitignore::empty());
+        let grants = |flag: &'static str, paths: &[String]| -> Result<Grants, PolicyError> {
+            let mut out = Vec::new();
+            for p in paths {
+                let rel = root_rel(&project, p)
+                    .ok_or_else(|| PolicyError::GrantOutsideProject { flag, path: p.clone() })?;
+                out.push(project.join(rel));
+            }
+            Ok(Grants::new(out))
+        };
+        let guard = Guard::new(
+            grants("--allow-protected", &cfg.allow_protected)?,
+            grants("--allow-secret", &cfg.allow_secret)?,
+            Some(deny),
+            cfg.homes.iter().cloned(),
+        );
         let mut urls = Vec::new();
         for u in &cfg.allow_url {
             urls.push(parse_prefix(u)?);
         }
         let scrubber = Scrubber::new(cfg.env_allow.iter().filter_map(|(_, v)| v.as_deref()), MIN_SECRET_LEN);
         Ok(ToolPolicy {
-            gate: Gate::new(project, scope, deny, env_files, scrubber),
+            gate: Gate::new(project, scope, guard, scrubber),
             commands: cfg.allow_cmd.clone(),
             urls,
             env: cfg.env_allow.clone(),
@@ -240,9 +273,6 @@ impl ToolPolicy {
     }
 }
 
-/// `.env` files are never reachable (RFD 075), whatever `--deny` says.
-pub const ENV_FILE_GLOBS: [&str; 2] = ["**/.env", "**/.env.*"];
-
 fn root_rel(project: &Path, root: &str) -> Option<PathBuf> {
     if root.is_empty() || root.contains('\0') {
         return None;
@@ -280,6 +310,7 @@ mod tests {
             allow_url: vec!["https://api.example.com/v1".into(), "http://127.0.0.1:8080/".into()],
             env_allow: vec![("TOKEN".into(), Some("tok-123456".into())), ("UNSET".into(), None)],
             path_env: "/usr/bin".into(),
+            ..Default::default()
         })
         .unwrap()
     }

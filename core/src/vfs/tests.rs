@@ -15,6 +15,7 @@ pub(crate) fn policy_cfg() -> PolicyConfig {
         allow_url: vec!["http://127.0.0.1:9/api".into()],
         env_allow: vec![("TOKEN".into(), Some("s3cr3t-token".into()))],
         path_env: "/usr/bin:/bin".into(),
+        ..Default::default()
     }
 }
 

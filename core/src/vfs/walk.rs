@@ -100,7 +100,7 @@ fn refused(shown: &ProjectPath, r: Refusal) -> OpError {
         Refusal::Denied(m) => OpError::denied(format!("path {shown} denied: {m}")),
         Refusal::Fs(m) => OpError::io(format!("{shown}: {m}")),
         // Decisions of a scope: not made by this walk.
-        Refusal::Outside { .. } | Refusal::ReadOnly { .. } => {
+        Refusal::Outside { .. } | Refusal::ReadOnly { .. } | Refusal::Guarded { .. } => {
             OpError::denied(format!("path {shown} denied: it is outside the project"))
         }
     }

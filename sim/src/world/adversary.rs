@@ -14,6 +14,7 @@ use super::{invalid, next_id, pick, request, send, violation, Check, Kind, World
 use crate::fs::HostFs;
 use crate::swarm::FaultKind;
 use airlock_core::fsproxy::wire::Mode;
+use airlock_core::guard::{Act, Class, Grants, Guard};
 use airlock_core::policy::{Access, Policy, Root};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -38,7 +39,7 @@ pub struct Adversary {
 
 /// Attack sites: where the attacker puts symlinks, and what they may point at
 /// (`None`: no link, a regular file or nothing).
-const SITES: [(&str, &[Option<&str>]); 5] = [
+const SITES: [(&str, &[Option<&str>]); 7] = [
     (
         "/data/rw/rolink",
         &[Some("sub"), Some("./sub"), Some("/data/rw/sub"), Some("../rw/sub"), Some("a"), None],
@@ -57,10 +58,25 @@ const SITES: [(&str, &[Option<&str>]); 5] = [
     ("/data/rw/a/up", &[Some("../b"), Some("/data/rw/b"), Some("."), Some("up"), Some("hop"), None]),
     ("/data/rw/a/hop", &[Some("../b"), Some("/data/rw/a"), Some("/etc"), Some("../../rw/a/../b")]),
     ("/work/proj/scratch/esc", &[Some("/etc"), Some("../../../data/rw/b"), Some("/data/rw/a"), None]),
+    // Protected paths and secret files behind a harmless name (DESIGN.md,
+    // invariants 13 and 14).
+    (
+        "/data/rw/cfg",
+        &[
+            Some(".git/config"),
+            Some("/data/rw/.git/hooks/pre-commit"),
+            Some(".git/hooks/new"),
+            Some(".env"),
+            Some("./.ENV"),
+            Some("a/ok.txt"),
+            None,
+        ],
+    ),
+    ("/data/rw/gitlink", &[Some(".git"), Some("/data/rw/.git/hooks"), Some("a"), None]),
 ];
 
 /// What the clients open.
-const TARGETS: [&str; 14] = [
+const TARGETS: [&str; 25] = [
     "/data/rw/rolink/keep.txt",
     "/data/rw/rolink/new.txt",
     "/data/one/out.txt",
@@ -75,6 +91,17 @@ const TARGETS: [&str; 14] = [
     "data/rw/b/secret",
     "notes.txt",
     "/work/proj/scratch/esc/passwd",
+    "/data/rw/.git/config",
+    "/data/rw/.git/hooks/pre-commit",
+    "/data/rw/.git/hooks/new",
+    "/data/rw/.git/index",
+    "/data/rw/cfg",
+    "/data/rw/gitlink/config",
+    "/data/rw/gitlink/index",
+    "/data/rw/gitlink/pre-commit",
+    "/data/rw/.env",
+    "/data/rw/.ENV",
+    "/data/rw/a/.git",
 ];
 
 pub fn setup(rng: &mut ChaCha8Rng) -> Adversary {
@@ -96,14 +123,35 @@ pub fn middle_policy(m: Middle) -> Policy {
         Middle::Narrow => vec![rw("/data/rw/a"), Root { path: "/data/ro".into(), access: Access::ReadOnly }],
         Middle::Empty => vec![],
     };
-    Policy::new(CWD.into(), roots)
+    let policy = Policy::new(CWD.into(), roots);
+    match m {
+        // Grants the top does not give: they must not lift its rule.
+        Middle::Wide => policy.with_guard(Guard::new(
+            Grants::new(["/data/rw/.git".into()]),
+            Grants::new(["/data/rw/.env".into(), "/data/rw/.ENV".into()]),
+            None,
+            [],
+        )),
+        _ => policy,
+    }
 }
 
 /// Directories and files the attack sites need, and a first state for each
 /// site.
 pub fn populate(fs: &mut HostFs, rng: &mut ChaCha8Rng) {
-    for d in ["/data", "/data/one", "/data/rw/a", "/data/rw/b", "/etc"] {
+    for d in
+        ["/data", "/data/one", "/data/rw/a", "/data/rw/b", "/etc", "/data/rw/.git", "/data/rw/.git/hooks"]
+    {
         fs.add_dir(d.into());
+    }
+    for (f, content) in [
+        ("/data/rw/.git/config", &b"[core]\n"[..]),
+        ("/data/rw/.git/hooks/pre-commit", b"#!/bin/sh\n"),
+        ("/data/rw/.git/index", b"index"),
+        ("/data/rw/.env", SECRET_FILE_CONTENT),
+        ("/data/rw/.ENV", SECRET_FILE_CONTENT),
+    ] {
+        fs.add_file(f.into(), content.to_vec());
     }
     for (f, content) in [
         ("/data/rw/sub/keep.txt", &b"keep"[..]),
@@ -126,6 +174,11 @@ fn set_site(fs: &mut HostFs, site: &str, choice: Option<&str>) {
         None => fs.unlink(Path::new(site)),
     }
 }
+
+/// What the secret files hold.
+pub const SECRET_FILE_CONTENT: &[u8] = b"TOKEN=hunter2-0d5a";
+/// The part of it no read answer may carry.
+pub const SECRET_MARK: &[u8] = b"hunter2";
 
 impl World {
     /// The attacker swaps one site, between two steps.
@@ -174,6 +227,30 @@ impl World {
             let max = c.rng.gen_range(1..=256);
             send(c, id.clone(), request::read(&id, h, max), Kind::Read { h, max }, None);
         }
+    }
+
+    /// Invariants 13 and 14: a completed open resolved to `path` in
+    /// `mode` changes no protected path and reaches no secret file that
+    /// the policy of every level between the child and the files does not
+    /// grant, each recomputed from the level's own `Policy` (its guard),
+    /// not from the scope the machine computed.
+    pub(super) fn check_guarded(&self, path: &Path, mode: Mode) -> Check {
+        let levels = if self.nested && self.swarm.top_clients == 0 { 0..2 } else { 0..1 };
+        let act = if mode.writable() { Act::Write } else { Act::Read };
+        for level in levels {
+            if let Err(hit) = self.policies[level].guard().check(path, act, false) {
+                let invariant =
+                    if hit.class == Class::Protected { "protected_paths" } else { "secret_files" };
+                return Err(violation(
+                    invariant,
+                    format!(
+                        "a {mode:?} open at the top reached {} , refused by level {level}: {hit}",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Invariant 10: what the store level opens on behalf of level

@@ -471,6 +471,14 @@ impl World {
                     .as_str()
                     .and_then(|d| base64_simd::STANDARD.decode_to_vec(d.as_bytes()).ok())
                     .ok_or_else(|| violation("response_shape", format!("read without data: {v}")))?;
+                // Invariant 14: no secret file's bytes reach a child.
+                let mark = super::adversary::SECRET_MARK;
+                if data.windows(mark.len()).any(|w| w == mark) {
+                    return Err(violation(
+                        "secret_files",
+                        format!("a read answer carries a secret file's bytes: {v}"),
+                    ));
+                }
                 let eof = r.eof.as_bool();
                 if data.len() > max as usize || eof != Some(data.is_empty()) {
                     return Err(violation(

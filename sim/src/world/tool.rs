@@ -101,6 +101,7 @@ fn policy_config() -> PolicyConfig {
         allow_url: vec!["http://127.0.0.1:9/api".into()],
         env_allow: vec![("TOKEN".into(), Some(SECRET.into())), ("UNSET".into(), None)],
         path_env: "/usr/bin:/bin".into(),
+        ..Default::default()
     }
 }
 
