@@ -1,5 +1,5 @@
-//! `--config FILE`: airlock's TOML configuration. Today it holds one
-//! section, `[broker]`, which switches the session's LLM broker on:
+//! `--config FILE`: airlock's TOML configuration. Its main section,
+//! `[broker]`, switches the session's LLM broker on:
 //!
 //! ```toml
 //! [broker]
@@ -25,6 +25,9 @@
 //! retry_after_max_ms = 20000               # no back-off is longer, whatever Retry-After says
 //! ```
 //!
+//! and, beside it, `[env]` (`pass = ["GITHUB_TOKEN"]`, `clear = false`:
+//! the child's environment, as `--env-pass` and `--env-clear` set it).
+//!
 //! Unknown keys and wrong types are refused at start-up, with the key named
 //! (serde's `deny_unknown_fields` and the `toml` crate's located errors).
 
@@ -44,6 +47,20 @@ pub struct FileConfig {
     pub require_namespaces: bool,
     pub broker: Option<BrokerSection>,
     pub file_descriptor: Option<crate::fdconfig::FdSection>,
+    /// `[env]`: what of airlock's environment the child gets.
+    #[serde(default)]
+    pub env: EnvSection,
+}
+
+/// `[env]`, as written: `pass = ["NAME", …]` as `--env-pass`, `clear =
+/// true` as `--env-clear`; the flags add to it.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSection {
+    #[serde(default)]
+    pub pass: Vec<String>,
+    #[serde(default)]
+    pub clear: bool,
 }
 
 /// `[broker]`, as written.
@@ -212,6 +229,8 @@ pub struct Settings {
     pub pager: Option<airlock_core::pager::PagerConfig>,
     /// `require_namespaces = true`.
     pub require_namespaces: bool,
+    /// `[env]`.
+    pub env: EnvSection,
 }
 
 /// Read and check `path`. Relative paths inside resolve against the
@@ -236,7 +255,10 @@ pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Settings> {
         Some(section) => section.resolve()?,
         None => None,
     };
-    Ok(Settings { broker, pager, require_namespaces: file.require_namespaces })
+    for name in &file.env.pass {
+        crate::envpolicy::check_name(name).with_context(|| format!("env.pass {name:?}"))?;
+    }
+    Ok(Settings { broker, pager, require_namespaces: file.require_namespaces, env: file.env })
 }
 
 fn seconds(key: &str, value: f64) -> anyhow::Result<Duration> {

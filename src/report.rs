@@ -38,6 +38,10 @@ pub struct Report {
     /// `net`, `scoped`, `not_enforced`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<InForce>,
+    /// The variables of airlock's environment the child did not get, by
+    /// name, with why (`airlock run` only); never a value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env_removed: Option<Vec<airlock_core::environ::RemovedVar>>,
 }
 
 /// What the broker did: its own counters (`submitted`, `started`,
@@ -77,6 +81,7 @@ impl Report {
             child_exit,
             broker: proxy.broker().map(BrokerReport::new),
             sandbox: None,
+            env_removed: None,
         }
     }
 

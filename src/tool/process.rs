@@ -34,10 +34,10 @@ impl Drop for GroupGuard {
     }
 }
 
-/// The environment variables a tool inherits from airlock (issue 10): only
-/// these, whatever else airlock was given.
-pub fn tool_env_allowed(name: &str) -> bool {
-    matches!(name, "PATH" | "HOME" | "USER" | "LANG" | "TZ" | "TMPDIR") || name.starts_with("LC_")
+/// Whether `name` is in the environment policy's core set (what airlock
+/// itself keeps in its own environment, too).
+pub fn core_env(name: &str) -> bool {
+    airlock_core::environ::CORE_NAMES.contains(&name) || name.starts_with("LC_")
 }
 
 /// What `--sandbox-ro`, `--sandbox-rw` and `--require-namespaces` give
@@ -62,7 +62,7 @@ impl Grants {
     }
 }
 
-/// Start the tool: own group, filtered environment, three pipes, and
+/// Start the tool: own group, the environment `env`, three pipes, and
 /// airlock's one confinement (`crate::confine`): the system locations
 /// only, an empty read-only working directory (project files come through
 /// the JSON-RPC protocol alone), no network, nothing inherited beyond
@@ -71,6 +71,7 @@ pub fn spawn_tool(
     argv: &[std::ffi::OsString],
     grants: &Grants,
     policy: &airlock_core::vfs::ToolPolicy,
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
 ) -> anyhow::Result<tokio::process::Child> {
     use airlock_core::sandbox::StageStatus;
     if argv.is_empty() {
@@ -104,7 +105,7 @@ pub fn spawn_tool(
     cmd.process_group(0)
         .env_clear()
         .kill_on_drop(true)
-        .envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(tool_env_allowed)))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
