@@ -38,20 +38,24 @@ pub struct Spawned {
     pub applied: Option<airlock_core::sandbox::StageStatus>,
 }
 
+/// airlock's own variables for a child: set by airlock after the
+/// environment policy, so an enclosing session's never pass.
+pub const AIRLOCK_ENV: [&str; 4] = [EXE_ENV, FD_ENV, SOCKET_ENV, TOKEN_ENV];
+
 /// The signal the child gets when airlock dies: SIGKILL, since nobody is
 /// left to supervise it and a hostile child could ignore anything milder.
 pub const PARENT_DEATH_SIGNAL: rustix::process::Signal = rustix::process::Signal::KILL;
 
-/// Start `argv` with the proxy on fd 3 and `AIRLOCK_FD=3` in its
-/// environment, and without the variables in `remove_env` (secrets such as
-/// the provider's API key, which only airlock may see). `confinement`,
+/// Start `argv` with the proxy on fd 3, the environment `env` (what the
+/// environment policy kept of airlock's: see `crate::envpolicy`) and
+/// `AIRLOCK_FD=3`. `confinement`,
 /// when given, is applied by the confinement stage (see `crate::confine`);
 /// then [`Spawned::applied`] says what is in force. `session_env` names
 /// this session's socket and secret; an enclosing session's never reach
 /// the child, whose requests must go through this level.
 pub fn spawn(
     argv: &[OsString],
-    remove_env: &[OsString],
+    env: &[(OsString, OsString)],
     confinement: Option<&airlock_core::sandbox::Confinement>,
     session_env: &[(OsString, OsString)],
 ) -> anyhow::Result<Spawned> {
@@ -69,10 +73,10 @@ pub fn spawn(
             (cmd, None)
         }
     };
+    // airlock's own variables come after the policy, which withholds
+    // any an enclosing session set.
+    cmd.env_clear().envs(env.iter().map(|(k, v)| (k, v)));
     cmd.env(FD_ENV, DEFAULT_FD.to_string()).kill_on_drop(true);
-    for var in remove_env.iter().map(OsString::as_os_str).chain([SOCKET_ENV.as_ref(), TOKEN_ENV.as_ref()]) {
-        cmd.env_remove(var);
-    }
     cmd.envs(session_env.iter().map(|(k, v)| (k, v)));
     if let Ok(exe) = std::env::current_exe() {
         cmd.env(EXE_ENV, exe);

@@ -242,8 +242,6 @@ fn missing_root_notes(
 /// What the config's `[broker]` section sets up on this level.
 struct BrokerParts {
     shell: BrokerShell,
-    /// Variables no child may see (the API key's).
-    remove_env: Vec<OsString>,
 }
 
 impl ServeArgs {
@@ -264,12 +262,11 @@ impl ServeArgs {
         settings: &Settings,
         key: Option<String>,
     ) -> anyhow::Result<(FsProxy, BrokerParts)> {
-        let mut parts = BrokerParts { shell: BrokerShell::default(), remove_env: Vec::new() };
+        let mut parts = BrokerParts { shell: BrokerShell::default() };
         let mut redactor_for_proxy = None;
         config.pager = crate::fdcli::pager_config(settings, &config)?;
         if let Some(b) = &settings.broker {
             config.broker = Some(b.setup.clone());
-            parts.remove_env.push(OsString::from(&b.api_key_env));
             if config.upstream {
                 tracing::warn!(
                     "this airlock runs under another: its [broker] is ignored, LLMCMD goes upstream"
@@ -312,15 +309,14 @@ impl ServeArgs {
         Ok((settings, key))
     }
 
-    /// The session a serving command drives, and the environment variables
-    /// to keep from its children.
+    /// The session a serving command drives, and its report file.
     fn session(
         &self,
         (settings, key): (Settings, Option<String>),
         stdio: StdioRole,
         upstream: Option<BorrowedFd<'_>>,
         command: &str,
-    ) -> anyhow::Result<(Session, Vec<OsString>, Option<OutFile>)> {
+    ) -> anyhow::Result<(Session, Option<OutFile>)> {
         let config = self.config(stdio, upstream.is_some())?;
         // A nested level's roots are its upstream's files, which its own
         // (confined) view need not hold: only the top level checks them.
@@ -349,7 +345,7 @@ impl ServeArgs {
                 .with_context(|| format!("creating audit file {}", path.display()))?;
             session.set_audit(crate::audit::AuditWriter::new(path, out));
         }
-        Ok((session, parts.remove_env, report))
+        Ok((session, report))
     }
 
     /// End `session`: flush its trace, write its report.
@@ -359,6 +355,7 @@ impl ServeArgs {
         report_file: Option<OutFile>,
         exit: Option<ChildExit>,
         sandbox: Option<(InForce, crate::report::Direct)>,
+        env_removed: Option<Vec<airlock_core::environ::RemovedVar>>,
     ) -> anyhow::Result<()> {
         let (proxy, host, observer) = session.shutdown().await;
         if let (Some(mut o), Some(path)) = (observer, &self.record) {
@@ -370,6 +367,7 @@ impl ServeArgs {
                 report.sandbox = Some(in_force);
                 report.direct = direct;
             }
+            report.env_removed = env_removed;
             report.write(path, out)?;
         }
         Ok(())
@@ -407,9 +405,24 @@ fn block_on<T>(fut: impl std::future::Future<Output = anyhow::Result<T>>) -> any
 const CHILD: ClientId = ClientId(1);
 
 /// `airlock run`: the child's exit status, to exit with.
-pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow::Result<i32> {
+pub fn run(
+    args: &ServeArgs,
+    sandbox: &SandboxArgs,
+    env: &crate::envpolicy::EnvArgs,
+    argv: &[OsString],
+) -> anyhow::Result<i32> {
     crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
+    // After the key is taken out of airlock's environment; withheld all
+    // the same, with airlock's own variables, which it sets itself.
+    let withhold = secrets
+        .0
+        .broker
+        .iter()
+        .map(|b| OsString::from(&b.api_key_env))
+        .chain(child::AIRLOCK_ENV.iter().map(OsString::from));
+    let env_policy = env.policy(Some(&secrets.0.env), withhold)?;
+    let env_decision = crate::envpolicy::decide(&env_policy);
     let policy = args.policy()?;
     let mut plan = sandbox.plan(&policy)?;
     let started = crate::sandbox::check_run_command(&mut plan, &policy, argv)?;
@@ -420,7 +433,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
     let limits = sandbox.limits(&secrets.0)?;
     block_on(async {
         let upstream = nested_upstream()?;
-        let (mut session, remove_env, report) =
+        let (mut session, report) =
             args.session(secrets, StdioRole::Local, upstream.as_ref().map(|u| u.as_fd()), "run")?;
         if let Some(up) = upstream {
             session.set_upstream(up);
@@ -453,7 +466,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
             c.bounds = Some(bounds);
             c.view.covers = found.covers.clone();
         }
-        let spawned = child::spawn(&started.argv, &remove_env, confinement.as_ref(), &session_env)?;
+        let spawned = child::spawn(&started.argv, &env_decision.keep, confinement.as_ref(), &session_env)?;
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;
         }
@@ -514,7 +527,7 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
             );
         }
         let direct = crate::report::Direct { covered: found.covers.clone(), protected_created: created };
-        args.close(session, report, exit, Some((in_force, direct))).await?;
+        args.close(session, report, exit, Some((in_force, direct)), Some(env_decision.removed)).await?;
         // The socket and its directory go with the session.
         drop(socket);
         Ok(code)
@@ -565,14 +578,14 @@ pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
     crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
     block_on(async {
-        let (mut session, _, report) = args.session(secrets, StdioRole::Reject, None, "serve")?;
+        let (mut session, report) = args.session(secrets, StdioRole::Reject, None, "serve")?;
         let stream = child::adopt_socket(fd)?;
         session.add_unix_client(CHILD, stream);
         // The client hitting EOF ends the session, as `run`'s child exiting
         // does: connections it attached go with it, even ones only airlock
         // itself still holds open (both ends of one socketpair).
         let session = session.run_to_end(|s| !s.serves(CHILD)).await?;
-        args.close(session, report, None, None).await?;
+        args.close(session, report, None, None, None).await?;
         Ok(0)
     })
 }

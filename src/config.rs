@@ -1,5 +1,5 @@
-//! `--config FILE`: airlock's TOML configuration. Today it holds one
-//! section, `[broker]`, which switches the session's LLM broker on:
+//! `--config FILE`: airlock's TOML configuration. Its main section,
+//! `[broker]`, switches the session's LLM broker on:
 //!
 //! ```toml
 //! [broker]
@@ -24,6 +24,9 @@
 //! retry_base_ms = 500                      # first back-off; doubles per retry
 //! retry_after_max_ms = 20000               # no back-off is longer, whatever Retry-After says
 //! ```
+//!
+//! and, beside it, `[env]` (`pass = ["GITHUB_TOKEN"]`, `clear = false`:
+//! the child's environment, as `--env-pass` and `--env-clear` set it).
 //!
 //! Unknown keys and wrong types are refused at start-up, with the key named
 //! (serde's `deny_unknown_fields` and the `toml` crate's located errors).
@@ -53,6 +56,20 @@ pub struct FileConfig {
     pub max_cpu: Option<u32>,
     pub broker: Option<BrokerSection>,
     pub file_descriptor: Option<crate::fdconfig::FdSection>,
+    /// `[env]`: what of airlock's environment the child gets.
+    #[serde(default)]
+    pub env: EnvSection,
+}
+
+/// `[env]`, as written: `pass = ["NAME", …]` as `--env-pass`, `clear =
+/// true` as `--env-clear`; the flags add to it.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSection {
+    #[serde(default)]
+    pub pass: Vec<String>,
+    #[serde(default)]
+    pub clear: bool,
 }
 
 /// A byte count: a number, or a string with a unit (`"512M"`, `"4G"`).
@@ -246,6 +263,8 @@ pub struct Settings {
     pub max_processes: Option<u64>,
     pub max_memory: Option<u64>,
     pub max_cpu: Option<u32>,
+    /// `[env]`.
+    pub env: EnvSection,
 }
 
 /// Read and check `path`. Relative paths inside resolve against the
@@ -270,6 +289,9 @@ pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Settings> {
         Some(section) => section.resolve()?,
         None => None,
     };
+    for name in &file.env.pass {
+        crate::envpolicy::check_name(name).with_context(|| format!("env.pass {name:?}"))?;
+    }
     Ok(Settings {
         broker,
         pager,
@@ -277,6 +299,7 @@ pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Settings> {
         max_processes: file.max_processes,
         max_memory: file.max_memory.map(|b| b.0),
         max_cpu: file.max_cpu,
+        env: file.env,
     })
 }
 

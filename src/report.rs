@@ -38,6 +38,10 @@ pub struct Report {
     /// `net`, `scoped`, `not_enforced`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<InForce>,
+    /// The variables of airlock's environment the child did not get, by
+    /// name, with why (`airlock run` only); never a value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env_removed: Option<Vec<airlock_core::environ::RemovedVar>>,
     /// The guard in the trees the child reached directly.
     #[serde(flatten)]
     pub direct: Direct,
@@ -93,6 +97,7 @@ impl Report {
             broker: proxy.broker().map(BrokerReport::new),
             sandbox: None,
             direct: Direct::default(),
+            env_removed: None,
         }
     }
 

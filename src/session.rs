@@ -775,6 +775,13 @@ impl Session {
                 }
                 None
             }
+            Output::BudgetPassed { initial, charged } => {
+                eprintln!(
+                    "airlock: warning: the LLM budget of {initial} is spent: {charged} charged so far; \
+                     calls go on, since broker.enforce_budget is off"
+                );
+                None
+            }
             Output::SendUpstream { data } => {
                 if let Some(up) = &self.upstream {
                     up.send(data);

@@ -421,8 +421,8 @@ print(json.dumps({"jsonrpc": "2.0", "method": "result", "params": {"content": na
     let text = out.text();
     let names: Vec<String> = text.split_whitespace().map(str::to_owned).collect();
     for n in &names {
-        let ok =
-            ["PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR"].contains(&n.as_str()) || n.starts_with("LC_");
+        let ok = ["PATH", "HOME", "USER", "LANG", "TERM", "TZ", "TMPDIR"].contains(&n.as_str())
+            || n.starts_with("LC_");
         assert!(ok, "{n} reached the tool: {names:?}");
     }
     assert!(names.contains(&"TZ".to_string()) && names.contains(&"LC_ALL".to_string()), "{names:?}");

@@ -409,6 +409,7 @@ impl Shell {
                     self.cancelled.push(call);
                 }
                 Output::Telemetry { record } => self.telemetry.push(record),
+                Output::BudgetPassed { .. } => {}
             }
         }
     }

@@ -299,7 +299,7 @@ impl World {
             actions: Vec::new(),
             fixture,
             finished: false,
-            broker: broker_setup.as_ref().map(|s| BrokerSim::new(s, bug)),
+            broker: broker_setup.as_ref().map(|s| BrokerSim::new(s, bug, seed)),
             floods,
             policies,
             anchors,
@@ -729,6 +729,7 @@ impl World {
                 }
                 self.on_broker_telemetry(&record)
             }
+            Output::BudgetPassed { initial, charged } => self.on_budget_passed(initial, charged),
             Output::SendUpstream { data } => {
                 if !self.nested || level != 1 {
                     return Err(violation("policy", format!("level {level} has no upstream yet sent to it")));

@@ -287,6 +287,14 @@ fn planted_lock_release_during_backoff_is_found() {
     broker_planted_bug_is_found(PlantedBug::BrokerReleasesLockDuringBackoff, "lock_held");
 }
 
+/// A cancelled or timed-out call whose usage never comes, released unpaid
+/// under `enforce_budget`: the provider, which bills what it generated,
+/// then bills past the budget (invariant 15).
+#[test]
+fn planted_reserve_release_on_cancel_is_found() {
+    broker_planted_bug_is_found(PlantedBug::BrokerReleasesReserveOnCancel, "budget_bound");
+}
+
 /// Broker worlds answer attempts 429/5xx with every kind of `Retry-After`,
 /// and the broker retries some of them (the same call started again after
 /// a record announcing its back-off) and gives up on others; the traces

@@ -56,8 +56,8 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
         None => None,
     };
     let program = argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
-    let (mut child, _bounds) =
-        process::spawn_tool(argv, &p.grants, &p.policy).with_context(|| format!("starting {program}"))?;
+    let (mut child, _bounds) = process::spawn_tool(argv, &p.grants, &p.policy, &p.env)
+        .with_context(|| format!("starting {program}"))?;
     let group = GroupGuard::new(child.id());
 
     let base = tokio::time::Instant::now();

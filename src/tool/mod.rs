@@ -98,6 +98,8 @@ pub struct ToolArgs {
     /// PATH directly (a scratch directory).
     #[arg(long = "sandbox-rw", value_name = "PATH")]
     pub sandbox_rw: Vec<PathBuf>,
+    #[command(flatten)]
+    pub env: crate::envpolicy::EnvArgs,
     /// The tool and its arguments.
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub argv: Vec<OsString>,
@@ -131,6 +133,8 @@ pub(crate) struct Prepared {
     pub record: Option<PathBuf>,
     /// What the tool and its processes reach directly.
     pub grants: process::Grants,
+    /// The tool's environment (the environment policy's).
+    pub env: Vec<(OsString, OsString)>,
 }
 
 fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
@@ -185,16 +189,35 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
             .collect(),
         guard: policy.gate().guard().clone(),
     };
-    Ok(Prepared { project, config, policy, policy_config, record: a.record.clone(), grants })
+    let env = tool_env(a)?;
+    Ok(Prepared { env, project, config, policy, policy_config, record: a.record.clone(), grants })
+}
+
+/// The tool's environment: the core set (`--env-clear` is the tool's
+/// default: it reaches files, URLs and programs only through airlock) and
+/// each `--env-pass`; never an `--env-allow` variable, whose value is
+/// scrubbed from everything the tool sees, nor airlock's own variables.
+fn tool_env(a: &ToolArgs) -> anyhow::Result<Vec<(OsString, OsString)>> {
+    if let Some(name) = a.env.env_pass.iter().find(|n| a.env_allow.contains(n)) {
+        bail!(
+            "--env-pass {name}: {name} is --env-allow'ed, so its value is a secret scrubbed from \
+             everything the tool sees; it cannot also be in the tool's environment"
+        );
+    }
+    let withhold =
+        a.env_allow.iter().map(OsString::from).chain(crate::child::AIRLOCK_ENV.iter().map(OsString::from));
+    let mut policy = a.env.policy(None, withhold)?;
+    policy.base = airlock_core::environ::Base::Core;
+    Ok(crate::envpolicy::decide(&policy).keep)
 }
 
 /// An `--env-allow` value, removed from airlock's own environment (as
 /// `airlock run` does its key): a same-user tool reading
-/// `/proc/<airlock>/environ` finds nothing. A variable the tool inherits
-/// anyway (`PATH`, `HOME`, …) stays, so the tool's environment does not
-/// change with the policy.
+/// `/proc/<airlock>/environ` finds nothing. A variable of the core set
+/// (`PATH`, `HOME`, …) stays in airlock's, which needs it, but is kept
+/// from the tool all the same.
 fn take_secret(name: &str) -> Option<String> {
-    if process::tool_env_allowed(name) {
+    if process::core_env(name) {
         std::env::var(name).ok()
     } else {
         crate::secrets::take_env(name)

@@ -34,10 +34,10 @@ impl Drop for GroupGuard {
     }
 }
 
-/// The environment variables a tool inherits from airlock (issue 10): only
-/// these, whatever else airlock was given.
-pub fn tool_env_allowed(name: &str) -> bool {
-    matches!(name, "PATH" | "HOME" | "USER" | "LANG" | "TZ" | "TMPDIR") || name.starts_with("LC_")
+/// Whether `name` is in the environment policy's core set (what airlock
+/// itself keeps in its own environment, too).
+pub fn core_env(name: &str) -> bool {
+    airlock_core::environ::CORE_NAMES.contains(&name) || name.starts_with("LC_")
 }
 
 /// What `--sandbox-ro`, `--sandbox-rw` and `--require-namespaces` give
@@ -102,7 +102,7 @@ impl Grants {
     }
 }
 
-/// Start the tool: own group, filtered environment, three pipes, and
+/// Start the tool: own group, the environment `env`, three pipes, and
 /// airlock's one confinement (`crate::confine`): the system locations
 /// only, an empty read-only working directory (project files come through
 /// the JSON-RPC protocol alone), no network, nothing inherited beyond
@@ -111,6 +111,7 @@ pub fn spawn_tool(
     argv: &[std::ffi::OsString],
     grants: &Grants,
     policy: &airlock_core::vfs::ToolPolicy,
+    env: &[(std::ffi::OsString, std::ffi::OsString)],
 ) -> anyhow::Result<(tokio::process::Child, crate::confine::bounds::Groups)> {
     use airlock_core::sandbox::StageStatus;
     if argv.is_empty() {
@@ -126,17 +127,19 @@ pub fn spawn_tool(
     // else of the project, and never a project file the tool's policy
     // would refuse it (`.env`, a --deny glob, outside every root): naming
     // one grants nothing.
-    let env: std::collections::BTreeMap<_, _> = std::env::vars_os()
-        .filter(|(k, _)| k.to_str().is_some_and(tool_env_allowed))
+    // Resolved in the environment the tool will have.
+    let seen: std::collections::BTreeMap<_, _> = env
+        .iter()
         .filter(|(k, _)| {
             k.to_str().is_some_and(|k| airlock_core::sandbox::program::env_read().any(|r| r == k))
         })
+        .cloned()
         .collect();
     let project: Vec<std::path::PathBuf> = std::fs::canonicalize(policy.project()).into_iter().collect();
     let readable = |p: &std::path::Path| readable_by_policy(policy, p);
     let roots =
         airlock_core::sandbox::program::Roots { dirs: &project, readable: &readable, grant_outside: true };
-    let started = crate::sandbox::check_command(&mut ruleset, &cwd, argv, &env, &roots)?;
+    let started = crate::sandbox::check_command(&mut ruleset, &cwd, argv, &seen, &roots)?;
     for g in &ruleset.granted {
         eprintln!("airlock: tool: granted read-only: {} ({})", g.path.display(), g.reason);
     }
@@ -150,7 +153,7 @@ pub fn spawn_tool(
     cmd.process_group(0)
         .env_clear()
         .kill_on_drop(true)
-        .envs(std::env::vars_os().filter(|(k, _)| k.to_str().is_some_and(tool_env_allowed)))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .envs(started.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -1,11 +1,10 @@
 //! Tools as processes: argv without a shell, their own process group,
-//! stdin `/dev/null`, stdout and stderr on one pipe, the environment minus
-//! the token, confined by airlock's one confinement (`crate::confine`:
+//! stdin `/dev/null`, stdout and stderr on one pipe, the environment the
+//! environment policy leaves (never the token), confined by airlock's one confinement (`crate::confine`:
 //! namespaces where available, seccomp, no capabilities, Landlock with the
 //! work dir read-write; nothing inherited beyond stdio) unless
 //! `--no-sandbox`.
 
-use super::serve::TOKEN_ENV;
 use super::service::{Runner, ToolOutput, ToolProcess};
 use airlock_core::sandbox::StageStatus;
 use airlock_core::toolexec::{ExitStatus, Signal, SpawnError, SpawnRequest, ToolProgram};
@@ -20,6 +19,8 @@ use tokio::net::unix::pipe;
 /// Starts tools as processes.
 pub struct ProcessRunner {
     workdir: PathBuf,
+    /// Every tool's environment (the environment policy's).
+    env: Vec<(OsString, OsString)>,
     sandbox: Option<Sandbox>,
     describe: String,
     /// Each tool's program as checked at start (its interpreter chain
@@ -76,6 +77,7 @@ impl ProcessRunner {
         if !confine {
             return Ok(ProcessRunner {
                 workdir: workdir.to_path_buf(),
+                env: Vec::new(),
                 sandbox: None,
                 describe: "sandbox: none (--no-sandbox): tools run unconfined".to_owned(),
                 programs: Default::default(),
@@ -129,7 +131,14 @@ impl ProcessRunner {
             },
         );
         let sandbox = Sandbox { ruleset: rules, mode, net };
-        Ok(ProcessRunner { workdir: workdir.to_path_buf(), sandbox: Some(sandbox), describe, programs })
+        Ok(ProcessRunner { workdir: workdir.to_path_buf(), env: Vec::new(), sandbox: Some(sandbox), describe, programs })
+    }
+
+    /// Start every tool with `env` and nothing else of airlock's
+    /// environment.
+    pub fn with_env(mut self, env: Vec<(OsString, OsString)>) -> Self {
+        self.env = env;
+        self
     }
 
     /// For the startup line: which sandbox is in force.
@@ -188,7 +197,8 @@ impl ProcessRunner {
             }
         };
         cmd.current_dir(&real)
-            .env_remove(TOKEN_ENV)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(extra_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(wr))

@@ -12,6 +12,7 @@ use super::service::Service;
 use airlock_core::toolexec::{validate_token, Config, Gate, EXIT_BAD_TOKEN};
 use anyhow::Context;
 use clap::Args;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -73,6 +74,8 @@ pub struct ServeArgs {
     /// alone.
     #[arg(long)]
     pub require_namespaces: bool,
+    #[command(flatten)]
+    pub env: crate::envpolicy::EnvArgs,
 }
 
 /// The environment variable holding the token, read at start and removed
@@ -115,6 +118,12 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<i32> {
     config.max_buffered = args.max_buffered;
     config.header_timeout = Duration::from_secs(args.header_timeout);
     let grants = Grants::resolve(&workdir, &args.sandbox_ro, &args.sandbox_rw)?;
+    let withhold = std::iter::once(OsString::from(TOKEN_ENV))
+        .chain(crate::child::AIRLOCK_ENV.iter().map(OsString::from));
+    let env = crate::envpolicy::decide(&args.env.policy(None, withhold)?);
+    if let Some(note) = crate::envpolicy::note(&env, "each tool") {
+        eprintln!("airlock: toolexec: note: {note}");
+    }
     let runner = ProcessRunner::new(
         &workdir,
         !args.no_sandbox,
@@ -122,7 +131,8 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<i32> {
         args.require_namespaces,
         &grants,
         &config.tools,
-    )?;
+    )?
+    .with_env(env.keep);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(run(args, config, runner, generated))
 }

@@ -164,6 +164,8 @@ pub struct Checker {
     /// Sum of charges, in pico-USD, computed here.
     expected_charged: u128,
     cancels: BTreeSet<CallId>,
+    /// `BudgetPassed` was said.
+    budget_passed: bool,
 }
 
 /// The charge, written out independently of `quota::charge`.
@@ -199,6 +201,7 @@ impl Checker {
             pending: BTreeMap::new(),
             running: None,
             expected_charged: 0,
+            budget_passed: false,
             cancels: BTreeSet::new(),
         }
     }
@@ -527,6 +530,13 @@ impl Checker {
                     assert!(self.cancels.contains(&request), "CancelResult for unknown {request}");
                     assert!(!self.gone.contains(&owner), "CancelResult sent to departed {owner}");
                 }
+                BrokerOutput::BudgetPassed { initial, charged } => {
+                    assert!(!self.budget_passed, "the budget's passing said twice");
+                    assert!(!self.config.enforce_budget, "BudgetPassed under enforce_budget");
+                    assert_eq!(initial, self.initial);
+                    assert!(charged > initial && u128::from(charged.as_pico()) == self.expected_charged);
+                    self.budget_passed = true;
+                }
                 BrokerOutput::Telemetry(r) => {
                     assert!(r.remaining <= self.initial, "telemetry: remaining above the initial amount");
                     // A departed owner's call ends without a reply; its
@@ -582,6 +592,11 @@ impl Checker {
             assert!(t > self.now, "timer due at {t:?} still pending after a handle at {:?}", self.now);
         }
         let expected = u128::from(self.initial.as_pico()).saturating_sub(self.expected_charged);
+        assert_eq!(
+            self.budget_passed,
+            self.expected_charged > u128::from(self.initial.as_pico()),
+            "the budget's passing said when it did not happen, or not said when it did"
+        );
         assert_eq!(
             u128::from(self.broker.remaining().as_pico()),
             expected,

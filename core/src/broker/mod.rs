@@ -48,6 +48,8 @@ pub mod wire;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_budget;
 
 pub use pricing::{CatalogError, MaxTokensField, Price, PricingCatalog, Weights, SAMPLE_CATALOG_JSON};
 pub use quota::{Money, Trim, Usage, UsageError};
@@ -441,6 +443,13 @@ pub struct ProviderRequest {
     /// The field `max_tokens` is sent as: the model's, from the catalog.
     #[serde(default, skip_serializing_if = "is_default_field")]
     pub max_tokens_field: MaxTokensField,
+    /// Media parts of the messages (see [`LlmRequest::media_parts`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub media_parts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn is_default_field(f: &MaxTokensField) -> bool {
@@ -452,6 +461,13 @@ impl ProviderRequest {
     /// bound [`quota::prompt_token_bound`] is taken of.
     pub fn prompt_bytes(&self) -> u64 {
         (self.messages.len() + self.tools.as_ref().map_or(0, RawJson::len)) as u64
+    }
+
+    /// Its prompt tokens at most: one per byte, plus the model's stated
+    /// bound for each media part; `None` when it has media parts and the
+    /// model states no bound.
+    pub fn prompt_token_bound(&self, media_tokens: Option<u32>) -> Option<u64> {
+        quota::prompt_token_bound_with_media(self.prompt_bytes(), self.media_parts, media_tokens)
     }
 }
 
@@ -479,9 +495,15 @@ pub struct TelemetryRecord {
     pub late_usage: bool,
     /// The record of a dropped call (cancelled after start, or past its
     /// deadline) whose provider request ended reporting no usage: what it
-    /// cost is unknown, and nothing is charged for it.
+    /// cost is unknown. Under `enforce_budget` it is charged its reserve
+    /// (see `reserve_charged`); otherwise nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dropped_usage_unknown: bool,
+    /// Under `enforce_budget`: the call's usage is unknown (dropped, timed
+    /// out, or answered without usage), so `charged` is its reserve, the
+    /// worst case it was started with.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reserve_charged: bool,
     /// On the records of a call that made more than one attempt, or whose
     /// attempt is retried: which attempt (from 1) the record reports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -525,6 +547,12 @@ pub enum BrokerOutput {
         outcome: CancelOutcome,
     },
     Telemetry(TelemetryRecord),
+    /// Advisory mode (no `enforce_budget`): the charges have passed the
+    /// budget. Said once per session, when it first happens.
+    BudgetPassed {
+        initial: Money,
+        charged: Money,
+    },
 }
 
 /// Counters for `--report` and the simulator's checkers.
@@ -551,6 +579,14 @@ pub struct BrokerStats {
     /// Attempts started again after a `429` or `5xx`.
     #[serde(default)]
     pub retries: u64,
+    /// Under `enforce_budget`: calls charged their reserve because their
+    /// usage is unknown.
+    #[serde(default)]
+    pub reserves_charged: u64,
+    /// Advisory mode: the charges passed the budget (`BudgetPassed` was
+    /// said).
+    #[serde(default)]
+    pub budget_passed: bool,
 }
 
 #[derive(Debug)]
@@ -612,6 +648,9 @@ pub enum BrokerBug {
     IgnoreEnforceBudget,
     /// The lock is handed on while the call holding it backs off.
     ReleaseLockDuringBackoff,
+    /// A call given up on whose usage never comes releases its reserve
+    /// unpaid, as if it had cost nothing.
+    ReleaseReserveOnCancel,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -806,6 +845,29 @@ impl Broker {
         }
     }
 
+    /// Under `enforce_budget`, a call with media parts needs the model's
+    /// stated bound for them: their cost does not follow from their
+    /// length, so without one the budget could not bound the call.
+    fn media_bound_check(&self, model: &str, w: &Weights, request: &LlmRequest) -> Result<(), BrokerError> {
+        if !self.enforcing() || request.media_parts == 0 || w.media_tokens.is_some() {
+            return Ok(());
+        }
+        Err(BrokerError::new(
+            BrokerErrorCode::InvalidRequest,
+            format!(
+                "{} message part(s) whose cost does not follow from their length (image, audio, \
+                 file): under broker.enforce_budget the pricing catalog must state media_tokens \
+                 for model {model:?}",
+                request.media_parts
+            ),
+        ))
+    }
+
+    /// `enforce_budget` is on (and not switched off by a planted bug).
+    fn enforcing(&self) -> bool {
+        self.config.enforce_budget && self.bug != Some(BrokerBug::IgnoreEnforceBudget)
+    }
+
     fn weights_of(&self, model: &str) -> Result<Weights, BrokerError> {
         self.catalog.get(model).copied().ok_or_else(|| {
             BrokerError::new(
@@ -939,7 +1001,7 @@ impl Broker {
                 self.config.max_pending_bytes, self.pending_bytes
             )))
         } else {
-            self.weights_of(&model)
+            self.weights_of(&model).and_then(|w| self.media_bound_check(&model, &w, &request).map(|()| w))
         };
         let weights = match checked {
             Ok(w) => w,
@@ -1016,11 +1078,13 @@ impl Broker {
             metadata: w.request.metadata,
             options: w.request.options,
             max_tokens_field: w.weights.max_tokens_field,
+            media_parts: w.request.media_parts,
         };
         let mut reserve = Money::ZERO;
         if self.config.enforce_budget && self.bug != Some(BrokerBug::IgnoreEnforceBudget) {
             let available = self.remaining.saturating_sub(self.reserved);
-            let prompt = quota::prompt_token_bound(request.prompt_bytes());
+            // Checked when it was submitted: a media part has a bound.
+            let prompt = request.prompt_token_bound(w.weights.media_tokens).unwrap_or(u64::MAX);
             match quota::fit_budget(
                 available,
                 prompt,
@@ -1117,7 +1181,7 @@ impl Broker {
             return None;
         }
         let available = self.remaining.saturating_sub(uncharged).saturating_sub(self.reserved);
-        let prompt = quota::prompt_token_bound(r.request.prompt_bytes());
+        let prompt = r.request.prompt_token_bound(r.weights.media_tokens).unwrap_or(u64::MAX);
         let max = r.request.max_tokens;
         match quota::fit_budget(available, prompt, max, self.config.min_output_tokens, &r.weights) {
             Some((effective, _)) if effective >= max => None,
@@ -1204,9 +1268,39 @@ impl Broker {
     fn charge(&mut self, usage: Option<&Usage>, weights: &Weights) -> Money {
         let Some(usage) = usage else { return Money::ZERO };
         let delta = quota::charge(usage, weights);
+        self.take(delta)
+    }
+
+    /// Take `delta` from the budget; in advisory mode, say once that the
+    /// charges passed it.
+    fn take(&mut self, delta: Money) -> Money {
         self.remaining = self.remaining.saturating_sub(delta);
         self.stats.charged = Money::from_pico(self.stats.charged.as_pico().saturating_add(delta.as_pico()));
+        if !self.config.enforce_budget && !self.stats.budget_passed && self.stats.charged > self.initial {
+            self.stats.budget_passed = true;
+            self.outputs
+                .push_back(BrokerOutput::BudgetPassed { initial: self.initial, charged: self.stats.charged });
+        }
         delta
+    }
+
+    /// What a call ended with `result` is charged: its reported usage, or,
+    /// under `enforce_budget` when the usage is unknown, its `reserve`
+    /// (the worst case it was started with); and whether that was the
+    /// reserve. The usage is unknown unless reported, except when the
+    /// provider answered with an error status: then it refused the call
+    /// and billed nothing it did not report.
+    fn charge_result(&mut self, result: &ProviderResult, weights: &Weights, reserve: Money) -> (Money, bool) {
+        if let Some(u) = result.usage() {
+            return (self.charge(Some(&u), weights), false);
+        }
+        let refused =
+            matches!(result, ProviderResult::Err { status: Some(s), .. } if !(200..300).contains(s));
+        if refused || !self.enforcing() || reserve == Money::ZERO {
+            return (Money::ZERO, false);
+        }
+        self.stats.reserves_charged += 1;
+        (self.take(reserve), true)
     }
 
     fn provider_done(&mut self, now: Instant, call: CallId, result: ProviderResult) {
@@ -1243,9 +1337,7 @@ impl Broker {
             self.stats.stray_results += 1;
         } else if let Some(a) = self.abandoned.remove(&call) {
             self.reserved = self.reserved.saturating_sub(a.reserve);
-            let usage = match &result {
-                ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => *usage,
-            };
+            let usage = result.usage();
             // No usage is not a late result: the call was dropped and what
             // it cost is unknown.
             if usage.is_some() {
@@ -1253,11 +1345,14 @@ impl Broker {
             } else {
                 self.stats.dropped_usage_unknown += 1;
             }
-            let charged = self.charge(usage.as_ref(), &a.weights);
+            let reserve =
+                if self.bug == Some(BrokerBug::ReleaseReserveOnCancel) { Money::ZERO } else { a.reserve };
+            let (charged, reserve_charged) = self.charge_result(&result, &a.weights, reserve);
             let mut record = self.record(call, a.owner, a.model, 0, 0, None, None, None, charged);
             record.usage = usage;
             record.late_usage = usage.is_some();
             record.dropped_usage_unknown = usage.is_none();
+            record.reserve_charged = reserve_charged;
             self.outputs.push_back(BrokerOutput::Telemetry(record));
         } else {
             self.stats.stray_results += 1;
@@ -1302,6 +1397,7 @@ impl Broker {
     }
 
     fn complete(&mut self, now: Instant, r: Running, result: ProviderResult) {
+        let (charged, reserve_charged) = self.charge_result(&result, &r.weights, r.reserve);
         let (mut http_status, mut hint) = (None, None);
         let (usage, outcome) = match result {
             ProviderResult::Ok { messages, usage, model } => {
@@ -1321,7 +1417,6 @@ impl Broker {
                 (usage, Err(BrokerError::new(BrokerErrorCode::ProviderError, message)))
             }
         };
-        let charged = self.charge(usage.as_ref(), &r.weights);
         let code = outcome.as_ref().err().map(|e| e.code);
         let wait = millis(r.started.saturating_duration_since(r.enqueued));
         let latency = millis(now.saturating_duration_since(r.started));
@@ -1337,6 +1432,7 @@ impl Broker {
             charged,
         );
         record.usage = usage;
+        record.reserve_charged = reserve_charged;
         record.attempt = (r.attempt > 1).then_some(r.attempt);
         record.http_status = http_status;
         record.retry_after_ms = hint;
@@ -1515,6 +1611,7 @@ impl Broker {
             remaining: self.remaining,
             late_usage: false,
             dropped_usage_unknown: false,
+            reserve_charged: false,
             attempt: None,
             http_status: None,
             retry_after_ms: None,

@@ -312,6 +312,7 @@ mod tests {
             metadata: Some(RawJson::from_value(&json!({"k": "v"}))),
             options: None,
             max_tokens_field: Default::default(),
+            media_parts: 0,
         }
     }
 
@@ -346,6 +347,7 @@ mod tests {
             metadata: None,
             options: p.request.options,
             max_tokens_field: weights.max_tokens_field,
+            media_parts: 0,
         };
         insta::assert_snapshot!(request_body(&request));
     }

@@ -87,6 +87,12 @@ pub struct Weights {
     pub output: Price,
     #[serde(default, skip_serializing_if = "MaxTokensField::is_default")]
     pub max_tokens_field: MaxTokensField,
+    /// The stated bound, in prompt tokens, of one media part (an image,
+    /// audio, a file: see `wire::media_parts`), whose cost does not
+    /// follow from its length. Without one, `enforce_budget` refuses
+    /// calls that hold such parts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_tokens: Option<u32>,
 }
 
 /// Why a catalog could not be loaded. Every variant names what is wrong
@@ -101,6 +107,7 @@ pub enum CatalogError {
     UnknownKey { model: String, key: String },
     BadPrice { model: String, key: String, value: String, why: String },
     BadMaxTokensField { model: String, value: String },
+    BadMediaTokens { model: String, value: String },
 }
 
 impl fmt::Display for CatalogError {
@@ -116,12 +123,16 @@ impl fmt::Display for CatalogError {
             CatalogError::UnknownKey { model, key } => {
                 write!(
                     f,
-                    "model {model:?}: unknown key {key:?} (want input, cached, output, max_tokens_field)"
+                    "model {model:?}: unknown key {key:?} (want input, cached, output, max_tokens_field, media_tokens)"
                 )
             }
             CatalogError::BadMaxTokensField { model, value } => write!(
                 f,
                 "model {model:?}: max_tokens_field {value} is not \"max_tokens\" or \"max_completion_tokens\""
+            ),
+            CatalogError::BadMediaTokens { model, value } => write!(
+                f,
+                "model {model:?}: media_tokens {value} is not a whole number of tokens (at most 4294967295)"
             ),
             CatalogError::BadPrice { model, key, value, why } => {
                 write!(f, "model {model:?}: {key} price {value} is {why} (want USD per 1M tokens, at most 6 decimals)")
@@ -142,7 +153,8 @@ pub struct PricingCatalog {
 impl PricingCatalog {
     /// Parse `{"model": {"input": 0.15, "cached": 0.075, "output": 0.6}}`,
     /// each entry optionally with `"max_tokens_field": "max_completion_tokens"`
-    /// (see [`MaxTokensField`]; `max_tokens` when absent).
+    /// (see [`MaxTokensField`]; `max_tokens` when absent) and
+    /// `"media_tokens": N` (see [`Weights::media_tokens`]).
     /// `cached` may be left out for a model without a cache discount: it
     /// then costs the input price, which never undercharges.
     pub fn from_json(text: &str) -> Result<Self, CatalogError> {
@@ -180,7 +192,7 @@ impl PricingCatalog {
 }
 
 fn parse_weights(model: &str, prices: &Map<String, Value>) -> Result<Weights, CatalogError> {
-    let known = |k: &str| matches!(k, "input" | "cached" | "output" | "max_tokens_field");
+    let known = |k: &str| matches!(k, "input" | "cached" | "output" | "max_tokens_field" | "media_tokens");
     if let Some(key) = prices.keys().find(|k| !known(k)) {
         return Err(CatalogError::UnknownKey { model: model.into(), key: key.clone() });
     }
@@ -207,5 +219,13 @@ fn parse_weights(model: &str, prices: &Map<String, Value>) -> Result<Weights, Ca
         Some(Value::String(s)) if s == "max_completion_tokens" => MaxTokensField::MaxCompletionTokens,
         Some(v) => return Err(CatalogError::BadMaxTokensField { model: model.into(), value: v.to_string() }),
     };
-    Ok(Weights { input, cached, output, max_tokens_field })
+    let media_tokens = match prices.get("media_tokens") {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| CatalogError::BadMediaTokens { model: model.into(), value: v.to_string() })?,
+        ),
+    };
+    Ok(Weights { input, cached, output, max_tokens_field, media_tokens })
 }

@@ -269,6 +269,17 @@ pub fn prompt_token_bound(bytes: u64) -> u64 {
     bytes
 }
 
+/// [`prompt_token_bound`] plus `media_tokens` for each of `media_parts`
+/// (an image, audio, a file: its cost does not follow from its length);
+/// `None` when there are media parts and no stated bound for them.
+pub fn prompt_token_bound_with_media(bytes: u64, media_parts: u32, media_tokens: Option<u32>) -> Option<u64> {
+    if media_parts == 0 {
+        return Some(prompt_token_bound(bytes));
+    }
+    let per = u64::from(media_tokens?);
+    Some(prompt_token_bound(bytes).saturating_add(per.saturating_mul(u64::from(media_parts))))
+}
+
 /// Under `enforce_budget`: whether a call fits in `available`, and how.
 /// Its worst case is `prompt_tokens` at the dearer of the input and cached
 /// prices plus its completion at the output price. The completion is cut

@@ -62,6 +62,31 @@ pub struct LlmRequest {
     /// checked, as a JSON object passed to the provider as it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<RawJson>,
+    /// Content parts whose cost does not follow from their length (an
+    /// image, audio, a file: every part whose `type` is not `text` or
+    /// `refusal`), counted when the messages were checked.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub media_parts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The content part types whose cost follows from their text: every other
+/// part is a media part (see [`LlmRequest::media_parts`]).
+pub const TEXT_PART_TYPES: [&str; 2] = ["text", "refusal"];
+
+/// Media parts in `message`'s `content`: the parts of a content array
+/// whose `type` is not one of [`TEXT_PART_TYPES`] (a part with no string
+/// `type` counts as media: its cost is unknown).
+pub fn media_parts(message: &Value) -> u32 {
+    let Some(Value::Array(parts)) = message.get("content") else { return 0 };
+    let media = parts
+        .iter()
+        .filter(|p| !p.get("type").and_then(Value::as_str).is_some_and(|t| TEXT_PART_TYPES.contains(&t)))
+        .count();
+    u32::try_from(media).unwrap_or(u32::MAX)
 }
 
 /// OpenAI chat-completions parameters checked here and passed to the
@@ -83,6 +108,7 @@ impl LlmRequest {
             tools: None,
             metadata: None,
             options: None,
+            media_parts: 0,
         }
     }
 
@@ -123,7 +149,9 @@ pub fn parse_llmcmd(params: &Map<String, Value>) -> Result<LlmCmdParams, ParamEr
         Some(_) => return err("messages is not an array"),
         None => return err("missing messages"),
     };
+    let mut media = 0u32;
     for (i, m) in messages.iter().enumerate() {
+        media = media.saturating_add(media_parts(m));
         match m.get("role") {
             Some(Value::String(_)) => {}
             _ if !m.is_object() => return err(format!("messages[{i}] is not an object")),
@@ -160,7 +188,8 @@ pub fn parse_llmcmd(params: &Map<String, Value>) -> Result<LlmCmdParams, ParamEr
         Some(v) => Some(parse_token(v)?),
     };
     let messages = RawJson::from_value(messages_value);
-    let request = LlmRequest { messages, model, max_tokens, temperature, tools, metadata, options };
+    let request =
+        LlmRequest { messages, model, max_tokens, temperature, tools, metadata, options, media_parts: media };
     Ok(LlmCmdParams { request, cancel_token })
 }
 

@@ -162,6 +162,9 @@ pub enum PlantedBug {
     /// The broker hands the lock on while the call holding it backs off
     /// before a retry.
     BrokerReleasesLockDuringBackoff,
+    /// Under `enforce_budget`, a call given up on (cancelled, timed out)
+    /// whose usage never comes releases its reserve unpaid.
+    BrokerReleasesReserveOnCancel,
     /// Queued requests are bounded by count only, not by bytes.
     NoQueuedByteBound,
     /// Attaches are not capped by `max_clients`.
@@ -400,6 +403,12 @@ pub enum Output {
     /// One line for the telemetry file.
     Telemetry {
         record: TelemetryRecord,
+    },
+    /// The broker's charges passed its budget in advisory mode (no
+    /// `enforce_budget`): the shell says so, once.
+    BudgetPassed {
+        initial: broker::Money,
+        charged: broker::Money,
     },
     /// One line for the audit file (with `Config::audit`).
     Audit {
@@ -849,6 +858,9 @@ impl FsProxy {
                 Some(PlantedBug::BrokerReleasesLockDuringBackoff) => {
                     b.plant_bug(broker::BrokerBug::ReleaseLockDuringBackoff)
                 }
+                Some(PlantedBug::BrokerReleasesReserveOnCancel) => {
+                    b.plant_bug(broker::BrokerBug::ReleaseReserveOnCancel)
+                }
                 _ => {}
             }
         }
@@ -1024,6 +1036,9 @@ impl FsProxy {
                     self.outputs.push_back(Output::CancelProvider { call })
                 }
                 BrokerOutput::Telemetry(record) => self.outputs.push_back(Output::Telemetry { record }),
+                BrokerOutput::BudgetPassed { initial, charged } => {
+                    self.outputs.push_back(Output::BudgetPassed { initial, charged })
+                }
                 BrokerOutput::Reply { call, outcome, .. } => {
                     let Some((client, id)) = self.calls.remove(&call) else { continue };
                     let outcome = match outcome {

@@ -191,6 +191,10 @@ struct Prov {
     result: ProviderResult,
     /// Its worst-case cost in pico-USD (enforce_budget worlds).
     worst: u64,
+    /// What the provider bills for this attempt if it runs to its end:
+    /// what it generated for a `2xx` answer (reported or not), what it
+    /// reported for an error status (it refused the call otherwise).
+    billable: Option<Usage>,
 }
 
 /// A started call, as the retry checkers follow it.
@@ -234,10 +238,20 @@ pub(super) struct BrokerSim {
     attempts: BTreeMap<CallId, Attempts>,
     /// The call backing off, and the earliest its retry may start (µs).
     backoff: Option<(CallId, u64)>,
+    /// What the simulated provider billed, in pico-USD, with this file's
+    /// prices: every attempt's generation, cancelled and timed-out ones
+    /// included (a provider bills what it generated before the request
+    /// was dropped).
+    billed: u64,
+    /// `BudgetPassed` was said (advisory worlds).
+    said_passed: bool,
+    /// How much of a dropped call was generated: a stream of its own, so
+    /// the worlds draw what they drew before billing was modelled.
+    bill_rng: Option<ChaCha8Rng>,
 }
 
 impl BrokerSim {
-    pub(super) fn new(setup: &BrokerSetup, bug: Option<PlantedBug>) -> Self {
+    pub(super) fn new(setup: &BrokerSetup, bug: Option<PlantedBug>, seed: u64) -> Self {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         BrokerSim {
             qmw: micros(setup.config.queue_max_wait),
@@ -251,6 +265,7 @@ impl BrokerSim {
             max_retries: setup.config.max_retries,
             retry_base: micros(setup.config.retry_base),
             retry_cap: micros(setup.config.retry_after_max),
+            bill_rng: Some(ChaCha8Rng::seed_from_u64(seed ^ 0x4249_4c4c_0000_0000)),
             ..BrokerSim::default()
         }
     }
@@ -312,24 +327,25 @@ impl World {
             let Some(p) = self.bsim().prov.get_mut(&call) else { continue };
             p.done = true;
             p.due = None;
+            // A dropped request was billed when it was dropped.
+            let bill = if p.cancelled { None } else { p.billable };
             let (model, result) = (p.model.clone(), p.result.clone());
-            let p = Prov { model, due: None, cancelled: false, done: true, result, worst: 0 };
-            let usage = match &p.result {
-                ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => *usage,
-            };
-            if let Some(u) = usage {
-                match charge(&p.model, &u) {
+            let usage = result.usage();
+            for (what, u) in [("charged", usage), ("billed", bill)] {
+                let Some(u) = u else { continue };
+                match charge(&model, &u) {
                     Some(delta) => {
                         let b = self.bsim();
-                        b.charged = b.charged.saturating_add(delta);
+                        let sum = if what == "charged" { &mut b.charged } else { &mut b.billed };
+                        *sum = sum.saturating_add(delta);
                     }
                     None => {
-                        let v = violation("quota", format!("{call} ran unpriced model {:?}", p.model));
+                        let v = violation("quota", format!("{call} ran unpriced model {model:?}"));
                         self.first_violation.get_or_insert(v);
                     }
                 }
             }
-            self.feed(0, Input::ProviderDone { call, result: p.result });
+            self.feed(0, Input::ProviderDone { call, result });
             self.bsim().prov.remove(&call);
         }
         if self.levels[0].m.poll_timeout().is_some_and(|t| t.as_micros() <= self.now) {
@@ -523,6 +539,34 @@ impl World {
 }
 
 impl BrokerSim {
+    /// The machine charged `call` its reserve: add this checker's own worst
+    /// case of the call, once it has checked that the usage is unknown
+    /// (none reported, and no error status, with which the provider
+    /// refuses and bills nothing it does not report) under
+    /// `enforce_budget`. Whether a reserve is charged where it must be is
+    /// what invariant 15 (`budget_bound`) holds the machine to.
+    fn charge_reserve(&mut self, call: CallId, record: &TelemetryRecord) -> Check {
+        let Some(p) = self.prov.get(&call).filter(|p| p.done) else {
+            return Err(violation("quota", format!("{call} charged its reserve with no result: {record:?}")));
+        };
+        let refused =
+            matches!(&p.result, ProviderResult::Err { status: Some(s), .. } if !(200..300).contains(s));
+        if !self.enforce || refused || p.result.usage().is_some() || record.charged.as_pico() != p.worst {
+            return Err(violation(
+                "quota",
+                format!(
+                    "{call} charged a reserve of {} (worst case {}; enforce {}; result {:?})",
+                    record.charged.as_pico(),
+                    p.worst,
+                    self.enforce,
+                    p.result
+                ),
+            ));
+        }
+        self.charged = self.charged.saturating_add(p.worst);
+        Ok(())
+    }
+
     /// The checks of a call's first start: asked, admitted, in FIFO order.
     fn first_start(&mut self, call: CallId, id: &str, now: u64, deadline: u64) -> Check {
         let b = self;
@@ -638,9 +682,12 @@ impl World {
             parse_response_with(status, body.as_bytes(), &request.model, &redactor, SIM_REPLY_LIMITS)
                 .with_retry_after(retry_after);
         let due = if hang { None } else { Some(now + latency) };
-        self.bsim()
-            .prov
-            .insert(call, Prov { model: request.model, due, cancelled: false, done: false, result, worst });
+        // What the provider bills if the attempt runs to its end: what it
+        // generated for a `2xx` answer, reported or not; for an error
+        // status it refused the call and bills what it reported, if any.
+        let billable = if (200..300).contains(&status) { Some(usage) } else { result.usage() };
+        let p = Prov { model: request.model, due, cancelled: false, done: false, result, worst, billable };
+        self.bsim().prov.insert(call, p);
         Ok(())
     }
 
@@ -668,6 +715,9 @@ impl World {
         let now = self.now;
         let Some(b) = self.broker.as_mut() else { return Ok(()) };
         let call = record.call;
+        if record.reserve_charged {
+            b.charge_reserve(call, record)?;
+        }
         let Some(delay_ms) = record.retry_delay_ms else {
             // A call's last record: it is over.
             if b.backoff.is_some_and(|(c, _)| c == call) {
@@ -709,11 +759,34 @@ impl World {
         Ok(())
     }
 
+    /// The machine says the advisory budget was passed: once, never under
+    /// `enforce_budget`, with the charges this checker recomputed.
+    pub(super) fn on_budget_passed(&mut self, initial: Money, charged: Money) -> Check {
+        let Some(b) = self.broker.as_mut() else {
+            return Err(violation("policy", "budget passed without a broker".into()));
+        };
+        if b.said_passed || b.enforce || initial.as_pico() != b.initial || charged.as_pico() != b.charged {
+            return Err(violation(
+                "budget_said",
+                format!(
+                    "BudgetPassed {initial}, {charged}: said before: {}, enforce: {}, checker: {} of {}",
+                    b.said_passed, b.enforce, b.charged, b.initial
+                ),
+            ));
+        }
+        b.said_passed = true;
+        Ok(())
+    }
+
     pub(super) fn on_cancel_provider(&mut self, call: CallId) -> Check {
         let now = self.now;
         let delay = self.rng.gen_range(0..3_000);
         let partial = self.rng.gen_bool(0.5);
-        let Some(p) = self.broker.as_mut().and_then(|b| b.prov.get_mut(&call)) else {
+        let Some(b) = self.broker.as_mut() else {
+            return Err(violation("one_call_in_flight", format!("cancel of {call}, which is not in flight")));
+        };
+        let share = b.bill_rng.as_mut().map_or(0, |r| r.gen_range(0..=100u64));
+        let Some(p) = b.prov.get_mut(&call) else {
             return Err(violation("one_call_in_flight", format!("cancel of {call}, which is not in flight")));
         };
         if p.cancelled || p.done {
@@ -727,13 +800,17 @@ impl World {
             return Err(violation("one_call_in_flight", format!("{call} cancelled twice")));
         }
         p.cancelled = true;
-        // A dropped request ends soon, with whatever usage the provider
-        // had counted, if any.
-        let usage = match &p.result {
-            ProviderResult::Ok { usage, .. } | ProviderResult::Err { usage, .. } => usage.filter(|_| partial),
-        };
-        p.result = ProviderResult::error(usage, "request dropped");
+        // The provider bills what it generated until the request was
+        // dropped: the prompt, and some of the completion. A dropped
+        // request ends soon, reporting that usage or none.
+        let generated = p.billable.map(|u| {
+            let completion = u.completion_tokens * share / 100;
+            Usage { completion_tokens: completion, total_tokens: u.prompt_tokens + completion, ..u }
+        });
+        p.result = ProviderResult::error(generated.filter(|_| partial), "request dropped");
         p.due = Some(p.due.map_or(now + delay, |d| d.min(now + delay)));
+        let bill = generated.and_then(|u| charge(&p.model, &u)).unwrap_or(0);
+        b.billed = b.billed.saturating_add(bill);
         Ok(())
     }
 
@@ -879,6 +956,29 @@ impl World {
             return Err(violation(
                 "budget",
                 format!("enforce_budget, honest usage, yet {} pico-USD charged of {}", b.charged, b.initial),
+            ));
+        }
+        // Invariant 15: what the provider billed, cancelled and timed-out
+        // calls included, stays within an enforced budget.
+        if b.enforce && b.billed > b.initial {
+            return Err(violation(
+                "budget_bound",
+                format!(
+                    "enforce_budget, yet the provider billed {} pico-USD of a budget of {} ({} charged)",
+                    b.billed, b.initial, b.charged
+                ),
+            ));
+        }
+        // Advisory mode says, once, when the charges pass the budget.
+        if !b.enforce && b.said_passed != (b.charged > b.initial) {
+            return Err(violation(
+                "budget_said",
+                format!(
+                    "{} pico-USD charged of {}, yet the passing was{} said",
+                    b.charged,
+                    b.initial,
+                    if b.said_passed { "" } else { " not" }
+                ),
             ));
         }
         let remaining = m.broker().map(|x| x.remaining().as_pico());
