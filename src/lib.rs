@@ -12,6 +12,7 @@ pub mod config;
 pub mod confine;
 pub mod fdcli;
 pub mod fdconfig;
+pub mod fscli;
 pub mod heap;
 pub mod hostfs;
 pub mod llm_cli;
