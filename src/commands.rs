@@ -67,6 +67,12 @@ pub struct ServeArgs {
     /// has queued back to back (0: each read on its own).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ_BATCH)]
     pub max_read_batch: u32,
+    /// Entries one `list` answer holds at most (more come page by page).
+    #[arg(long, value_name = "N", default_value_t = airlock_core::pathops::DEFAULT_MAX_LIST_ENTRIES)]
+    pub max_list_entries: u32,
+    /// Bytes of names one `list` answer holds at most, past its first entry.
+    #[arg(long, value_name = "BYTES", default_value_t = airlock_core::pathops::DEFAULT_MAX_LIST_BYTES)]
+    pub max_list_bytes: u32,
     /// Handles that may be open at once.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_OPEN_HANDLES)]
     pub max_open_handles: usize,
@@ -138,6 +144,8 @@ impl ServeArgs {
         config.limits.max_read = self.max_read;
         config.limits.max_values = self.max_frame_values;
         config.max_read_batch = self.max_read_batch;
+        config.max_list_entries = self.max_list_entries.max(1);
+        config.max_list_bytes = self.max_list_bytes;
         config.max_open_handles = self.max_open_handles;
         config.max_queued_requests = self.max_queued_requests;
         config.max_virtual_bytes = self.max_virtual_bytes;

@@ -61,7 +61,12 @@ impl Client {
 
     /// One page of the listing of directory `path`: entries whose names
     /// sort after `after`, at most `max` (the session may give fewer).
-    pub fn list_page(&mut self, path: &str, after: Option<&str>, max: Option<u32>) -> Result<ListPage, ClientError> {
+    pub fn list_page(
+        &mut self,
+        path: &str,
+        after: Option<&str>,
+        max: Option<u32>,
+    ) -> Result<ListPage, ClientError> {
         let req = PathRequest::List { path: path.to_owned(), after: after.map(str::to_owned), max };
         let m = self.path_call(req)?;
         let entries = m.get("entries").and_then(Value::as_array).ok_or_else(|| bad("list", &m))?;
