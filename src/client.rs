@@ -14,7 +14,9 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 mod broker;
+mod paths;
 pub use broker::MAX_ANSWER_FRAME;
+pub use paths::{Entry, ListPage, Stat};
 
 /// The environment variable naming the proxy descriptor in a child.
 pub const FD_ENV: &str = "AIRLOCK_FD";

@@ -82,6 +82,12 @@ pub struct ServeArgs {
     /// has queued back to back (0: each read on its own).
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_READ_BATCH)]
     pub max_read_batch: u32,
+    /// Entries one `list` answer holds at most (more come page by page).
+    #[arg(long, value_name = "N", default_value_t = airlock_core::pathops::DEFAULT_MAX_LIST_ENTRIES)]
+    pub max_list_entries: u32,
+    /// Bytes of names one `list` answer holds at most, past its first entry.
+    #[arg(long, value_name = "BYTES", default_value_t = airlock_core::pathops::DEFAULT_MAX_LIST_BYTES)]
+    pub max_list_bytes: u32,
     /// Handles that may be open at once.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_OPEN_HANDLES)]
     pub max_open_handles: usize,
@@ -154,6 +160,8 @@ impl ServeArgs {
         config.limits.max_read = self.max_read;
         config.limits.max_values = self.max_frame_values;
         config.max_read_batch = self.max_read_batch;
+        config.max_list_entries = self.max_list_entries.max(1);
+        config.max_list_bytes = self.max_list_bytes;
         config.max_open_handles = self.max_open_handles;
         config.max_queued_requests = self.max_queued_requests;
         config.max_virtual_bytes = self.max_virtual_bytes;
@@ -595,16 +603,56 @@ pub enum FsCommand {
     /// Copy a file to stdout.
     Cat { path: String },
     /// Replace (or create) a file with stdin.
-    Write { path: String },
+    Write {
+        /// Make the directories on the way first (`mkdir -p` of its
+        /// directory).
+        #[arg(short, long)]
+        parents: bool,
+        path: String,
+    },
     /// Append stdin to a file (creating it).
-    Append { path: String },
+    Append {
+        /// Make the directories on the way first.
+        #[arg(short, long)]
+        parents: bool,
+        path: String,
+    },
+    /// List a directory, one name per line (all of it, page by page).
+    List {
+        /// Each entry as `KIND SIZE NAME`.
+        #[arg(short, long)]
+        long: bool,
+        path: String,
+    },
+    /// What a path is, as one JSON object: kind, size, mode, mtime_ns.
+    Stat {
+        /// Look at a symlink itself rather than what it leads to.
+        #[arg(long)]
+        no_follow: bool,
+        path: String,
+    },
+    /// Make a directory.
+    Mkdir {
+        /// Make the directories on the way too; one already there is fine.
+        #[arg(short, long)]
+        parents: bool,
+        path: String,
+    },
+    /// Remove a file, a symlink, or an empty directory.
+    Remove { path: String },
+    /// Rename (move) FROM to TO, replacing what is at TO.
+    Rename {
+        /// Fail rather than replace what is at TO.
+        #[arg(long)]
+        no_replace: bool,
+        from: String,
+        to: String,
+    },
 }
 
 /// `airlock fs ...`: the client side, for scripts running under airlock.
 pub fn fs(cmd: &FsCommand) -> anyhow::Result<i32> {
-    let path = match cmd {
-        FsCommand::Cat { path } | FsCommand::Write { path } | FsCommand::Append { path } => path,
-    };
+    let path = crate::fscli::shown_path(cmd);
     // No proxy is an error of this command like any other (exit 1, as for
     // `airlock llm`), not a failure of airlock to start (125).
     let mut client = match Client::connect() {
@@ -625,12 +673,13 @@ pub fn fs(cmd: &FsCommand) -> anyhow::Result<i32> {
                 (r, _) => r.map(|_| ()).map_err(anyhow::Error::from),
             }
         }
-        FsCommand::Write { path } => {
-            client.copy_in(path, Mode::Write, &mut std::io::stdin().lock()).map(|_| ()).map_err(Into::into)
+        FsCommand::Write { path, parents } | FsCommand::Append { path, parents } => {
+            let mode = if matches!(cmd, FsCommand::Write { .. }) { Mode::Write } else { Mode::Append };
+            crate::fscli::make_parents(&mut client, path, *parents)
+                .and_then(|()| client.copy_in(path, mode, &mut std::io::stdin().lock()).map(|_| ()))
+                .map_err(Into::into)
         }
-        FsCommand::Append { path } => {
-            client.copy_in(path, Mode::Append, &mut std::io::stdin().lock()).map(|_| ()).map_err(Into::into)
-        }
+        other => crate::fscli::path_op(&mut client, other),
     };
     match result {
         Ok(()) => Ok(0),

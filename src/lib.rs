@@ -13,6 +13,7 @@ pub mod confine;
 pub mod envpolicy;
 pub mod fdcli;
 pub mod fdconfig;
+pub mod fscli;
 pub mod guardscan;
 pub mod heap;
 pub mod hostfs;

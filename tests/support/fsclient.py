@@ -104,3 +104,24 @@ def workers(script: str, n: int):
     # out of reach, and only a PATH search moves on to the next.
     procs = [subprocess.Popen(["python3", "-c", script, str(i)], pass_fds=(FD,)) for i in range(n)]
     return [p.wait(timeout=60) for p in procs]
+
+
+# --- path operations --------------------------------------------------------
+
+
+def list_all(path: str, fd: int = FD, max=None) -> list:
+    """Every entry of directory `path`, following the pages' `next`."""
+    entries, after = [], None
+    while True:
+        params = {"path": path}
+        if after is not None:
+            params["after"] = after
+        if max is not None:
+            params["max"] = max
+        resp = call("list", fd=fd, **params)
+        if not resp["ok"]:
+            return resp
+        entries += resp["result"]["entries"]
+        after = resp["result"].get("next")
+        if after is None:
+            return entries

@@ -34,9 +34,17 @@ import os
 import socket
 import stat
 import struct
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-__all__ = ["Client", "AirlockError", "ProtocolError", "MAX_READ", "MAX_FRAME"]
+__all__ = [
+    "Client",
+    "AirlockError",
+    "AirlockNotFound",
+    "AirlockRefused",
+    "ProtocolError",
+    "MAX_READ",
+    "MAX_FRAME",
+]
 
 #: The proxy's own bound (its default): a read asks for at most this.
 MAX_READ = 4096
@@ -59,6 +67,20 @@ class AirlockError(Exception):
         self.path = path
         where = f"{path}: " if path else ""
         super().__init__(f"{where}{code}: {message}")
+
+
+class AirlockNotFound(AirlockError, FileNotFoundError):
+    """`E_NOENT`: nothing is there (and the policy would let you see it)."""
+
+
+class AirlockRefused(AirlockError, PermissionError):
+    """`E_PERM`: the policy (or the file system) refuses; whether anything
+    is there is not told."""
+
+
+def _error(code: str, message: str, op: Optional[str], path: Optional[str]) -> AirlockError:
+    cls = {"E_NOENT": AirlockNotFound, "E_PERM": AirlockRefused}.get(code, AirlockError)
+    return cls(code, message, op=op, path=path)
 
 
 class ProtocolError(Exception):
@@ -226,7 +248,7 @@ class Client:
         if answer.get("ok"):
             return answer.get("result")
         err = answer.get("error") or {}
-        raise AirlockError(err.get("code", "?"), err.get("message", ""), op=op, path=path)
+        raise _error(err.get("code", "?"), err.get("message", ""), op, path)
 
     def call(self, op: str, params: Optional[JsonObject] = None, path: Optional[str] = None) -> Any:
         """Send one request and wait for its result."""
@@ -268,14 +290,104 @@ class Client:
         finally:
             self.close_handle(h)
 
-    def write_file(self, path: str, data: bytes, append: bool = False) -> int:
+    def write_file(self, path: str, data: bytes, append: bool = False, parents: bool = False) -> int:
         """Create or truncate `path` (append with `append=True`) with `data`;
-        returns the count written."""
+        returns the count written. `parents`: make its directories first."""
+        if parents and "/" in path.rstrip("/"):
+            head = path.rstrip("/").rsplit("/", 1)[0]
+            if head:
+                self.makedirs(head)
         h = self.open(path, "a" if append else "w")
         try:
             return self.write(h, data)
         finally:
             self.close_handle(h)
+
+    # -- paths -----------------------------------------------------------
+
+    def stat(self, path: str, follow: bool = True) -> JsonObject:
+        """`{kind, size, mode, mtime_ns}` of `path`; `kind` is `file`, `dir`,
+        `symlink` (with `follow=False`) or `other`."""
+        return self.call("stat", {"path": path, "follow": follow}, path=path)
+
+    def scandir(self, path: str = ".", page: Optional[int] = None) -> Iterator[JsonObject]:
+        """Each entry of directory `path` (`{name, kind, size}`, names in
+        byte order), fetched a page at a time (`page` entries at most)."""
+        after: Optional[str] = None
+        while True:
+            params: JsonObject = {"path": path}
+            if after is not None:
+                params["after"] = after
+            if page is not None:
+                params["max"] = page
+            result = self.call("list", params, path=path)
+            yield from result["entries"]
+            nxt = result.get("next")
+            if nxt is None:
+                return
+            if after is not None and nxt <= after:
+                raise ProtocolError(f"listing of {path} does not move on past {after!r}")
+            after = nxt
+
+    def listdir(self, path: str = ".") -> List[str]:
+        """The names in directory `path`, as `os.listdir` gives them."""
+        return [e["name"] for e in self.scandir(path)]
+
+    def walk(self, top: str = ".") -> Iterator[Tuple[str, List[str], List[str]]]:
+        """`os.walk` top-down: `(dirpath, dirnames, filenames)`; symlinks
+        are listed with the files and never followed. Pruning `dirnames`
+        in place prunes the walk."""
+        dirs: List[str] = []
+        files: List[str] = []
+        for e in self.scandir(top):
+            (dirs if e["kind"] == "dir" else files).append(e["name"])
+        yield top, dirs, files
+        for d in dirs:
+            yield from self.walk(d if top in (".", "") else f"{top.rstrip('/')}/{d}")
+
+    def exists(self, path: str) -> bool:
+        """Whether `path` is there; refused is not "missing" (it raises)."""
+        try:
+            self.stat(path)
+            return True
+        except AirlockNotFound:
+            return False
+
+    def isdir(self, path: str) -> bool:
+        return self.exists(path) and self.stat(path)["kind"] == "dir"
+
+    def mkdir(self, path: str, parents: bool = False) -> None:
+        """Make directory `path`; `parents`: its missing directories too,
+        and one already there is fine (`mkdir -p`)."""
+        self.call("mkdir", {"path": path, "parents": parents}, path=path)
+
+    def makedirs(self, path: str, exist_ok: bool = True) -> None:
+        """`os.makedirs`."""
+        if not exist_ok and self.exists(path):
+            raise AirlockError("E_ARG", f"{path} already exists", op="mkdir", path=path)
+        self.mkdir(path, parents=True)
+
+    def remove(self, path: str) -> None:
+        """Remove a file, a symlink (not what it leads to) or an empty
+        directory."""
+        self.call("remove", {"path": path}, path=path)
+
+    def rmtree(self, path: str) -> None:
+        """Remove `path` and everything beneath it, bottom up (symlinks are
+        removed, never followed)."""
+        if self.stat(path, follow=False)["kind"] == "dir":
+            for e in list(self.scandir(path)):
+                child = f"{path.rstrip('/')}/{e['name']}"
+                if e["kind"] == "dir":
+                    self.rmtree(child)
+                else:
+                    self.remove(child)
+        self.remove(path)
+
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        """Move `src` to `dst`, replacing what is there (as `os.replace`)
+        unless `replace=False`."""
+        self.call("rename", {"from": src, "to": dst, "noreplace": not replace}, path=src)
 
     # -- the pager -------------------------------------------------------
 

@@ -4,7 +4,7 @@
 //! touch?". The machine decides what each record says; the shell only
 //! writes them (`Output::Audit`).
 
-use super::wire::{ErrorCode, Failure, Mode, Op, Success};
+use super::wire::{ErrorCode, Failure, Mode, Op, PathRequest, Success};
 use crate::handles::{ClientId, Handle};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -20,6 +20,11 @@ pub enum AuditOp {
     /// A request resolved to a protected path, a secret file or a
     /// `--deny`ed path: refused, or lifted by a grant (`allowed`).
     Guard,
+    Stat,
+    List,
+    Mkdir,
+    Remove,
+    Rename,
 }
 
 /// One file operation and its outcome.
@@ -31,6 +36,9 @@ pub struct AuditRecord {
     /// path its handle was opened with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// A rename's destination, as the client asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -38,6 +46,9 @@ pub struct AuditRecord {
     /// Bytes read or written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
+    /// Entries a listing answered with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<u64>,
     pub allowed: bool,
     /// For a refusal: its code and the rule, as the client was told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,6 +95,7 @@ impl AuditRecord {
 struct Asked {
     op: AuditOp,
     path: Option<String>,
+    to: Option<String>,
     mode: Option<Mode>,
     handle: Option<Handle>,
     is_virtual: bool,
@@ -106,10 +118,21 @@ impl Audit {
             Op::Open { path, mode, .. } => Asked {
                 op: AuditOp::Open,
                 path: Some(path.clone()),
+                to: None,
                 mode: Some(*mode),
                 handle: None,
                 is_virtual: false,
             },
+            Op::Path { req, .. } => {
+                let (op, to) = match req {
+                    PathRequest::Stat { .. } => (AuditOp::Stat, None),
+                    PathRequest::List { .. } => (AuditOp::List, None),
+                    PathRequest::Mkdir { .. } => (AuditOp::Mkdir, None),
+                    PathRequest::Remove { .. } => (AuditOp::Remove, None),
+                    PathRequest::Rename { to, .. } => (AuditOp::Rename, Some(to.clone())),
+                };
+                Asked { op, path: Some(req.path().to_owned()), to, mode: None, handle: None, is_virtual: false }
+            }
             Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if !h.is_stdio() => {
                 let held = self.handles.get(&(client, *h)).cloned();
                 let is_virtual = held.as_ref().is_some_and(|(_, _, v)| *v);
@@ -119,7 +142,7 @@ impl Audit {
                     Op::Write { .. } => AuditOp::Write,
                     _ => AuditOp::Close,
                 };
-                Asked { op, path, mode, handle: Some(*h), is_virtual }
+                Asked { op, path, to: None, mode, handle: Some(*h), is_virtual }
             }
             _ => return,
         };
@@ -152,9 +175,11 @@ impl Audit {
             client,
             op: asked.op,
             path: asked.path,
+            to: asked.to,
             mode: asked.mode,
             handle: asked.handle,
             bytes: None,
+            entries: None,
             allowed: outcome.is_ok(),
             code: None,
             reason: None,
@@ -175,6 +200,9 @@ impl Audit {
                 if let Some(h) = record.handle {
                     self.handles.remove(&(client, h));
                 }
+            }
+            Ok(Success::Value(m)) if record.op == AuditOp::List => {
+                record.entries = m.get("entries").and_then(|e| e.as_array()).map(|a| a.len() as u64);
             }
             Ok(_) => {}
             Err(f) => {
