@@ -15,6 +15,7 @@
 
 pub mod abi;
 pub mod codec;
+pub mod inodes;
 
 /// The fuzz targets' entry points.
 #[cfg(any(test, feature = "fuzzing"))]
