@@ -8,6 +8,7 @@
 //! why it refused, before anything else happens.
 
 pub mod filter;
+pub mod fuse;
 pub mod stage;
 
 use airlock_core::sandbox::{Confinement, NsMode, Ruleset, StageStatus, View};
@@ -45,7 +46,7 @@ pub fn confinement(
     net: bool,
     keep_fds: u32,
 ) -> Confinement {
-    Confinement { namespaces, net, ruleset, view, keep_fds, status_fd: keep_fds as i32 + 1 }
+    Confinement { namespaces, net, ruleset, view, keep_fds, status_fd: keep_fds as i32 + 1, fuse: None }
 }
 
 /// A `Command` that runs `argv` confined by `plan`. Set its environment,

@@ -89,9 +89,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let status = unsafe { OwnedFd::from_raw_fd(plan.status_fd) };
     let _ = rustix::io::fcntl_setfd(&status, rustix::io::FdFlags::CLOEXEC);
     let mut status = Some(std::fs::File::from(status));
+    // Dropped unused in the fallback: airlock then sees no mount.
+    let mut fuse_socket = super::fuse::take_socket(plan.fuse.as_ref());
     let code = match plan.namespaces {
         NsMode::Off => fallback(&plan, argv, &mut status),
-        mode => match with_namespaces(&plan, argv, &mut status) {
+        mode => match with_namespaces(&plan, argv, &mut status, &mut fuse_socket) {
             Ok(code) => code,
             Err(e) if mode == NsMode::Require => refuse(
                 &mut status,
@@ -253,6 +255,7 @@ fn with_namespaces(
     plan: &Confinement,
     argv: &[OsString],
     status: &mut Option<std::fs::File>,
+    fuse_socket: &mut Option<OwnedFd>,
 ) -> anyhow::Result<i32> {
     let (flags, namespaces) = namespace_flags(plan);
     // SAFETY: no arguments.
@@ -270,7 +273,7 @@ fn with_namespaces(
         drop(result_rd);
         drop(alive_wr);
         let code = match map_ids(uid, gid) {
-            Ok(()) => init(plan, argv, namespaces, status, result_wr, alive_rd),
+            Ok(()) => init(plan, argv, namespaces, status, fuse_socket.take(), result_wr, alive_rd),
             Err(e) => not_set_up(&result_wr, &format!("{e:#}")),
         };
         // SAFETY: leave without running the stage's destructors twice.
@@ -278,6 +281,8 @@ fn with_namespaces(
     }
     drop(result_wr);
     drop(alive_rd);
+    // PID 1 has its copy; the end of its copy is the end of the mounts.
+    drop(fuse_socket.take());
     let mut tag = [0u8; 1];
     if !matches!(rustix::io::read(&result_rd, &mut tag), Ok(1)) || tag[0] != SET_UP {
         let mut reason = Vec::new();
@@ -317,6 +322,7 @@ fn init(
     argv: &[OsString],
     namespaces: Vec<Namespace>,
     status: &mut Option<std::fs::File>,
+    fuse_socket: Option<OwnedFd>,
     result: OwnedFd,
     alive: OwnedFd,
 ) -> i32 {
@@ -329,11 +335,16 @@ fn init(
     if matches!(rustix::io::read(&alive, &mut byte), Ok(0)) {
         return REFUSED_EXIT;
     }
-    let mut applied = Applied { namespaces, seccomp: false, proc: false };
+    let mut applied = Applied { namespaces, seccomp: false, proc: false, ..Applied::default() };
     if applied.has(Namespace::Mount) {
-        match build_view(&plan.view) {
+        let mut served = plan.fuse.as_ref().map(|p| super::fuse::Setup::open(p, fuse_socket));
+        match build_view(&plan.view, served.as_mut()) {
             Ok(proc) => applied.proc = proc,
             Err(e) => return not_set_up(&result, &format!("building the mount view: {e:#}")),
+        }
+        if let Some(s) = served {
+            applied.fuse = s.mounted;
+            applied.fuse_error = s.error;
         }
     }
     if applied.has(Namespace::Net) {
@@ -660,7 +671,7 @@ fn inside(base: &str, p: &Path) -> PathBuf {
 }
 
 /// Build `view` and pivot into it. Returns whether `/proc` is a fresh one.
-fn build_view(view: &View) -> anyhow::Result<bool> {
+fn build_view(view: &View, served: Option<&mut super::fuse::Setup<'_>>) -> anyhow::Result<bool> {
     let root = Path::new("/");
     mount(None, root, None, libc::MS_REC | libc::MS_PRIVATE, None)?;
     // A scratch tmpfs on /tmp becomes the root for a moment, with the
@@ -751,6 +762,10 @@ fn build_view(view: &View) -> anyhow::Result<bool> {
                 }
             }
         }
+    }
+    // The roots served as filesystems, over everything else at their paths.
+    if let Some(s) = served {
+        s.mount_all(new_root);
     }
     mount(None, new_root, None, libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV, None)?;
     umount_detach(Path::new(OLD_ROOT))?;

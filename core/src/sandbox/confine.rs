@@ -26,6 +26,9 @@ pub struct Confinement {
     pub keep_fds: u32,
     /// Where the stage reports what it applied (a descriptor it inherits).
     pub status_fd: i32,
+    /// The roots to serve as filesystems inside the view (`run` alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuse: Option<super::fuse::FusePlan>,
 }
 
 /// What the stage tells airlock, one JSON line each.
@@ -59,6 +62,7 @@ impl Confinement {
                 r.paths.push(PathRule { path, grant: Grant::ReadWrite, rights, source: Source::Private });
             }
         }
+        super::fuse::grant_mounted(&mut r, self.fuse.as_ref(), applied);
         r
     }
 
@@ -89,7 +93,7 @@ pub fn view_for(ruleset: &Ruleset, cwd: PathBuf) -> View {
             Source::Airlock => inputs.airlock = Some(rule.path.clone()),
             // Bound writable: a connect needs write access to the socket.
             Source::Session => inputs.read_write.push(rule.path.clone()),
-            Source::Default | Source::Private => {}
+            Source::Default | Source::Private | Source::Served => {}
         }
     }
     view(&inputs)

@@ -39,6 +39,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 mod confine;
+pub mod fuse;
 mod namespaces;
 mod report;
 mod seccomp;
@@ -237,6 +238,9 @@ pub enum Source {
     /// process of the session whose descriptor 3 was closed still reaches
     /// it; the socket asks for the session's secret before anything else.
     Session,
+    /// A root served as a filesystem inside the view (`fuse`): the mount
+    /// decides per name, so the child may reach all of it.
+    Served,
 }
 
 impl Source {

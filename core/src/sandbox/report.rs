@@ -18,6 +18,12 @@ pub struct Applied {
     /// one).
     #[serde(default)]
     pub proc: bool,
+    /// The roots mounted as filesystems in the view (see `sandbox::fuse`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fuse: Vec<std::path::PathBuf>,
+    /// Why a root wanted as a filesystem is not one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuse_error: Option<String>,
 }
 
 impl Applied {

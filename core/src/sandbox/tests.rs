@@ -275,7 +275,7 @@ fn a_path_named_twice_gets_one_rule() {
 // The confinement's description: namespaces, view, seccomp, report.
 
 fn all_ns() -> Applied {
-    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true }
+    Applied { namespaces: Namespace::ALL.to_vec(), seccomp: true, proc: true, ..Applied::default() }
 }
 
 #[test]
@@ -333,7 +333,7 @@ proptest! {
         let plan = Plan::Confined(confined(&inputs(&p, &o, abi)));
         let namespaces: Vec<Namespace> =
             Namespace::ALL.into_iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n).collect();
-        let applied = Applied { namespaces: namespaces.clone(), seccomp, proc: true };
+        let applied = Applied { namespaces: namespaces.clone(), seccomp, proc: true, ..Applied::default() };
         let f = plan.in_force_with(&applied, net);
         for ns in Namespace::ALL {
             let wanted = !(net && ns == Namespace::Net);
@@ -418,6 +418,7 @@ fn private_dirs_are_granted_read_write_only_inside_the_view() {
         view: v,
         keep_fds: 3,
         status_fd: 4,
+        fuse: None,
     };
     assert_eq!(c.ruleset_for(&Applied::default()), r);
     let inside = c.ruleset_for(&all_ns());
@@ -587,7 +588,7 @@ fn confinement(net: bool) -> Confinement {
     let o = Options { net, ..Options::default() };
     let r = confined(&inputs(&p, &o, 7));
     let view = view_for(&r, PathBuf::from("/work/project"));
-    Confinement { namespaces: NsMode::Try, net, ruleset: r, view, keep_fds: 3, status_fd: 4 }
+    Confinement { namespaces: NsMode::Try, net, ruleset: r, view, keep_fds: 3, status_fd: 4, fuse: None }
 }
 
 #[test]
