@@ -12,9 +12,16 @@
 //! fully resolved path in the mode asked. A name swapped after it was
 //! looked at cannot redirect anything: every step acts on a descriptor,
 //! and the final open refuses a symlink (nor creates through one).
+//!
+//! The path operations (stat, list, mkdir, remove, rename, set-attributes)
+//! run the core's walks ([`airlock_core::pathops`]) over the same
+//! descriptors, with their primitives in [`paths`]: [`HostFs::path`] is the
+//! one entry point, for the FS proxy's `Effect::Path` and for any other
+//! shell serving the same roots.
 
 use airlock_core::fsproxy::wire::Mode;
 use airlock_core::fsproxy::{Effect, EffectResult, FileId, FsErrorKind};
+use airlock_core::pathops::{self, PathDone, PathOp};
 use airlock_core::policy::{Policy, RootId};
 use airlock_core::resolve::{self, Entry, Final, Namespace, OpenFinal, Refusal};
 use airlock_core::scope::Scope;
@@ -30,6 +37,10 @@ use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
+
+mod paths;
+#[cfg(test)]
+mod tests_paths;
 
 pub struct HostFs {
     /// Each policy root's absolute path, by root id.
@@ -64,7 +75,7 @@ pub(crate) fn errno_refusal(e: Errno) -> Refusal {
 }
 
 /// The root directories as the walk's namespace.
-struct Caps<'a> {
+pub(crate) struct Caps<'a> {
     dirs: &'a [Dir],
 }
 
@@ -232,10 +243,19 @@ impl HostFs {
                 Some(_) => EffectResult::Closed,
                 None => failed(FsErrorKind::Other, "file is not open"),
             },
+            Effect::Path { op, scope } => EffectResult::of_path(self.path(&op, &scope)),
             Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
                 failed(FsErrorKind::Other, "stdio is not a host file")
             }
         }
+    }
+
+    /// Carry out a path operation under `scope`: its paths (absolute,
+    /// lexically normal) resolved from the roots' descriptors, decided on
+    /// where they lead, and acted on relative to the directory decided on.
+    pub fn path(&mut self, op: &PathOp, scope: &Scope) -> Result<PathDone, Refusal> {
+        let mut caps = Caps { dirs: &self.dirs };
+        pathops::perform(&mut caps, &self.anchors, &[], scope, op)
     }
 
     fn open(&mut self, file: FileId, root: RootId, rel: &Path, mode: Mode, scope: &Scope) -> EffectResult {

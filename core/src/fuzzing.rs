@@ -16,7 +16,9 @@ use crate::fsproxy::{
 };
 use crate::handles::ClientId;
 use crate::heapcount::Tag;
+use crate::pathops::{FileStat, Kind, Page, PathOp};
 use crate::policy::{Access, Policy, Root, RootId};
+use crate::scope::Scope;
 use crate::time::Instant;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,6 +45,9 @@ struct OpenFile {
 #[derive(Debug, Default)]
 pub struct MemFs {
     pub files: BTreeMap<FileKey, Vec<u8>>,
+    /// Directories made with `mkdir` (the others are implicit: a root
+    /// itself, and every directory a file is in).
+    pub dirs: BTreeSet<FileKey>,
     open: BTreeMap<FileId, OpenFile>,
     pub stdin: Vec<u8>,
     stdin_pos: usize,
@@ -144,7 +149,188 @@ impl MemFs {
                 }
                 EffectResult::Written { written: data.len() as u64 }
             }
+            Effect::Path { .. } => panic!("a path effect is performed with its policy (perform_path)"),
         }
+    }
+
+    /// Carry out a path effect of a machine under `policy`: its paths are
+    /// under the policy's roots (else the machine asked for what no
+    /// correct machine asks for: a panic), and decided under `scope` (no
+    /// symlinks here, so on the path itself).
+    pub fn perform_path(&mut self, policy: &Policy, op: &PathOp, scope: &Scope) -> EffectResult {
+        let key = |p: &std::path::Path| -> FileKey {
+            let roots = policy.roots();
+            let found = roots
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| p.starts_with(&r.path))
+                .max_by_key(|(_, r)| r.path.components().count());
+            match found {
+                Some((i, r)) => (RootId(i), p.strip_prefix(&r.path).map(PathBuf::from).unwrap_or_default()),
+                None => panic!("path effect on {p:?}, under no root"),
+            }
+        };
+        for p in op.paths() {
+            assert!(p.components().all(|c| !matches!(c, Component::ParentDir)), "unnormalized {p:?}");
+            if let Err(r) = crate::resolve::decide(scope, crate::policy::bytes::bytes(p), op.changes(), None)
+            {
+                return EffectResult::Failed { kind: r.kind(), message: r.to_string() };
+            }
+        }
+        let conflict = |m: String| EffectResult::Failed { kind: FsErrorKind::Conflict, message: m };
+        let missing = || EffectResult::Failed { kind: FsErrorKind::NotFound, message: "no such file".into() };
+        match op {
+            PathOp::Stat { path, .. } => {
+                let k = key(path);
+                match self.files.get(&k) {
+                    Some(c) => EffectResult::Stat { stat: FileStat::of(Kind::File, c.len() as u64) },
+                    None if self.is_dir(&k) => EffectResult::Stat { stat: FileStat::of(Kind::Dir, 0) },
+                    None => missing(),
+                }
+            }
+            PathOp::List { path, after, max, .. } => {
+                let k = key(path);
+                if !self.is_dir(&k) {
+                    return if self.files.contains_key(&k) {
+                        conflict("not a directory".into())
+                    } else {
+                        missing()
+                    };
+                }
+                let mut children: BTreeMap<String, (Kind, u64)> = BTreeMap::new();
+                let under = |p: &PathBuf| {
+                    p.strip_prefix(&k.1).ok().filter(|r| !r.as_os_str().is_empty()).map(PathBuf::from)
+                };
+                for ((r, p), c) in &self.files {
+                    if let Some(rest) = under(p).filter(|_| *r == k.0) {
+                        let mut comps = rest.components();
+                        let first = comps
+                            .next()
+                            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        let e = if comps.next().is_some() {
+                            (Kind::Dir, 0)
+                        } else {
+                            (Kind::File, c.len() as u64)
+                        };
+                        children.insert(first, e);
+                    }
+                }
+                for (r, p) in &self.dirs {
+                    if let Some(rest) = under(p).filter(|_| *r == k.0) {
+                        let first = rest
+                            .components()
+                            .next()
+                            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                            .unwrap_or_default();
+                        children.entry(first).or_insert((Kind::Dir, 0));
+                    }
+                }
+                let mut page = Page::default();
+                for (name, (kind, size)) in children {
+                    if after.as_ref().is_some_and(|a| name <= *a)
+                        || !crate::resolve::name_visible(
+                            scope,
+                            crate::policy::bytes::bytes(&path.join(&name)),
+                        )
+                    {
+                        continue;
+                    }
+                    if page.entries.len() == *max as usize {
+                        page.more = true;
+                        break;
+                    }
+                    page.entries.push(crate::pathops::DirEntry { name, kind, size });
+                }
+                EffectResult::Listed { page }
+            }
+            PathOp::Mkdir { path, parents } => {
+                let k = key(path);
+                if self.files.contains_key(&k) || (self.is_dir(&k) && !parents) {
+                    return conflict("already exists".into());
+                }
+                let parent = (k.0, k.1.parent().map(PathBuf::from).unwrap_or_default());
+                if !parents && !self.is_dir(&parent) {
+                    return missing();
+                }
+                if !self.is_dir(&k) {
+                    self.dirs.insert(k);
+                }
+                EffectResult::Done
+            }
+            PathOp::Remove { path } => {
+                let k = key(path);
+                if k.1.as_os_str().is_empty() {
+                    return EffectResult::Failed { kind: FsErrorKind::Denied, message: "a root".into() };
+                }
+                if self.files.remove(&k).is_some() {
+                    return EffectResult::Done;
+                }
+                if self.is_dir(&k) && !self.dirs.contains(&k) || self.has_children(&k) {
+                    return conflict("not empty".into());
+                }
+                if self.dirs.remove(&k) {
+                    EffectResult::Done
+                } else {
+                    missing()
+                }
+            }
+            PathOp::Rename { from, to, noreplace } => {
+                let (f, t) = (key(from), key(to));
+                if f.1.as_os_str().is_empty() || t.1.as_os_str().is_empty() {
+                    return EffectResult::Failed { kind: FsErrorKind::Denied, message: "a root".into() };
+                }
+                if *noreplace && (self.files.contains_key(&t) || self.is_dir(&t)) {
+                    return conflict("already exists".into());
+                }
+                if let Some(c) = self.files.remove(&f) {
+                    self.files.insert(t, c);
+                    return EffectResult::Done;
+                }
+                if !self.is_dir(&f) {
+                    return missing();
+                }
+                if t.0 == f.0 && t.1.starts_with(&f.1) {
+                    return conflict("into itself".into());
+                }
+                let moved = |k: &FileKey| k.0 == f.0 && k.1.starts_with(&f.1);
+                let re = |k: &FileKey| (t.0, t.1.join(k.1.strip_prefix(&f.1).unwrap_or(&k.1)));
+                let files: Vec<FileKey> = self.files.keys().filter(|k| moved(k)).cloned().collect();
+                for k in files {
+                    if let Some(c) = self.files.remove(&k) {
+                        self.files.insert(re(&k), c);
+                    }
+                }
+                let dirs: Vec<FileKey> = self.dirs.iter().filter(|k| moved(k)).cloned().collect();
+                for k in dirs {
+                    self.dirs.remove(&k);
+                    self.dirs.insert(re(&k));
+                }
+                EffectResult::Done
+            }
+            PathOp::SetAttr { path, attr } => {
+                let k = key(path);
+                match self.files.get_mut(&k) {
+                    Some(c) => {
+                        if let Some(n) = attr.size {
+                            c.resize(usize::try_from(n).unwrap_or(usize::MAX).min(1 << 20), 0);
+                        }
+                        EffectResult::Stat { stat: FileStat::of(Kind::File, c.len() as u64) }
+                    }
+                    None => missing(),
+                }
+            }
+        }
+    }
+
+    fn has_children(&self, k: &FileKey) -> bool {
+        let under = |(r, p): &FileKey| *r == k.0 && p != &k.1 && p.starts_with(&k.1);
+        self.files.keys().any(under) || self.dirs.iter().any(under)
+    }
+
+    /// A root itself, a directory made, or one a file or a made one is in.
+    fn is_dir(&self, k: &FileKey) -> bool {
+        k.1.as_os_str().is_empty() || self.dirs.contains(k) || self.has_children(k)
     }
 
     /// Fail `effect` as an I/O error would. A failed close still releases
@@ -194,6 +380,8 @@ pub struct Shell {
     /// Calls the machine asked to drop (`CancelProvider`), in order.
     pub cancelled: Vec<CallId>,
     pub telemetry: Vec<TelemetryRecord>,
+    /// Audit records, in order.
+    pub audit: Vec<crate::fsproxy::audit::AuditRecord>,
     /// The call whose `ProviderDone` the machine is being handed.
     reporting: Option<CallId>,
     departed: BTreeSet<ClientId>,
@@ -226,6 +414,7 @@ impl Shell {
             started: Vec::new(),
             cancelled: Vec::new(),
             telemetry: Vec::new(),
+            audit: Vec::new(),
             reporting: None,
             departed: BTreeSet::new(),
             clock: 0,
@@ -387,6 +576,10 @@ impl Shell {
                     );
                     assert_eq!(record.allowed, record.code.is_none(), "{record:?}");
                     assert_eq!(record.code.is_some(), record.reason.is_some(), "{record:?}");
+                    // Kept only while few: a fuzz run makes millions.
+                    if self.audit.len() < 1024 {
+                        self.audit.push(record);
+                    }
                 }
                 Output::StartProvider { call, request, deadline } => {
                     // Invariant 1: one call at a time; a call given up on
@@ -420,7 +613,11 @@ impl Shell {
             return;
         }
         let (id, effect) = self.effects.remove(idx);
-        let result = if fail { self.fs.fail(&effect) } else { self.fs.perform(&effect) };
+        let result = match &effect {
+            _ if fail => self.fs.fail(&effect),
+            Effect::Path { op, scope } => self.fs.perform_path(&self.proxy.config().policy, op, scope),
+            _ => self.fs.perform(&effect),
+        };
         let now = self.now();
         self.handle(now, Input::EffectDone { id, result });
         self.drain();

@@ -19,6 +19,7 @@ pub mod handles;
 #[cfg(any(test, feature = "heapcount"))]
 pub mod heapcount;
 pub mod pager;
+pub mod pathops;
 pub mod policy;
 pub mod resolve;
 pub mod sandbox;

@@ -79,6 +79,10 @@ pub enum Refusal {
     },
     TooManyLinks,
     NotFound,
+    /// The request does not fit what is there: a name that already
+    /// exists, a directory not empty, a directory where a file was meant
+    /// (`E_ARG`, neither refused nor missing).
+    Conflict(String),
     /// The file system refused (permission, not a regular file, …).
     Denied(String),
     /// The namespace failed otherwise (I/O error, …).
@@ -96,6 +100,7 @@ impl Refusal {
             | Refusal::TooManyLinks
             | Refusal::Denied(_) => FsErrorKind::Denied,
             Refusal::NotFound => FsErrorKind::NotFound,
+            Refusal::Conflict(_) => FsErrorKind::Conflict,
             Refusal::Fs(_) => FsErrorKind::Other,
         }
     }
@@ -133,7 +138,7 @@ impl std::fmt::Display for Refusal {
             }
             Refusal::TooManyLinks => write!(f, "more than {MAX_SYMLINK_HOPS} symlinks"),
             Refusal::NotFound => f.write_str("no such file or directory"),
-            Refusal::Denied(m) | Refusal::Fs(m) => f.write_str(m),
+            Refusal::Conflict(m) | Refusal::Denied(m) | Refusal::Fs(m) => f.write_str(m),
         }
     }
 }
@@ -179,14 +184,15 @@ pub trait Finish<N: Namespace + ?Sized> {
     fn link(&mut self, _link: &[u8]) -> Result<(), Self::Err> {
         Ok(())
     }
-    /// The directory `name` in `dir`, on the way to `path` (canonical), is
-    /// missing (`not_dir` false) or not a directory. `Ok(true)`: it was
-    /// made, look again.
+    /// The directory `name` in `dir`, at `at` (canonical), on the way to
+    /// `path` (canonical), is missing (`not_dir` false) or not a
+    /// directory. `Ok(true)`: it was made, look again.
     fn missing(
         &mut self,
         _ns: &mut N,
         _dir: &N::Dir,
         _name: &OsStr,
+        _at: &[u8],
         _path: &[u8],
         _not_dir: bool,
     ) -> Result<bool, Self::Err> {
@@ -311,7 +317,7 @@ impl Walked {
     }
 }
 
-fn path_of(b: &[u8]) -> PathBuf {
+pub(crate) fn path_of(b: &[u8]) -> PathBuf {
     PathBuf::from(OsString::from_vec(b.to_vec()))
 }
 
@@ -397,18 +403,8 @@ impl<N: OpenFinal> Finish<N> for ProxyOpen<'_> {
         name: &OsStr,
         path: &[u8],
     ) -> Result<Step<N::File>, Refusal> {
-        let full = path_of(path);
-        // One rule decides both the read and the write question.
-        let rule = self.rule_for(path);
-        match rule.and_then(|r| r.access) {
-            None => return Err(outside(rule, full, self.via.clone())),
-            Some(Access::ReadOnly) if self.mode.writable() => {
-                let root = rule.map_or_else(|| full.clone(), |r| r.path.clone());
-                return Err(Refusal::ReadOnly { path: full, root, via: self.via.clone() });
-            }
-            Some(_) => {}
-        }
-        Ok(match ns.open_final(dir, name, &full, self.mode)? {
+        decide(self.scope, path, self.mode.writable(), self.via.as_ref())?;
+        Ok(match ns.open_final(dir, name, &path_of(path), self.mode)? {
             Final::File(f) => Step::Done(f),
             Final::Symlink(target) => Step::Follow(target),
         })
@@ -482,7 +478,8 @@ pub fn walk<N: Namespace, F: Finish<N>>(
                     continue 'walk;
                 }
                 e @ (Entry::NotDir | Entry::Missing) => {
-                    if !fin.missing(ns, &dir, name, &parts.buf, matches!(e, Entry::NotDir))? {
+                    let not_dir = matches!(e, Entry::NotDir);
+                    if !fin.missing(ns, &dir, name, parts.prefix(i + 1), &parts.buf, not_dir)? {
                         return Err(fin.refused(Refusal::NotFound));
                     }
                     hops += 1;
@@ -509,8 +506,49 @@ pub fn walk<N: Namespace, F: Finish<N>>(
     }
 }
 
+/// The one decision on a resolved path, made by every operation that
+/// reaches host files (open, stat, list, mkdir, remove, rename, and a
+/// listing's entries through [`name_visible`]): whether `scope` permits
+/// `path` (canonical, every symlink on the way resolved) for reading, or
+/// for a change when `write` (a write, a create, a remove, either end of a
+/// rename). `via` is the first symlink followed, for the refusal to name.
+pub fn decide(scope: &Scope, path: &[u8], write: bool, via: Option<&Via>) -> Result<(), Refusal> {
+    // One rule decides both the read and the write question.
+    let rule = scope.rule_for_spelled(path, true);
+    match rule.and_then(|r| r.access) {
+        None => Err(outside(rule, path_of(path), via.cloned())),
+        Some(Access::ReadOnly) if write => {
+            let full = path_of(path);
+            let root = rule.map_or_else(|| full.clone(), |r| r.path.clone());
+            Err(Refusal::ReadOnly { path: full, root, via: via.cloned() })
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Whether a listing shows the entry at `path` (canonical): one the
+/// scope reaches, or one on the way to a deeper rule that it reaches.
+/// Every listing asks this of every name it returns, so what a listing
+/// shows is decided where every other access is: an entry no request
+/// could reach is left out rather than shown and then refused.
+pub fn name_visible(scope: &Scope, path: &[u8]) -> bool {
+    if scope.rule_for_spelled(path, true).is_some_and(|r| r.access.is_some()) {
+        return true;
+    }
+    scope.rules().iter().any(|r| r.access.is_some() && strictly_beneath(bytes::bytes(&r.path), path))
+}
+
+/// `inner` (canonical) lies strictly beneath `outer` (canonical).
+pub(crate) fn strictly_beneath(inner: &[u8], outer: &[u8]) -> bool {
+    match inner.strip_prefix(outer) {
+        Some([b'/', _, ..]) => true,
+        Some([_, ..]) => outer == b"/",
+        _ => false,
+    }
+}
+
 /// `rule` is the scope's rule for `path`.
-fn outside(rule: Option<&Rule>, path: PathBuf, via: Option<Via>) -> Refusal {
+pub(crate) fn outside(rule: Option<&Rule>, path: PathBuf, via: Option<Via>) -> Refusal {
     let denied_by = rule.filter(|r| r.access.is_none()).map(|r| r.path.clone());
     Refusal::Outside { path, denied_by, via }
 }

@@ -77,6 +77,8 @@ pub fn policy() -> Policy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Queue {
     File(FileId),
+    /// Path operations, in order.
+    Path,
     Stdio,
 }
 
@@ -682,6 +684,15 @@ impl World {
                         }
                         Queue::File(*file)
                     }
+                    Effect::Path { .. } => {
+                        if level != self.store {
+                            return Err(violation(
+                                "policy",
+                                format!("level {level} forwards upstream yet asked for a path effect"),
+                            ));
+                        }
+                        Queue::Path
+                    }
                     Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
                         if self.levels[level].m.config().stdio != StdioRole::Local {
                             return Err(violation(
@@ -815,6 +826,10 @@ impl World {
                 EffectResult::Data { data, eof }
             }
             Effect::WriteStdio { data, .. } => EffectResult::Written { written: data.len() as u64 },
+            // The worlds' clients ask for no path operation yet.
+            Effect::Path { .. } => {
+                EffectResult::Failed { kind: FsErrorKind::Other, message: "not simulated".into() }
+            }
         };
         self.feed(level, Input::EffectDone { id, result });
         Ok(())

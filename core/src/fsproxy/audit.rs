@@ -4,7 +4,7 @@
 //! touch?". The machine decides what each record says; the shell only
 //! writes them (`Output::Audit`).
 
-use super::wire::{ErrorCode, Failure, Mode, Op, Success};
+use super::wire::{ErrorCode, Failure, Mode, Op, PathRequest, Success};
 use crate::handles::{ClientId, Handle};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -17,6 +17,11 @@ pub enum AuditOp {
     Read,
     Write,
     Close,
+    Stat,
+    List,
+    Mkdir,
+    Remove,
+    Rename,
 }
 
 /// One file operation and its outcome.
@@ -28,6 +33,9 @@ pub struct AuditRecord {
     /// path its handle was opened with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// A rename's destination, as the client asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -35,6 +43,9 @@ pub struct AuditRecord {
     /// Bytes read or written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
+    /// Entries a listing answered with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<u64>,
     pub allowed: bool,
     /// For a refusal: its code and the rule, as the client was told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -47,6 +58,7 @@ pub struct AuditRecord {
 struct Asked {
     op: AuditOp,
     path: Option<String>,
+    to: Option<String>,
     mode: Option<Mode>,
     handle: Option<Handle>,
 }
@@ -65,8 +77,22 @@ impl Audit {
     /// particulars for its answer.
     pub(crate) fn request(&mut self, client: ClientId, id: &str, op: &Op) {
         let asked = match op {
-            Op::Open { path, mode, .. } => {
-                Asked { op: AuditOp::Open, path: Some(path.clone()), mode: Some(*mode), handle: None }
+            Op::Open { path, mode, .. } => Asked {
+                op: AuditOp::Open,
+                path: Some(path.clone()),
+                to: None,
+                mode: Some(*mode),
+                handle: None,
+            },
+            Op::Path { req, .. } => {
+                let (op, to) = match req {
+                    PathRequest::Stat { .. } => (AuditOp::Stat, None),
+                    PathRequest::List { .. } => (AuditOp::List, None),
+                    PathRequest::Mkdir { .. } => (AuditOp::Mkdir, None),
+                    PathRequest::Remove { .. } => (AuditOp::Remove, None),
+                    PathRequest::Rename { to, .. } => (AuditOp::Rename, Some(to.clone())),
+                };
+                Asked { op, path: Some(req.path().to_owned()), to, mode: None, handle: None }
             }
             Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if !h.is_stdio() => {
                 let (path, mode) = self.handles.get(&(client, *h)).cloned().unzip();
@@ -75,7 +101,7 @@ impl Audit {
                     Op::Write { .. } => AuditOp::Write,
                     _ => AuditOp::Close,
                 };
-                Asked { op, path, mode, handle: Some(*h) }
+                Asked { op, path, to: None, mode, handle: Some(*h) }
             }
             _ => return,
         };
@@ -100,9 +126,11 @@ impl Audit {
             client,
             op: asked.op,
             path: asked.path,
+            to: asked.to,
             mode: asked.mode,
             handle: asked.handle,
             bytes: None,
+            entries: None,
             allowed: outcome.is_ok(),
             code: None,
             reason: None,
@@ -121,6 +149,9 @@ impl Audit {
                 if let Some(h) = record.handle {
                     self.handles.remove(&(client, h));
                 }
+            }
+            Ok(Success::Value(m)) if record.op == AuditOp::List => {
+                record.entries = m.get("entries").and_then(|e| e.as_array()).map(|a| a.len() as u64);
             }
             Ok(_) => {}
             Err(f) => {

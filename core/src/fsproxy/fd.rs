@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Debug)]
 enum JobFile {
     Host { file: FileId, opened: bool },
-    Virtual { name: super::virtual_fs::Name, pos: u64, append: bool },
+    Virtual { node: super::virtual_fs::NodeId, pos: u64, append: bool },
 }
 
 /// What a forwarded `FD_*` op needs when its answer comes.
@@ -153,9 +153,9 @@ impl FsProxy {
                         self.feed_file(job, FileResult::Failed { kind, message: f.message });
                     }
                     Ok(Resolved::Virtual { name }) => match self.virt.open(&name, mode) {
-                        Ok(name) => {
+                        Ok(node) => {
                             let append = mode == Mode::Append;
-                            self.fd.jobs.insert(job, JobFile::Virtual { name, pos: 0, append });
+                            self.fd.jobs.insert(job, JobFile::Virtual { node, pos: 0, append });
                             self.feed_file(job, FileResult::Opened);
                         }
                         Err(f) => {
@@ -198,8 +198,8 @@ impl FsProxy {
                     let file = *file;
                     self.effect(pending, Effect::Read { file, max });
                 }
-                Some(JobFile::Virtual { name, pos, .. }) => {
-                    let data = self.virt.read(name, pos, max);
+                Some(JobFile::Virtual { node, pos, .. }) => {
+                    let data = self.virt.read(*node, pos, max);
                     let eof = data.is_empty();
                     self.feed_file(job, FileResult::Data { data, eof });
                 }
@@ -210,8 +210,8 @@ impl FsProxy {
                     let file = *file;
                     self.effect(pending, Effect::Write { file, data });
                 }
-                Some(JobFile::Virtual { name, pos, append }) => {
-                    let result = match self.virt.write(name, pos, *append, &data) {
+                Some(JobFile::Virtual { node, pos, append }) => {
+                    let result = match self.virt.write(*node, pos, *append, &data) {
                         Ok(_) => FileResult::Written,
                         Err(f) => FileResult::Failed { kind: FsErrorKind::Other, message: f.message },
                     };
@@ -221,7 +221,10 @@ impl FsProxy {
             },
             FileOp::Close => match self.fd.jobs.remove(&job) {
                 Some(JobFile::Host { file, .. }) => self.effect(pending, Effect::Close { file }),
-                Some(JobFile::Virtual { .. }) => self.feed_file(job, FileResult::Closed),
+                Some(JobFile::Virtual { node, .. }) => {
+                    self.virt.release(node);
+                    self.feed_file(job, FileResult::Closed)
+                }
                 None => self.feed_file(job, FileResult::Closed),
             },
         }
@@ -238,6 +241,12 @@ impl FsProxy {
             EffectResult::Data { data, eof } => FileResult::Data { data, eof },
             EffectResult::Written { .. } => FileResult::Written,
             EffectResult::Closed => FileResult::Closed,
+            other @ (EffectResult::Stat { .. } | EffectResult::Listed { .. } | EffectResult::Done) => {
+                FileResult::Failed {
+                    kind: FsErrorKind::Other,
+                    message: format!("unexpected effect result: {other:?}"),
+                }
+            }
             EffectResult::Failed { kind, message } => {
                 // A failed open holds nothing.
                 if matches!(self.fd.jobs.get(&job), Some(JobFile::Host { opened: false, .. })) {

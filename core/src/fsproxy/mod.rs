@@ -28,6 +28,7 @@
 pub mod audit;
 pub mod bounds;
 mod fd;
+mod paths;
 mod read_batch;
 mod virtual_fs;
 pub mod wire;
@@ -48,6 +49,7 @@ use crate::broker::{
 use crate::codec::frame::{self, FrameDecoder, FrameError, DEFAULT_MAX_FRAME};
 use crate::handles::{ClientId, Handle, HandleTable, Missing};
 use crate::pager::{JobId, Pager, PagerConfig};
+use crate::pathops::{FileStat, Page, PathDone, PathOp};
 use crate::policy::{Denied, Policy, Resolved, RootId};
 use crate::scope::Scope;
 use crate::time::Instant;
@@ -141,6 +143,21 @@ pub struct Config {
     /// Absent from a config (a trace recorded before batches) means 0.
     #[serde(default)]
     pub max_read_batch: u32,
+    /// Entries one `list` answer holds at most (`--max-list-entries`).
+    #[serde(default = "default_max_list_entries")]
+    pub max_list_entries: u32,
+    /// Bytes of names one `list` answer holds at most, past its first
+    /// entry (`--max-list-bytes`).
+    #[serde(default = "default_max_list_bytes")]
+    pub max_list_bytes: u32,
+}
+
+fn default_max_list_entries() -> u32 {
+    crate::pathops::DEFAULT_MAX_LIST_ENTRIES
+}
+
+fn default_max_list_bytes() -> u32 {
+    crate::pathops::DEFAULT_MAX_LIST_BYTES
 }
 
 /// Bugs the simulator's tests plant on purpose (see [`Config::planted_bug`]).
@@ -255,6 +272,8 @@ impl Config {
             planted_bug: None,
             audit: false,
             max_read_batch: DEFAULT_MAX_READ_BATCH,
+            max_list_entries: crate::pathops::DEFAULT_MAX_LIST_ENTRIES,
+            max_list_bytes: crate::pathops::DEFAULT_MAX_LIST_BYTES,
         }
     }
 }
@@ -429,6 +448,14 @@ pub enum Effect {
         #[serde(with = "b64")]
         data: Vec<u8>,
     },
+    /// A path operation on host files, resolving symlinks under a
+    /// capability and deciding on what it resolves to under `scope` (see
+    /// [`crate::pathops`]). Answered with `Stat`, `Listed`, `Done` or
+    /// `Failed`.
+    Path {
+        op: PathOp,
+        scope: Scope,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -437,6 +464,10 @@ pub enum FsErrorKind {
     NotFound,
     /// Permission denied, or a path that led out of its root.
     Denied,
+    /// What is there does not fit the request: a name that already
+    /// exists, a directory not empty, a directory where a file was meant
+    /// (`E_ARG`).
+    Conflict,
     Other,
 }
 
@@ -457,6 +488,28 @@ pub enum EffectResult {
         kind: FsErrorKind,
         message: String,
     },
+    /// A `PathOp::Stat` or `SetAttr`.
+    Stat {
+        stat: FileStat,
+    },
+    /// A `PathOp::List`: one page.
+    Listed {
+        page: Page,
+    },
+    /// A `PathOp::Mkdir`, `Remove` or `Rename`.
+    Done,
+}
+
+impl EffectResult {
+    /// A path operation's outcome as the effect's result.
+    pub fn of_path(outcome: Result<PathDone, crate::resolve::Refusal>) -> Self {
+        match outcome {
+            Ok(PathDone::Stat(stat)) => EffectResult::Stat { stat },
+            Ok(PathDone::Listed(page)) => EffectResult::Listed { page },
+            Ok(PathDone::Done) => EffectResult::Done,
+            Err(r) => EffectResult::Failed { kind: r.kind(), message: r.to_string() },
+        }
+    }
 }
 
 /// Counters for `--report` and for the simulator's checkers.
@@ -496,12 +549,16 @@ pub struct Stats {
     /// secret.
     #[serde(default)]
     pub socket_unauthenticated: u64,
+    /// Path operations asked for, by op (`stat`, `list`, `mkdir`,
+    /// `remove`, `rename`), refused ones included.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub path_ops: BTreeMap<String, u64>,
 }
 
 #[derive(Debug)]
 enum Target {
     Host(FileId),
-    Virtual { name: virtual_fs::Name, pos: u64 },
+    Virtual { node: virtual_fs::NodeId, pos: u64 },
     Upstream(Handle),
 }
 
@@ -555,6 +612,10 @@ enum Waiting {
     },
     /// A forwarded `FD_*` op.
     UpstreamFd(fd::Forwarded),
+    /// A path operation on host files (`Effect::Path`).
+    Path,
+    /// A path operation forwarded upstream.
+    UpstreamPath,
 }
 
 impl Waiting {
@@ -650,6 +711,7 @@ impl Held {
                     | Op::Close { .. }
                     | Op::Attach
                     | Op::Open { scope: None, .. }
+                    | Op::Path { scope: None, .. }
             ),
         };
         if small {
@@ -756,6 +818,7 @@ fn fs_failure(kind: FsErrorKind, message: String) -> Failure {
     let code = match kind {
         FsErrorKind::NotFound => ErrorCode::NoEnt,
         FsErrorKind::Denied => ErrorCode::Perm,
+        FsErrorKind::Conflict => ErrorCode::Arg,
         FsErrorKind::Other => ErrorCode::Io,
     };
     Failure { code, message }
@@ -1415,6 +1478,10 @@ impl FsProxy {
                 self.serve_stdio(client, id, op);
                 return;
             }
+            Op::Path { req, scope } => {
+                self.serve_path(client, id, req, scope);
+                return;
+            }
             Op::Open { path, mode, scope } => match self.open(client, &id, &path, mode, scope) {
                 Ok(Some(s)) => Ok(s),
                 Ok(None) => return,
@@ -1578,9 +1645,10 @@ impl FsProxy {
             // A level's virtual namespace is its own: a relative name under
             // none of its roots never reaches a level above.
             Resolved::Virtual { name } => {
-                let name = self.virt.open(&name, mode)?;
+                self.virtual_open_check(&name, mode)?;
+                let node = self.virt.open(&name, mode)?;
                 let handle =
-                    self.table.insert(client, Slot { mode, target: Target::Virtual { name, pos: 0 } });
+                    self.table.insert(client, Slot { mode, target: Target::Virtual { node, pos: 0 } });
                 self.stats.handles_opened += 1;
                 return Ok(Some(Success::Opened { handle }));
             }
@@ -1656,8 +1724,8 @@ impl FsProxy {
         }
         let req = Some(id.to_owned());
         match &mut slot.target {
-            Target::Virtual { name, pos } => {
-                let data = self.virt.read(name, pos, max);
+            Target::Virtual { node, pos } => {
+                let data = self.virt.read(*node, pos, max);
                 let eof = data.is_empty();
                 Ok(Some(Success::Data { data, eof }))
             }
@@ -1691,8 +1759,8 @@ impl FsProxy {
         let append = slot.mode == Mode::Append;
         let req = Some(id.to_owned());
         match &mut slot.target {
-            Target::Virtual { name, pos } => {
-                let written = self.virt.write(name, pos, append, &data)?;
+            Target::Virtual { node, pos } => {
+                let written = self.virt.write(*node, pos, append, &data)?;
                 Ok(Some(Success::Written { written }))
             }
             Target::Host(file) => {
@@ -1716,7 +1784,10 @@ impl FsProxy {
         self.stats.handles_closed += 1;
         let req = Some(id.to_owned());
         match slot.target {
-            Target::Virtual { .. } => Ok(Some(Success::Closed)),
+            Target::Virtual { node, .. } => {
+                self.virt.release(node);
+                Ok(Some(Success::Closed))
+            }
             Target::Host(file) => {
                 self.effect(Pending { client, req, waiting: Waiting::Close }, Effect::Close { file });
                 Ok(None)
@@ -1739,6 +1810,9 @@ impl FsProxy {
         }
         if let Waiting::ReadBatch { file, reads } = waiting {
             return self.read_batch_done(client, file, reads, result);
+        }
+        if let Waiting::Path = waiting {
+            return self.path_effect_done(client, req, result);
         }
         if matches!(waiting, Waiting::Open { .. }) {
             self.opening -= 1;
@@ -1861,7 +1935,7 @@ impl FsProxy {
             self.stats.handles_closed += 1;
             self.stats.handles_cleaned_up += 1;
             match slot.target {
-                Target::Virtual { .. } => {}
+                Target::Virtual { node, .. } => self.virt.release(node),
                 Target::Host(file) => {
                     self.effect(
                         Pending { client, req: None, waiting: Waiting::Cleanup },
@@ -1967,7 +2041,9 @@ impl FsProxy {
             | Waiting::UpstreamBroker
             | Waiting::Narrow
             | Waiting::Pager { .. }
-            | Waiting::UpstreamFd(_) => OpKind::Other,
+            | Waiting::UpstreamFd(_)
+            | Waiting::Path
+            | Waiting::UpstreamPath => OpKind::Other,
         };
         let outcome = match wire::parse_upstream_response(payload, kind, max_read) {
             Ok(r) => r.outcome,
@@ -2048,3 +2124,5 @@ impl FsProxy {
 mod tests;
 #[cfg(test)]
 mod tests_bounds;
+#[cfg(test)]
+mod tests_paths;

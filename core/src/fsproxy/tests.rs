@@ -289,7 +289,7 @@ fn malformed_frames_get_e_arg_and_the_session_continues() {
 #[test]
 fn unknown_and_reserved_ops_are_unsupported() {
     let mut s = shell();
-    for op in ["stat", "OPEN", "unlink", "QUOTA", "LLMCMD", "CANCEL"] {
+    for op in ["chmod", "OPEN", "unlink", "QUOTA", "LLMCMD", "CANCEL"] {
         let resp = call(&mut s, A, json!({"id": op, "op": op, "params": {"prompt": "hi"}}));
         assert_eq!(resp["id"], json!(op));
         assert_eq!(code(&resp), "E_UNSUPPORTED", "{op}");

@@ -238,6 +238,12 @@ pub enum Op {
         op: FdOp,
         params: Map<String, Value>,
     },
+    /// A path operation (`stat`, `list`, `mkdir`, `remove`, `rename`);
+    /// `scope` narrows it as an open's does.
+    Path {
+        req: PathRequest,
+        scope: Option<Scope>,
+    },
 }
 
 impl Op {
@@ -253,6 +259,7 @@ impl Op {
             Op::LlmCmd { .. } => "LLMCMD",
             Op::Cancel { .. } => "CANCEL",
             Op::Fd { op, .. } => op.as_str(),
+            Op::Path { req, .. } => req.name(),
         }
     }
 }
@@ -312,12 +319,24 @@ fn handle_param(id: &str, params: &Map<String, Value>) -> Result<Handle, Rejecti
     }
 }
 
+/// A request's `scope` (`open` and the path ops): one more narrowing.
+fn scope_param(id: &str, params: &Map<String, Value>) -> Result<Option<Scope>, Rejection> {
+    match params.get("scope") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => Scope::from_wire(v)
+            .map(Some)
+            .map_err(|e| reject(Some(id), ErrorCode::Arg, format!("invalid scope: {e}"))),
+    }
+}
+
 /// Decode one request frame.
 pub fn parse_request(payload: &[u8], limits: Limits) -> Result<Request, Rejection> {
     fast::parse(payload, limits).unwrap_or_else(|| parse_request_tree(payload, limits))
 }
 
 mod fast;
+pub mod path;
+pub use path::PathRequest;
 
 /// The fast path's answer, wherever it gives one, is the tree's (the fuzz
 /// target `fsproxy_request`; the property tests below check the same).
@@ -425,14 +444,7 @@ fn request_from_tree(value: Value, limits: Limits) -> Result<Request, Rejection>
                 Some(_) => return Err(reject(Some(&id), ErrorCode::Arg, "mode is not a string")),
                 None => return Err(reject(Some(&id), ErrorCode::Arg, "missing mode")),
             };
-            let scope = match params.get("scope") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(
-                    Scope::from_wire(v)
-                        .map_err(|e| reject(Some(&id), ErrorCode::Arg, format!("invalid scope: {e}")))?,
-                ),
-            };
-            Op::Open { path, mode, scope }
+            Op::Open { path, mode, scope: scope_param(&id, &params)? }
         }
         "read" => {
             let h = handle_param(&id, &params)?;
@@ -474,6 +486,10 @@ fn request_from_tree(value: Value, limits: Limits) -> Result<Request, Rejection>
             scope: Scope::from_wire(&Value::Object(params))
                 .map_err(|e| reject(Some(&id), ErrorCode::Arg, format!("invalid narrow: {e}")))?,
         },
+        op if path::is_path_op(op) => {
+            let req = path::parse(&id, op, &params)?;
+            Op::Path { req, scope: scope_param(&id, &params)? }
+        }
         "QUOTA" => Op::Quota { params },
         "LLMCMD" => Op::LlmCmd { params },
         "CANCEL" => Op::Cancel { params },
@@ -542,6 +558,12 @@ fn request_params(op: &Op) -> Map<String, Value> {
         }
         Op::Close { h } => {
             params.insert("h".into(), h.get().into());
+        }
+        Op::Path { req, scope } => {
+            path::params(req, &mut params);
+            if let Some(s) = scope {
+                params.insert("scope".into(), s.to_wire());
+            }
         }
         // Written from where they lie by `encode_request`.
         Op::Attach | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } | Op::Fd { .. } => {}
@@ -988,9 +1010,12 @@ impl From<&Op> for OpKind {
             Op::Write { .. } => OpKind::Write,
             Op::Close { .. } => OpKind::Close,
             Op::Attach => OpKind::Attach,
-            Op::Narrow { .. } | Op::Quota { .. } | Op::LlmCmd { .. } | Op::Cancel { .. } | Op::Fd { .. } => {
-                OpKind::Other
-            }
+            Op::Narrow { .. }
+            | Op::Quota { .. }
+            | Op::LlmCmd { .. }
+            | Op::Cancel { .. }
+            | Op::Fd { .. }
+            | Op::Path { .. } => OpKind::Other,
         }
     }
 }
@@ -1009,7 +1034,7 @@ mod tests {
     fn a_frame_past_max_values_is_refused_before_its_tree_is_built() {
         let frame = |n: usize| {
             let junk = vec!["0"; n].join(",");
-            format!(r#"{{"id":"a","op":"stat","params":{{"path":"x","junk":[{junk}]}}}}"#)
+            format!(r#"{{"id":"a","op":"chmod","params":{{"path":"x","junk":[{junk}]}}}}"#)
         };
         // One, two braces, `[` and three commas: 7 values, and n - 1 more
         // commas.

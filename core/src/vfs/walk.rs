@@ -99,6 +99,7 @@ fn refused(shown: &ProjectPath, r: Refusal) -> OpError {
         Refusal::TooManyLinks => OpError::io(format!("path {shown}: more than {MAX_SYMLINK_HOPS} symlinks")),
         Refusal::Denied(m) => OpError::denied(format!("path {shown} denied: {m}")),
         Refusal::Fs(m) => OpError::io(format!("{shown}: {m}")),
+        Refusal::Conflict(m) => OpError::invalid(format!("{shown}: {m}")),
         // Decisions of a scope: not made by this walk.
         Refusal::Outside { .. } | Refusal::ReadOnly { .. } => {
             OpError::denied(format!("path {shown} denied: it is outside the project"))
@@ -160,6 +161,7 @@ where
         ns: &mut N,
         dir: &N::Dir,
         name: &OsStr,
+        _at: &[u8],
         path: &[u8],
         not_dir: bool,
     ) -> Result<bool, OpError> {
