@@ -379,7 +379,14 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
     let secrets = args.secrets()?;
     let policy = args.policy()?;
     let plan = sandbox.plan(&policy)?;
-    crate::sandbox::check_command(&plan, policy.cwd(), argv)?;
+    // Files under a directory root the child reaches directly when the
+    // roots are served as filesystems.
+    let served: Vec<PathBuf> = if sandbox.no_fuse {
+        Vec::new()
+    } else {
+        policy.roots().iter().filter(|r| r.path.is_dir()).map(|r| r.path.clone()).collect()
+    };
+    crate::sandbox::check_command_served(&plan, policy.cwd(), argv, &served)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     block_on(async {
         let upstream = nested_upstream()?;
@@ -406,12 +413,40 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
         // The socket's directory is in the child's view at its own path.
         let session_dir = socket.as_ref().map(|s| s.dir().to_path_buf());
-        let confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        let mut confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        let not_served = match confinement.as_mut() {
+            Some(c) => sandbox.serve_roots(c, &policy, session.proxy().config().upstream).err(),
+            None => None,
+        };
         let spawned = child::spawn(argv, &remove_env, confinement.as_ref(), &session_env)?;
+        if let (Some(socket), Some(fuse)) =
+            (spawned.mounts, confinement.as_ref().and_then(|c| c.fuse.as_ref()))
+        {
+            let roots = fuse.mounts.iter().map(|m| airlock_core::policy::RootId(m.root)).collect();
+            let passthrough = crate::sandbox::can_passthrough();
+            let mounts = crate::session::MountPlan { roots, uid: fuse.uid, gid: fuse.gid, passthrough };
+            session.serve_mounts(mounts, socket)?;
+        }
+        // The stage mounts the roots on its way to the exec, and may look
+        // into them (the working directory): they are served meanwhile.
+        let applied = {
+            let pending = spawned.pending;
+            let argv = argv.to_vec();
+            let status = tokio::task::spawn_blocking(move || child::Spawned::confirm(pending, &argv));
+            tokio::pin!(status);
+            loop {
+                tokio::select! {
+                    r = &mut status => break r.context("waiting for the confinement stage")??,
+                    () = session.run_until(|_| false) => {}
+                }
+            }
+        };
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;
         }
-        let in_force = match &spawned.applied {
+        let dir_roots = policy.roots().iter().any(|r| r.path.is_dir());
+        let fuse_plan = confinement.as_ref().and_then(|c| c.fuse.as_ref());
+        let mut in_force = match &applied {
             None => plan.in_force(),
             Some(StageStatus::Applied(applied)) => plan.in_force_with(applied, sandbox.sandbox_net),
             Some(StageStatus::ExecFailed { .. }) => {
@@ -422,6 +457,13 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
                 return Ok(crate::confine::stage::REFUSED_EXIT);
             }
         };
+        if confinement.is_some() {
+            let stage = match &applied {
+                Some(StageStatus::Applied(a)) => a.clone(),
+                _ => Applied::default(),
+            };
+            airlock_core::sandbox::fuse::report(&mut in_force, fuse_plan, &stage, dir_roots, not_served);
+        }
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);

@@ -39,6 +39,10 @@ pub struct SandboxArgs {
     /// capabilities and Landlock alone.
     #[arg(long)]
     pub require_namespaces: bool,
+    /// Serve the --allow/--allow-rw roots through the proxy alone, not also
+    /// as filesystems inside the child's view (see docs/run.md).
+    #[arg(long)]
+    pub no_fuse: bool,
     /// Testing only: act as if the kernel's Landlock ABI were at most N
     /// (0 simulates a kernel without Landlock).
     #[arg(long, value_name = "N", hide = true)]
@@ -65,6 +69,49 @@ impl SandboxArgs {
         let view = sandbox::view_for(&ruleset, cwd.to_path_buf());
         Ok(Some(crate::confine::confinement(ruleset, view, mode, self.sandbox_net, 3)))
     }
+
+    /// Ask `confinement` to serve the directory roots of `policy` as
+    /// filesystems in the child's view, unless `--no-fuse`, a nested
+    /// level (`nested`), or no namespaces; `Err` says why not.
+    pub fn serve_roots(
+        &self,
+        confinement: &mut sandbox::Confinement,
+        policy: &Policy,
+        nested: bool,
+    ) -> Result<(), sandbox::fuse::NotServed> {
+        use sandbox::fuse::{FusePlan, NotServed};
+        if self.no_fuse {
+            return Err(NotServed::Disabled);
+        }
+        if nested {
+            return Err(NotServed::Nested);
+        }
+        if confinement.namespaces == sandbox::NsMode::Off {
+            return Err(NotServed::NoMountNamespace);
+        }
+        let roots: Vec<(Root, bool)> = policy.roots().iter().map(|r| (r.clone(), r.path.is_dir())).collect();
+        let mounts = sandbox::fuse::mounts(&roots, &confinement.view);
+        if mounts.is_empty() {
+            return Err(NotServed::Failed("no directory root can be mounted at its path".into()));
+        }
+        let grants = sandbox::fuse::grants(policy.roots(), &mounts);
+        confinement.fuse = Some(FusePlan {
+            mounts,
+            grants,
+            socket_fd: confinement.status_fd + 1,
+            uid: rustix::process::getuid().as_raw(),
+            gid: rustix::process::getgid().as_raw(),
+        });
+        Ok(())
+    }
+}
+
+/// Whether the backing files of a served filesystem can be registered
+/// (passthrough): the kernel asks the server for `CAP_SYS_ADMIN` in the
+/// initial user namespace, which root has and an ordinary user does not.
+pub fn can_passthrough() -> bool {
+    rustix::thread::capabilities(None)
+        .is_ok_and(|c| c.effective.contains(rustix::thread::CapabilitySet::SYS_ADMIN))
 }
 
 /// The kernel's Landlock ABI version; 0 when it has no Landlock (or has it
@@ -284,13 +331,25 @@ pub fn enforce(ruleset: RawFd, seccomp: Option<&seccompiler::BpfProgram>) -> std
 /// fs cat data.txt`) are paths for the proxy, not files to read, and are
 /// left alone.
 pub fn check_command(plan: &Plan, cwd: &Path, argv: &[OsString]) -> anyhow::Result<()> {
+    check_command_served(plan, cwd, argv, &[])
+}
+
+/// [`check_command`] for a child that also reaches the directories
+/// `served` (roots served as filesystems in its view) directly.
+pub fn check_command_served(
+    plan: &Plan,
+    cwd: &Path,
+    argv: &[OsString],
+    served: &[PathBuf],
+) -> anyhow::Result<()> {
     let Plan::Confined(rules) = plan else { return Ok(()) };
+    let in_served = |p: &Path| served.iter().any(|s| p.starts_with(s));
     let Some(prog) = argv.first() else { return Ok(()) };
     let Some(found) = find_program(prog, cwd, std::env::var_os("PATH").as_deref()) else {
         return Ok(());
     };
     let real = std::fs::canonicalize(&found).unwrap_or_else(|_| found.clone());
-    if !rules.permits(&real, Use::Execute) {
+    if !rules.permits(&real, Use::Execute) && !in_served(&real) {
         bail!(
             "the program {} is {}, which the sandboxed child may not run (it would fail, or run \
              another {} found later on PATH); pass --sandbox-ro {} (or a directory holding it and \
@@ -314,7 +373,7 @@ pub fn check_command(plan: &Plan, cwd: &Path, argv: &[OsString]) -> anyhow::Resu
             continue;
         }
         let real = std::fs::canonicalize(&path).unwrap_or(path);
-        if !rules.permits(&real, Use::Read) {
+        if !rules.permits(&real, Use::Read) && !in_served(&real) {
             bail!(
                 "{} is a file the sandboxed child may not read directly ({}); pass --sandbox-ro {} \
                  to let it, or --no-sandbox",

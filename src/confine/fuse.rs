@@ -138,3 +138,37 @@ fn send_fd(socket: &OwnedFd, index: u32, fd: &OwnedFd) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// The socket the stage sends the mounts over: airlock's end, and the
+/// stage's, placed above the descriptors a spawner places (as the status
+/// pipe is) until [`install`] moves it where the plan says.
+pub fn channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (ours, theirs) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let theirs = rustix::io::fcntl_dupfd_cloexec(&theirs, 10)?;
+    Ok((ours, theirs))
+}
+
+/// Place the stage's end at `target` (the plan's `socket_fd`) in the
+/// forked child, open across the exec.
+pub fn install(cmd: &mut tokio::process::Command, theirs: &OwnedFd, target: i32) {
+    let raw = theirs.as_raw_fd();
+    // SAFETY: runs in the forked child before exec; dup2 and fcntl only,
+    // nothing allocated. `theirs` stays open in airlock until the spawn
+    // returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if raw == target {
+                let fd = std::os::fd::BorrowedFd::borrow_raw(raw);
+                rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+            } else if libc::dup2(raw, target) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

@@ -1034,7 +1034,7 @@ pub fn decode_reply(opcode: u32, bytes: &[u8]) -> Result<Decoded, CodecError> {
         return Err(CodecError::LengthMismatch);
     }
     if error != 0 {
-        if !r.buf.is_empty() || error > 0 || error < -4095 {
+        if !r.buf.is_empty() || !(-4095..=0).contains(&error) {
             return Err(CodecError::LengthMismatch);
         }
         return Ok(Decoded { unique, reply: Reply::Error(-error) });

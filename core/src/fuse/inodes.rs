@@ -450,7 +450,7 @@ mod tests {
             let mut t = Nodes::new(12);
             let mut held: Vec<u64> = Vec::new();
             let names = ["a", "b", "c", "d"];
-            let pick = |held: &Vec<u64>, i: u8| if held.is_empty() || i % 3 == 0 { ROOT_ID } else { held[i as usize % held.len()] };
+            let pick = |held: &Vec<u64>, i: u8| if held.is_empty() || i.is_multiple_of(3) { ROOT_ID } else { held[i as usize % held.len()] };
             for s in steps {
                 match s {
                     Step::Found(p, c, i) => {

@@ -113,6 +113,59 @@ pub fn served(plan: Option<&FusePlan>, applied: &Applied) -> bool {
     }
 }
 
+/// Why the roots are served through the proxy alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotServed {
+    /// `--no-fuse`.
+    Disabled,
+    /// Without the mount namespace there is no view to mount in.
+    NoMountNamespace,
+    /// A nested airlock reaches files through its upstream only.
+    Nested,
+    /// The stage could not mount (no `/dev/fuse`, a refused mount).
+    Failed(String),
+}
+
+impl std::fmt::Display for NotServed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotServed::Disabled => f.write_str("--no-fuse"),
+            NotServed::NoMountNamespace => f.write_str("no mount namespace"),
+            NotServed::Nested => f.write_str("a nested airlock serves through its upstream only"),
+            NotServed::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Say in the report what the served filesystem is: the mounts in force,
+/// and `fuse` under `not_enforced` when a directory root (`dir_roots`)
+/// is reachable through the proxy alone.
+pub fn report(
+    f: &mut super::InForce,
+    plan: Option<&FusePlan>,
+    applied: &Applied,
+    dir_roots: bool,
+    why: Option<NotServed>,
+) {
+    f.fuse = applied.fuse.clone();
+    if !dir_roots {
+        return;
+    }
+    let reason = match (why, served(plan, applied)) {
+        (Some(w), _) => Some(w.to_string()),
+        (None, true) => None,
+        (None, false) => Some(applied.fuse_error.clone().unwrap_or_else(|| match plan {
+            None => "no root could be mounted".to_owned(),
+            Some(_) if applied.has(super::Namespace::Mount) => "not every root was mounted".to_owned(),
+            Some(_) => NotServed::NoMountNamespace.to_string(),
+        })),
+    };
+    if let Some(r) = reason {
+        f.not_enforced.push("fuse");
+        f.fuse_reason = Some(r);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,6 +60,14 @@ pub struct InForce {
     /// directly: the audit log does not see those reads.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub direct_read: Vec<std::path::PathBuf>,
+    /// The roots served as filesystems in the child's view (their mount
+    /// points); `fuse` is under `not_enforced` when a directory root is
+    /// reachable through the proxy alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fuse: Vec<std::path::PathBuf>,
+    /// Why the roots are not served as filesystems, when they are not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fuse_reason: Option<String>,
 }
 
 /// The report's name for a namespace not in force.
@@ -89,6 +97,8 @@ impl Plan {
                 capabilities: "kept",
                 not_enforced: vec!["fs", "net", "scopes"],
                 direct_read: Vec::new(),
+                fuse: Vec::new(),
+                fuse_reason: None,
             },
             Plan::Confined(r) => landlock_view(r),
         }
@@ -193,5 +203,7 @@ fn landlock_view(r: &Ruleset) -> InForce {
         capabilities: "dropped",
         not_enforced: gaps,
         direct_read: r.direct_read.clone(),
+        fuse: Vec::new(),
+        fuse_reason: None,
     }
 }
