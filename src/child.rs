@@ -34,8 +34,29 @@ pub struct Spawned {
     pub child: Child,
     /// airlock's end of the child's proxy connection.
     pub conn: UnixStream,
-    /// What the confinement stage reported, when confined.
-    pub applied: Option<airlock_core::sandbox::StageStatus>,
+    /// The confinement under way, when confined: what the stage applied
+    /// is read from it ([`Spawned::confirm`]) while airlock serves the
+    /// mounts the stage makes on the way.
+    pub pending: Option<crate::confine::Pending>,
+    /// airlock's end of the socket the stage sends the served
+    /// filesystem's mounts over.
+    pub mounts: Option<OwnedFd>,
+}
+
+impl Spawned {
+    /// What the stage applied, read to its end (blocks until the
+    /// payload's exec); an exec that failed is an error naming `argv[0]`.
+    pub fn confirm(
+        pending: Option<crate::confine::Pending>,
+        argv: &[OsString],
+    ) -> anyhow::Result<Option<airlock_core::sandbox::StageStatus>> {
+        let applied = pending.map(crate::confine::Pending::wait).transpose()?;
+        if let Some(airlock_core::sandbox::StageStatus::ExecFailed { errno }) = applied {
+            let program = argv.first().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+            bail!("starting {program}: {}", std::io::Error::from_raw_os_error(errno));
+        }
+        Ok(applied)
+    }
 }
 
 /// airlock's own variables for a child: set by airlock after the
@@ -50,7 +71,7 @@ pub const PARENT_DEATH_SIGNAL: rustix::process::Signal = rustix::process::Signal
 /// environment policy kept of airlock's: see `crate::envpolicy`) and
 /// `AIRLOCK_FD=3`. `confinement`,
 /// when given, is applied by the confinement stage (see `crate::confine`);
-/// then [`Spawned::applied`] says what is in force. `session_env` names
+/// then [`Spawned::confirm`] says what is in force. `session_env` names
 /// this session's socket and secret; an enclosing session's never reach
 /// the child, whose requests must go through this level.
 pub fn spawn(
@@ -113,6 +134,14 @@ pub fn spawn(
             Ok(())
         });
     }
+    let mounts = match confinement.and_then(|c| c.fuse.as_ref()) {
+        Some(plan) => {
+            let (ours, theirs) = crate::confine::fuse::channel().context("the served filesystem's socket")?;
+            crate::confine::fuse::install(&mut cmd, &theirs, plan.socket_fd);
+            Some((ours, theirs))
+        }
+        None => None,
+    };
     if let Some(p) = &pending {
         p.install(&mut cmd);
     }
@@ -120,12 +149,12 @@ pub fn spawn(
     // The child has its copy; ours must go, or EOF would never arrive.
     drop(theirs);
     drop(cmd);
-    let applied = pending.map(crate::confine::Pending::wait).transpose()?;
-    if let Some(airlock_core::sandbox::StageStatus::ExecFailed { errno }) = applied {
-        bail!("starting {}: {}", program.to_string_lossy(), std::io::Error::from_raw_os_error(errno));
-    }
+    let mounts = mounts.map(|(ours, theirs)| {
+        drop(theirs);
+        ours
+    });
     ours.set_nonblocking(true)?;
-    Ok(Spawned { child, conn: UnixStream::from_std(ours)?, applied })
+    Ok(Spawned { child, conn: UnixStream::from_std(ours)?, pending, mounts })
 }
 
 /// Mark every descriptor above 3 close-on-exec. Not closed outright: the

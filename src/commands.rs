@@ -474,12 +474,40 @@ pub fn run(
             c.bounds = Some(bounds);
             c.view.covers = found.covers.clone();
         }
+        let not_served = match confinement.as_mut() {
+            Some(c) => sandbox.serve_roots(c, &policy, session.proxy().config().upstream).err(),
+            None => None,
+        };
         let spawned = child::spawn(&started.argv, &env_decision.keep, confinement.as_ref(), &session_env)?;
+        if let (Some(socket), Some(fuse)) =
+            (spawned.mounts, confinement.as_ref().and_then(|c| c.fuse.as_ref()))
+        {
+            let roots = fuse.mounts.iter().map(|m| airlock_core::policy::RootId(m.root)).collect();
+            let passthrough = crate::sandbox::can_passthrough();
+            let mounts = crate::session::MountPlan { roots, uid: fuse.uid, gid: fuse.gid, passthrough };
+            session.serve_mounts(mounts, socket)?;
+        }
+        // The stage mounts the roots on its way to the exec, and may look
+        // into them (the working directory): they are served meanwhile.
+        let applied = {
+            let pending = spawned.pending;
+            let argv = started.argv.clone();
+            let status = tokio::task::spawn_blocking(move || child::Spawned::confirm(pending, &argv));
+            tokio::pin!(status);
+            loop {
+                tokio::select! {
+                    r = &mut status => break r.context("waiting for the confinement stage")??,
+                    () = session.run_until(|_| false) => {}
+                }
+            }
+        };
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;
         }
+        let dir_roots = policy.roots().iter().any(|r| r.path.is_dir());
+        let fuse_plan = confinement.as_ref().and_then(|c| c.fuse.as_ref());
         let bounds_of = |a: &Applied| confinement.as_ref().and_then(|c| c.bounds_in_force(a));
-        let mut in_force = match &spawned.applied {
+        let mut in_force = match &applied {
             None => plan.in_force(),
             Some(StageStatus::Applied(applied)) => {
                 plan.in_force_with(applied, sandbox.sandbox_net).with_bounds(bounds_of(applied))
@@ -492,6 +520,13 @@ pub fn run(
                 return Ok(crate::confine::stage::REFUSED_EXIT);
             }
         };
+        if confinement.is_some() {
+            let stage = match &applied {
+                Some(StageStatus::Applied(a)) => a.clone(),
+                _ => Applied::default(),
+            };
+            airlock_core::sandbox::fuse::report(&mut in_force, fuse_plan, &stage, dir_roots, not_served);
+        }
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);

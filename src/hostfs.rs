@@ -24,7 +24,7 @@ use airlock_core::fsproxy::{Effect, EffectResult, FileId, FsErrorKind};
 use airlock_core::guard::{Act, Hit};
 use airlock_core::pathops::{self, PathDone, PathOp};
 use airlock_core::policy::{Policy, RootId};
-use airlock_core::resolve::{self, Entry, Final, Namespace, OpenFinal, Refusal};
+use airlock_core::resolve::{self, Create, Entry, Final, Namespace, OpenFinal, OpenHow, Refusal};
 use airlock_core::scope::Scope;
 use anyhow::{bail, Context};
 use cap_std::ambient_authority;
@@ -109,19 +109,54 @@ impl OpenFinal for Caps<'_> {
         &mut self,
         dir: &OwnedFd,
         name: &OsStr,
-        _: &Path,
+        path: &Path,
         mode: Mode,
     ) -> Result<Final<File>, Refusal> {
-        let access = match mode {
-            Mode::Read => OFlags::RDONLY,
-            Mode::Write => OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
-            Mode::Append => OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE,
-            Mode::ReadWrite => OFlags::RDWR | OFlags::CREATE,
+        self.open_final_how(dir, name, path, mode, None)
+    }
+
+    fn open_final_how(
+        &mut self,
+        dir: &OwnedFd,
+        name: &OsStr,
+        _: &Path,
+        mode: Mode,
+        how: Option<&OpenHow>,
+    ) -> Result<Final<File>, Refusal> {
+        let (access, perm) = match how {
+            None => (
+                match mode {
+                    Mode::Read => OFlags::RDONLY,
+                    Mode::Write => OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC,
+                    Mode::Append => OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE,
+                    Mode::ReadWrite => OFlags::RDWR | OFlags::CREATE,
+                },
+                0o666,
+            ),
+            // A served filesystem's open: the access the mode gives, the
+            // rest as `open(2)` was asked (its writes carry their offsets,
+            // so never `O_APPEND`).
+            Some(how) => {
+                let mut f = match mode {
+                    Mode::Read => OFlags::RDONLY,
+                    Mode::Write | Mode::Append => OFlags::WRONLY,
+                    Mode::ReadWrite => OFlags::RDWR,
+                };
+                f |= match how.create {
+                    Create::Never => OFlags::empty(),
+                    Create::IfMissing => OFlags::CREATE,
+                    Create::Exclusive => OFlags::CREATE | OFlags::EXCL,
+                };
+                if how.truncate {
+                    f |= OFlags::TRUNC;
+                }
+                (f, how.perm & 0o7777)
+            }
         };
         // Never follow (nor create through) a final symlink; never block in
         // open (a FIFO would) nor hand a tty to the child.
         let flags = access | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-        match rustix::fs::openat(dir, name, flags, rustix::fs::Mode::from_raw_mode(0o666)) {
+        match rustix::fs::openat(dir, name, flags, rustix::fs::Mode::from_raw_mode(perm)) {
             Ok(fd) => {
                 let stat = rustix::fs::fstat(&fd).map_err(errno_refusal)?;
                 if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
@@ -231,7 +266,28 @@ impl HostFs {
     /// and must not reach here.
     pub fn execute(&mut self, effect: Effect) -> EffectResult {
         match effect {
-            Effect::Open { file, root, rel, mode, scope } => self.open(file, root, &rel, mode, &scope),
+            Effect::Open { file, root, rel, mode, scope, how } => {
+                self.open(file, root, &rel, mode, how.as_ref(), &scope)
+            }
+            Effect::ReadAt { file, offset, max } => {
+                let Some(f) = self.files.get(&file) else {
+                    return failed(FsErrorKind::Other, "file is not open");
+                };
+                let mut data = Vec::with_capacity(max as usize);
+                match rustix::io::pread(f, rustix::buffer::spare_capacity(&mut data), offset) {
+                    Ok(n) => EffectResult::Data { eof: n == 0, data },
+                    Err(e) => io_failure(&io::Error::from(e)),
+                }
+            }
+            Effect::WriteAt { file, offset, data } => {
+                let Some(f) = self.files.get(&file) else {
+                    return failed(FsErrorKind::Other, "file is not open");
+                };
+                match std::os::unix::fs::FileExt::write_all_at(f, &data, offset) {
+                    Ok(()) => EffectResult::Written { written: data.len() as u64 },
+                    Err(e) => io_failure(&e),
+                }
+            }
             Effect::Read { file, max } => {
                 let Some(f) = self.files.get_mut(&file) else {
                     return failed(FsErrorKind::Other, "file is not open");
@@ -258,6 +314,27 @@ impl HostFs {
                 None => failed(FsErrorKind::Other, "file is not open"),
             },
             Effect::Path { op, scope } => EffectResult::of_path(self.path(&op, &scope)),
+            Effect::Fstat { file } => match self.files.get(&file).map(rustix::fs::fstat) {
+                Some(Ok(s)) => EffectResult::Stat { stat: paths::file_stat(&s) },
+                Some(Err(e)) => io_failure(&io::Error::from(e)),
+                None => failed(FsErrorKind::Other, "file is not open"),
+            },
+            Effect::Truncate { file, size } => {
+                let Some(f) = self.files.get(&file) else {
+                    return failed(FsErrorKind::Other, "file is not open");
+                };
+                match rustix::fs::ftruncate(f, size).and_then(|()| rustix::fs::fstat(f)) {
+                    Ok(s) => EffectResult::Stat { stat: paths::file_stat(&s) },
+                    Err(e) => io_failure(&io::Error::from(e)),
+                }
+            }
+            Effect::Readlink { path, scope } => {
+                let mut caps = Caps { dirs: &self.dirs };
+                match airlock_core::fuse::readlink::readlink(&mut caps, &self.anchors, &[], &scope, &path) {
+                    Ok(target) => EffectResult::Target { target },
+                    Err(r) => failed(r.kind(), r.to_string()),
+                }
+            }
             Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
                 failed(FsErrorKind::Other, "stdio is not a host file")
             }
@@ -272,13 +349,21 @@ impl HostFs {
         pathops::perform(&mut caps, &self.anchors, &[], scope, op)
     }
 
-    fn open(&mut self, file: FileId, root: RootId, rel: &Path, mode: Mode, scope: &Scope) -> EffectResult {
+    fn open(
+        &mut self,
+        file: FileId,
+        root: RootId,
+        rel: &Path,
+        mode: Mode,
+        how: Option<&OpenHow>,
+        scope: &Scope,
+    ) -> EffectResult {
         let Some(root_path) = self.roots.get(root.0) else {
             return failed(FsErrorKind::Other, "unknown root");
         };
         let path = root_path.join(rel);
         let mut caps = Caps { dirs: &self.dirs };
-        match resolve::open(&mut caps, &self.anchors, &path, mode, scope) {
+        match resolve::open_how(&mut caps, &self.anchors, &[], &path, mode, how, scope) {
             Ok((f, real)) => {
                 // A guarded path reached through a grant: for the report.
                 let act = if mode.writable() { Act::Write } else { Act::Read };

@@ -25,6 +25,7 @@ pub mod record;
 pub mod report;
 pub mod sandbox;
 pub mod secrets;
+pub mod served;
 pub mod session;
 pub mod session_socket;
 pub mod simulate;

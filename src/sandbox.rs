@@ -53,6 +53,10 @@ pub struct SandboxArgs {
     /// default: every CPU but one).
     #[arg(long, value_name = "PERCENT")]
     pub max_cpu: Option<u32>,
+    /// Serve the --allow/--allow-rw roots through the proxy alone, not also
+    /// as filesystems inside the child's view (see docs/run.md).
+    #[arg(long)]
+    pub no_fuse: bool,
     /// Testing only: act as if the kernel's Landlock ABI were at most N
     /// (0 simulates a kernel without Landlock).
     #[arg(long, value_name = "N", hide = true)]
@@ -79,6 +83,49 @@ impl SandboxArgs {
         }
         Ok(Some(c))
     }
+
+    /// Ask `confinement` to serve the directory roots of `policy` as
+    /// filesystems in the child's view, unless `--no-fuse`, a nested
+    /// level (`nested`), or no namespaces; `Err` says why not.
+    pub fn serve_roots(
+        &self,
+        confinement: &mut sandbox::Confinement,
+        policy: &Policy,
+        nested: bool,
+    ) -> Result<(), sandbox::fuse::NotServed> {
+        use sandbox::fuse::{FusePlan, NotServed};
+        if self.no_fuse {
+            return Err(NotServed::Disabled);
+        }
+        if nested {
+            return Err(NotServed::Nested);
+        }
+        if confinement.namespaces == sandbox::NsMode::Off {
+            return Err(NotServed::NoMountNamespace);
+        }
+        let roots: Vec<(Root, bool)> = policy.roots().iter().map(|r| (r.clone(), r.path.is_dir())).collect();
+        let mounts = sandbox::fuse::mounts(&roots, &confinement.view);
+        if mounts.is_empty() {
+            return Err(NotServed::Failed("no directory root can be mounted at its path".into()));
+        }
+        let grants = sandbox::fuse::grants(policy.roots(), &mounts);
+        confinement.fuse = Some(FusePlan {
+            mounts,
+            grants,
+            socket_fd: confinement.status_fd + 1,
+            uid: rustix::process::getuid().as_raw(),
+            gid: rustix::process::getgid().as_raw(),
+        });
+        Ok(())
+    }
+}
+
+/// Whether the backing files of a served filesystem can be registered
+/// (passthrough): the kernel asks the server for `CAP_SYS_ADMIN` in the
+/// initial user namespace, which root has and an ordinary user does not.
+pub fn can_passthrough() -> bool {
+    rustix::thread::capabilities(None)
+        .is_ok_and(|c| c.effective.contains(rustix::thread::CapabilitySet::SYS_ADMIN))
 }
 
 impl SandboxArgs {

@@ -93,6 +93,22 @@ pub enum Event {
     /// A connection on the session socket closed for a wrong or missing
     /// secret.
     Unauthenticated,
+    /// Mount `index` of the served filesystem (the plan's order): its
+    /// `/dev/fuse` descriptor, from the confinement stage.
+    FuseMount(u32, OwnedFd),
+    /// One request read from a mount's device.
+    Fuse(ClientId, Vec<u8>),
+}
+
+/// What the session needs to serve the confinement's mounts.
+#[derive(Clone, Debug)]
+pub struct MountPlan {
+    /// The root each mount serves, by index.
+    pub roots: Vec<airlock_core::policy::RootId>,
+    pub uid: u32,
+    pub gid: u32,
+    /// Whether backing files can be registered (passthrough).
+    pub passthrough: bool,
 }
 
 /// The message of the result fed for a provider call dropped on the
@@ -145,6 +161,9 @@ pub struct Session {
     acceptor: Option<JoinHandle<()>>,
     /// The connection of the `Input::Accepted` being handled.
     accepted: Option<UnixStream>,
+    /// The served filesystem's mounts and their devices.
+    mounts: Option<MountPlan>,
+    devices: BTreeMap<ClientId, crate::served::Device>,
 }
 
 /// How long a refused connection of the session socket is given to take
@@ -351,7 +370,22 @@ impl Session {
             audit: None,
             acceptor: None,
             accepted: None,
+            mounts: None,
+            devices: BTreeMap::new(),
         }
+    }
+
+    /// Serve the mounts of `plan` as their descriptors arrive on `socket`
+    /// (from the confinement stage).
+    pub fn serve_mounts(&mut self, plan: MountPlan, socket: OwnedFd) -> anyhow::Result<()> {
+        crate::served::receive(socket, self.events_tx.clone())?;
+        self.mounts = Some(plan);
+        Ok(())
+    }
+
+    /// The mounts being served.
+    pub fn served_mounts(&self) -> usize {
+        self.devices.len()
     }
 
     /// Serve the processes that reach the session through `socket`.
@@ -451,7 +485,7 @@ impl Session {
     pub fn depart_all(&mut self) {
         // Nobody may join a session that is ending.
         self.stop_listening();
-        let live: Vec<ClientId> = self.conns.keys().copied().collect();
+        let live: Vec<ClientId> = self.conns.keys().chain(self.devices.keys()).copied().collect();
         for client in live {
             self.feed(Input::Died { client });
         }
@@ -459,7 +493,7 @@ impl Session {
 
     /// Whether every client has left and every file is released.
     pub fn all_finished(&self) -> bool {
-        self.conns.is_empty() && self.proxy.quiescent()
+        self.conns.is_empty() && self.devices.is_empty() && self.proxy.quiescent()
     }
 
     /// Forward to an upstream proxy over `stream`.
@@ -520,6 +554,24 @@ impl Session {
                     tracing::debug!("session socket: connection without the session's secret closed");
                     Input::Unauthenticated
                 }
+                Event::FuseMount(index, fd) => {
+                    let Some(plan) = &self.mounts else { continue };
+                    let Some(root) = plan.roots.get(index as usize).copied() else { continue };
+                    let client = crate::served::mount_client(index);
+                    let max_write = self.proxy.config().fuse.max_write as usize;
+                    match crate::served::Device::serve(fd, client, max_write, self.events_tx.clone()) {
+                        Ok(dev) => {
+                            self.devices.insert(client, dev);
+                        }
+                        Err(e) => {
+                            tracing::warn!(index, "serving a mount: {e}");
+                            continue;
+                        }
+                    }
+                    let (uid, gid, passthrough) = (plan.uid, plan.gid, plan.passthrough);
+                    Input::FuseMounted { client, root, uid, gid, passthrough }
+                }
+                Event::Fuse(client, data) => Input::Fuse { client, data },
                 Event::Bytes(client, data) => Input::Bytes { client, data },
                 Event::Eof(client) => {
                     tracing::debug!(%client, "end of connection");
@@ -543,7 +595,17 @@ impl Session {
                 Input::Bytes { client, .. } => Some(client),
                 _ => None,
             };
+            let fuse_by = match input {
+                Input::Fuse { client, .. } => Some(client),
+                _ => None,
+            };
             self.feed(input);
+            // A mount's next request is read once the machine has room.
+            if let Some(dev) =
+                fuse_by.filter(|c| self.proxy.fuse_ready(*c)).and_then(|c| self.devices.get(&c))
+            {
+                dev.ready.notify_one();
+            }
             // Admitted or refused by now; never held past its input.
             self.accepted = None;
             // Answered (queued for the writer, which runs first): the
@@ -697,6 +759,17 @@ impl Session {
                 if let Some(conn) = self.conns.get(&client) {
                     conn.send(data);
                 }
+                None
+            }
+            Output::FuseReply { client, data } => {
+                if let Some(dev) = self.devices.get(&client) {
+                    dev.reply(&data);
+                }
+                None
+            }
+            Output::Close { client } if self.devices.contains_key(&client) => {
+                tracing::debug!(%client, "mount ended; its files released");
+                self.devices.remove(&client);
                 None
             }
             Output::Close { client } => {

@@ -150,6 +150,13 @@ impl MemFs {
                 EffectResult::Written { written: data.len() as u64 }
             }
             Effect::Path { .. } => panic!("a path effect is performed with its policy (perform_path)"),
+            // This shell serves no mount: a machine asking for a mount's
+            // effect asked for what no correct machine asks for.
+            Effect::ReadAt { .. }
+            | Effect::WriteAt { .. }
+            | Effect::Fstat { .. }
+            | Effect::Truncate { .. }
+            | Effect::Readlink { .. } => panic!("a mount's effect with no mount: {effect:?}"),
         }
     }
 
@@ -603,6 +610,7 @@ impl Shell {
                 }
                 Output::Telemetry { record } => self.telemetry.push(record),
                 Output::BudgetPassed { .. } => {}
+                Output::FuseReply { client, .. } => panic!("a reply to mount {client}, which was never made"),
             }
         }
     }

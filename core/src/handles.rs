@@ -98,6 +98,15 @@ impl<T> HandleTable<T> {
     }
 
     /// The live handle `h`, if `owner` owns it.
+    pub fn get(&self, owner: ClientId, h: Handle) -> Result<&T, Missing> {
+        match self.live.get(&h) {
+            Some(e) if e.owner == owner => Ok(&e.value),
+            Some(_) => Err(Missing::NoEntry),
+            None => Err(self.missing(h)),
+        }
+    }
+
+    /// The live handle `h`, if `owner` owns it.
     pub fn get_mut(&mut self, owner: ClientId, h: Handle) -> Result<&mut T, Missing> {
         let missing = self.missing(h);
         match self.live.get_mut(&h) {

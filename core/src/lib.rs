@@ -10,6 +10,7 @@ pub mod broker;
 pub mod codec;
 pub mod environ;
 pub mod fsproxy;
+pub mod fuse;
 /// Test and fuzz harness code: in the crate's own tests, and behind the
 /// `fuzzing` feature for its integration tests and the fuzz targets.
 #[cfg(any(test, feature = "fuzzing"))]

@@ -180,6 +180,43 @@ pub trait OpenFinal: Namespace {
         path: &Path,
         mode: Mode,
     ) -> Result<Final<Self::File>, Refusal>;
+
+    /// [`OpenFinal::open_final`] as a served filesystem's open asks it:
+    /// `how` says whether to create, exclusively or not, whether to
+    /// truncate, and the new file's permission bits (`mode` still gives
+    /// the access, and the decision). A namespace that knows no more
+    /// opens as `mode` says.
+    fn open_final_how(
+        &mut self,
+        dir: &Self::Dir,
+        name: &OsStr,
+        path: &Path,
+        mode: Mode,
+        how: Option<&OpenHow>,
+    ) -> Result<Final<Self::File>, Refusal> {
+        let _ = how;
+        self.open_final(dir, name, path, mode)
+    }
+}
+
+/// Whether an open may or must make the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Create {
+    /// The file must exist.
+    Never,
+    IfMissing,
+    /// It must not exist yet (`O_EXCL`).
+    Exclusive,
+}
+
+/// A served filesystem's open beyond its mode (`open(2)`'s flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OpenHow {
+    pub create: Create,
+    pub truncate: bool,
+    /// A new file's permission bits.
+    pub perm: u32,
 }
 
 /// What a [`walk`] does once it holds the directory a path's last name is
@@ -360,13 +397,27 @@ pub fn open_counted<N: OpenFinal>(
     mode: Mode,
     scope: &Scope,
 ) -> Result<(N::File, PathBuf), Refusal> {
-    walk(ns, anchors, counts, path, &mut ProxyOpen { scope, mode, via: None })
+    open_how(ns, anchors, counts, path, mode, None, scope)
+}
+
+/// [`open_counted`] with a served filesystem's [`OpenHow`].
+pub fn open_how<N: OpenFinal>(
+    ns: &mut N,
+    anchors: &[PathBuf],
+    counts: &[Option<usize>],
+    path: &Path,
+    mode: Mode,
+    how: Option<&OpenHow>,
+    scope: &Scope,
+) -> Result<(N::File, PathBuf), Refusal> {
+    walk(ns, anchors, counts, path, &mut ProxyOpen { scope, mode, how, via: None })
 }
 
 /// The FS proxy's open as a [`Finish`].
 struct ProxyOpen<'s> {
     scope: &'s Scope,
     mode: Mode,
+    how: Option<&'s OpenHow>,
     /// The first symlink followed: what a refusal names.
     via: Option<Via>,
 }
@@ -418,7 +469,7 @@ impl<N: OpenFinal> Finish<N> for ProxyOpen<'_> {
         path: &[u8],
     ) -> Result<Step<N::File>, Refusal> {
         decide(self.scope, path, self.mode.writable(), self.via.as_ref())?;
-        Ok(match ns.open_final(dir, name, &path_of(path), self.mode)? {
+        Ok(match ns.open_final_how(dir, name, &path_of(path), self.mode, self.how)? {
             Final::File(f) => Step::Done(f),
             Final::Symlink(target) => Step::Follow(target),
         })

@@ -72,6 +72,11 @@ fn vfs_host_corpus() {
 }
 
 #[test]
+fn fuse_codec_corpus() {
+    replay("fuse_codec", airlock_core::fuse::fuzzing::codec);
+}
+
+#[test]
 fn toolexec_events_corpus() {
     replay("toolexec_events", airlock_core::fuzzing::toolexec_events);
 }

@@ -607,6 +607,10 @@ impl World {
 
     fn route(&mut self, level: usize, out: Output) -> Check {
         match out {
+            // These worlds mount nothing (the `fuse` world does).
+            Output::FuseReply { client, .. } => {
+                Err(violation("policy", format!("level {level} replied to a mount {client} never made")))
+            }
             Output::Send { client, data } => {
                 if self.gone.contains(&(level, client)) {
                     return Err(at(
@@ -692,6 +696,16 @@ impl World {
                             ));
                         }
                         Queue::Path
+                    }
+                    Effect::ReadAt { .. }
+                    | Effect::WriteAt { .. }
+                    | Effect::Fstat { .. }
+                    | Effect::Truncate { .. }
+                    | Effect::Readlink { .. } => {
+                        return Err(violation(
+                            "policy",
+                            format!("level {level} asked for a mount's effect, and no mount was made"),
+                        ));
                     }
                     Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
                         if self.levels[level].m.config().stdio != StdioRole::Local {
@@ -792,7 +806,7 @@ impl World {
         let level = key.0;
         let misuse = |e: String| violation("fs_misuse", e);
         let result = match effect {
-            Effect::Open { file, root, rel, mode, scope } => {
+            Effect::Open { file, root, rel, mode, scope, .. } => {
                 let Some(r) = self.levels[level].m.config().policy.root(root) else {
                     return Err(violation("policy", format!("unknown root {root:?}")));
                 };
@@ -831,6 +845,14 @@ impl World {
             // The worlds' clients ask for no path operation yet.
             Effect::Path { .. } => {
                 EffectResult::Failed { kind: FsErrorKind::Other, message: "not simulated".into() }
+            }
+            // Refused when routed.
+            Effect::ReadAt { .. }
+            | Effect::WriteAt { .. }
+            | Effect::Fstat { .. }
+            | Effect::Truncate { .. }
+            | Effect::Readlink { .. } => {
+                return Err(violation("policy", "a mount's effect in a world without mounts".into()))
             }
         };
         self.feed(level, Input::EffectDone { id, result });

@@ -9,6 +9,7 @@
 
 pub mod bounds;
 pub mod filter;
+pub mod fuse;
 pub mod stage;
 pub mod sweep;
 
@@ -56,6 +57,7 @@ pub fn confinement(
         status_fd: keep_fds as i32 + 1,
         session: None,
         bounds: None,
+        fuse: None,
     }
 }
 

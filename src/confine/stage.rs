@@ -94,9 +94,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let mut status = Some(std::fs::File::from(status));
     // Before anything is forked: all of the session is in its groups.
     let joined = join_groups(&plan);
+    // Dropped unused in the fallback: airlock then sees no mount.
+    let mut fuse_socket = super::fuse::take_socket(plan.fuse.as_ref());
     let code = match plan.namespaces {
         NsMode::Off => fallback(&plan, argv, &mut status, &joined),
-        mode => match with_namespaces(&plan, argv, &mut status, &joined) {
+        mode => match with_namespaces(&plan, argv, &mut status, &joined, &mut fuse_socket) {
             Ok(code) => code,
             Err(e) if mode == NsMode::Require => refuse(
                 &mut status,
@@ -286,6 +288,7 @@ fn with_namespaces(
     argv: &[OsString],
     status: &mut Option<std::fs::File>,
     joined: &[Bound],
+    fuse_socket: &mut Option<OwnedFd>,
 ) -> anyhow::Result<i32> {
     let (flags, namespaces) = namespace_flags(plan);
     // SAFETY: no arguments.
@@ -308,6 +311,7 @@ fn with_namespaces(
                 argv,
                 Applied { namespaces, cgroups: joined.to_vec(), ..Applied::default() },
                 status,
+                fuse_socket.take(),
                 result_wr,
                 alive_rd,
             ),
@@ -318,6 +322,8 @@ fn with_namespaces(
     }
     drop(result_wr);
     drop(alive_rd);
+    // PID 1 has its copy; the end of its copy is the end of the mounts.
+    drop(fuse_socket.take());
     let mut tag = [0u8; 1];
     if !matches!(rustix::io::read(&result_rd, &mut tag), Ok(1)) || tag[0] != SET_UP {
         let mut reason = Vec::new();
@@ -357,6 +363,7 @@ fn init(
     argv: &[OsString],
     mut applied: Applied,
     status: &mut Option<std::fs::File>,
+    fuse_socket: Option<OwnedFd>,
     result: OwnedFd,
     alive: OwnedFd,
 ) -> i32 {
@@ -370,9 +377,14 @@ fn init(
         return REFUSED_EXIT;
     }
     if applied.has(Namespace::Mount) {
-        match build_view(&plan.view) {
+        let mut served = plan.fuse.as_ref().map(|p| super::fuse::Setup::open(p, fuse_socket));
+        match build_view(&plan.view, served.as_mut()) {
             Ok(proc) => applied.proc = proc,
             Err(e) => return not_set_up(&result, &format!("building the mount view: {e:#}")),
+        }
+        if let Some(s) = served {
+            applied.fuse = s.mounted;
+            applied.fuse_error = s.error;
         }
     }
     if applied.has(Namespace::Net) {
@@ -732,7 +744,7 @@ fn inside(base: &str, p: &Path) -> PathBuf {
 }
 
 /// Build `view` and pivot into it. Returns whether `/proc` is a fresh one.
-fn build_view(view: &View) -> anyhow::Result<bool> {
+fn build_view(view: &View, served: Option<&mut super::fuse::Setup<'_>>) -> anyhow::Result<bool> {
     let root = Path::new("/");
     mount(None, root, None, libc::MS_REC | libc::MS_PRIVATE, None)?;
     // A scratch tmpfs on /tmp becomes the root for a moment, with the
@@ -846,6 +858,10 @@ fn build_view(view: &View) -> anyhow::Result<bool> {
         }
     }
     apply_covers(&view.covers)?;
+    // The roots served as filesystems, over everything else at their paths.
+    if let Some(s) = served {
+        s.mount_all(new_root);
+    }
     mount(None, new_root, None, libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV, None)?;
     umount_detach(Path::new(OLD_ROOT))?;
     std::env::set_current_dir(new_root)?;

@@ -189,7 +189,7 @@ impl FsProxy {
                         let file = FileId(self.next_file);
                         self.next_file += 1;
                         self.fd.jobs.insert(job, JobFile::Host { file, opened: false });
-                        self.effect(pending, Effect::Open { file, root, rel, mode, scope });
+                        self.effect(pending, Effect::Open { file, root, rel, mode, scope, how: None });
                     }
                 }
             }
@@ -241,12 +241,13 @@ impl FsProxy {
             EffectResult::Data { data, eof } => FileResult::Data { data, eof },
             EffectResult::Written { .. } => FileResult::Written,
             EffectResult::Closed => FileResult::Closed,
-            other @ (EffectResult::Stat { .. } | EffectResult::Listed { .. } | EffectResult::Done) => {
-                FileResult::Failed {
-                    kind: FsErrorKind::Other,
-                    message: format!("unexpected effect result: {other:?}"),
-                }
-            }
+            other @ (EffectResult::Stat { .. }
+            | EffectResult::Listed { .. }
+            | EffectResult::Done
+            | EffectResult::Target { .. }) => FileResult::Failed {
+                kind: FsErrorKind::Other,
+                message: format!("unexpected effect result: {other:?}"),
+            },
             EffectResult::Failed { kind, message } => {
                 // A failed open holds nothing.
                 if matches!(self.fd.jobs.get(&job), Some(JobFile::Host { opened: false, .. })) {

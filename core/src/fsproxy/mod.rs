@@ -28,6 +28,7 @@
 pub mod audit;
 pub mod bounds;
 mod fd;
+mod fuse;
 mod paths;
 mod read_batch;
 mod virtual_fs;
@@ -150,6 +151,9 @@ pub struct Config {
     /// entry (`--max-list-bytes`).
     #[serde(default = "default_max_list_bytes")]
     pub max_list_bytes: u32,
+    /// The served filesystem's settings (`Input::FuseMounted`).
+    #[serde(default, skip_serializing_if = "crate::fuse::FuseConfig::is_default")]
+    pub fuse: crate::fuse::FuseConfig,
 }
 
 fn default_max_list_entries() -> u32 {
@@ -281,6 +285,7 @@ impl Config {
             max_read_batch: DEFAULT_MAX_READ_BATCH,
             max_list_entries: crate::pathops::DEFAULT_MAX_LIST_ENTRIES,
             max_list_bytes: crate::pathops::DEFAULT_MAX_LIST_BYTES,
+            fuse: crate::fuse::FuseConfig::default(),
         }
     }
 }
@@ -358,6 +363,24 @@ pub enum Input {
         id: EffectId,
         hit: crate::guard::Hit,
     },
+    /// `client` is the served filesystem of root `root` (a mount in the
+    /// child's view, owned by `uid`/`gid`), whose requests come as
+    /// `Fuse`; `passthrough`: the shell can register backing files.
+    FuseMounted {
+        client: ClientId,
+        root: RootId,
+        uid: u32,
+        gid: u32,
+        #[serde(default)]
+        passthrough: bool,
+    },
+    /// One request of mount `client`: the bytes of one read of its
+    /// device. The end of the mount is `Eof`.
+    Fuse {
+        client: ClientId,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -433,6 +456,12 @@ pub enum Output {
     Audit {
         record: audit::AuditRecord,
     },
+    /// One reply for mount `client`: write it to its device whole.
+    FuseReply {
+        client: ClientId,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -446,6 +475,40 @@ pub enum Effect {
         root: RootId,
         rel: PathBuf,
         mode: Mode,
+        scope: Scope,
+        /// A served filesystem's open: whether it may create, must
+        /// create, truncates, and with which permission bits. `None`:
+        /// as `mode` says.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        how: Option<crate::resolve::OpenHow>,
+    },
+    /// Read up to `max` bytes at `offset`, the file's position untouched.
+    ReadAt {
+        file: FileId,
+        offset: u64,
+        max: u32,
+    },
+    /// Write `data` at `offset`.
+    WriteAt {
+        file: FileId,
+        offset: u64,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    /// What the open file is now (`Stat`).
+    Fstat {
+        file: FileId,
+    },
+    /// Cut or extend the open file to `size` (`Stat`).
+    Truncate {
+        file: FileId,
+        size: u64,
+    },
+    /// The target of the symlink at `path` (absolute, lexically normal),
+    /// resolved and decided for reading under `scope` as a path
+    /// operation is (`Target`).
+    Readlink {
+        path: PathBuf,
         scope: Scope,
     },
     Read {
@@ -518,6 +581,11 @@ pub enum EffectResult {
     },
     /// A `PathOp::Mkdir`, `Remove` or `Rename`.
     Done,
+    /// A symlink's target (`Effect::Readlink`).
+    Target {
+        #[serde(with = "b64")]
+        target: Vec<u8>,
+    },
 }
 
 impl EffectResult {
@@ -581,6 +649,28 @@ pub struct Stats {
     /// `remove`, `rename`), refused ones included.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub path_ops: BTreeMap<String, u64>,
+    /// The served filesystem's counts.
+    #[serde(default, skip_serializing_if = "FuseStats::is_empty")]
+    pub fuse: FuseStats,
+}
+
+/// What the served filesystem's mounts asked and were answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FuseStats {
+    pub mounts: u64,
+    pub requests: u64,
+    pub replies: u64,
+    /// Requests the codec could not read.
+    pub rejected: u64,
+    pub interrupts: u64,
+    /// Replies that were errors, by errno.
+    pub errors: BTreeMap<i32, u64>,
+}
+
+impl FuseStats {
+    pub fn is_empty(&self) -> bool {
+        self == &FuseStats::default()
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -660,6 +750,8 @@ enum Waiting {
     Path,
     /// A path operation forwarded upstream.
     UpstreamPath,
+    /// A request of a served filesystem's mount.
+    Fuse(fuse::FuseWait),
 }
 
 impl Waiting {
@@ -805,6 +897,8 @@ pub struct FsProxy {
     /// [`NOTICE_NAME_BYTES`]), until the shell takes it to say so once.
     virtual_notice: Option<String>,
     virtual_noticed: bool,
+    /// The served filesystem's mounts, by the client each is served as.
+    fuse: BTreeMap<ClientId, crate::fuse::mount::Mount>,
     /// The `now` of the input being handled.
     now: Instant,
     /// Broker call ids, for `LLMCMD` and `CANCEL` requests alike.
@@ -969,6 +1063,7 @@ impl FsProxy {
             audit: config.audit.then(audit::Audit::default),
             virtual_notice: None,
             virtual_noticed: false,
+            fuse: BTreeMap::new(),
             stats: Stats::default(),
             config,
         }
@@ -1063,6 +1158,9 @@ impl FsProxy {
             Input::Connected { client } => self.connect(client),
             Input::Descriptor { client } => self.on_descriptor(client),
             Input::Bytes { client, data } => self.on_bytes(client, &data),
+            Input::Eof { client } | Input::Died { client } if self.fuse.contains_key(&client) => {
+                self.fuse_depart(client)
+            }
             Input::Eof { client } => {
                 if let Some(c) = self.clients.get(&client) {
                     if c.alive && c.decoder.has_partial() {
@@ -1082,6 +1180,10 @@ impl FsProxy {
             Input::Accepted => self.accept(),
             Input::Unauthenticated => self.stats.socket_unauthenticated += 1,
             Input::Guarded { id, hit } => self.guarded(id, hit),
+            Input::FuseMounted { client, root, uid, gid, passthrough } => {
+                self.fuse_mounted(client, root, uid, gid, passthrough)
+            }
+            Input::Fuse { client, data } => self.on_fuse(client, &data),
         }
         self.flush_reads();
     }
@@ -1761,7 +1863,7 @@ impl FsProxy {
         self.next_file += 1;
         self.effect(
             Pending { client, req, waiting: Waiting::Open { file, mode } },
-            Effect::Open { file, root, rel, mode, scope },
+            Effect::Open { file, root, rel, mode, scope, how: None },
         );
         Ok(None)
     }
@@ -1885,6 +1987,9 @@ impl FsProxy {
 
     fn on_effect_done(&mut self, id: EffectId, result: EffectResult) {
         let Some(Pending { client, req, waiting }) = self.pending.remove(&id) else { return };
+        if let Waiting::Fuse(wait) = waiting {
+            return self.fuse_effect_done(client, wait, result);
+        }
         if let Waiting::Pager { job } = waiting {
             return self.pager_effect_done(client, job, result);
         }
@@ -2149,7 +2254,8 @@ impl FsProxy {
             | Waiting::Pager { .. }
             | Waiting::UpstreamFd(_)
             | Waiting::Path
-            | Waiting::UpstreamPath => OpKind::Other,
+            | Waiting::UpstreamPath
+            | Waiting::Fuse(_) => OpKind::Other,
         };
         let outcome = match wire::parse_upstream_response(payload, kind, max_read) {
             Ok(r) => r.outcome,

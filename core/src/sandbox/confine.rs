@@ -34,6 +34,9 @@ pub struct Confinement {
     /// What the session's processes may take (see [`super::bounds`]).
     #[serde(default)]
     pub bounds: Option<SessionBounds>,
+    /// The roots to serve as filesystems inside the view (`run` alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuse: Option<super::fuse::FusePlan>,
 }
 
 /// The session's socket as the payload reaches it.
@@ -102,6 +105,7 @@ impl Confinement {
                 r.grant_session_dir(dir.to_path_buf());
             }
         }
+        super::fuse::grant_mounted(&mut r, self.fuse.as_ref(), applied);
         r
     }
 
@@ -146,7 +150,7 @@ pub fn view_for(ruleset: &Ruleset, cwd: PathBuf) -> View {
             Source::WorkDir => inputs.read_write.push(rule.path.clone()),
             Source::Airlock => inputs.airlock = Some(rule.path.clone()),
             // The session's socket is bound alone (`session_socket`).
-            Source::Default | Source::Private | Source::Session => {}
+            Source::Default | Source::Private | Source::Session | Source::Served => {}
         }
     }
     view(&inputs)

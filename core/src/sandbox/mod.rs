@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 pub mod bounds;
 mod confine;
 mod guarded;
+pub mod fuse;
 mod namespaces;
 pub mod program;
 mod report;
@@ -250,6 +251,9 @@ pub enum Source {
     /// process of the session whose descriptor 3 was closed still reaches
     /// it; the socket asks for the session's secret before anything else.
     Session,
+    /// A root served as a filesystem inside the view (`fuse`): the mount
+    /// decides per name, so the child may reach all of it.
+    Served,
 }
 
 impl Source {

@@ -21,6 +21,12 @@ pub struct Applied {
     /// The bounds whose cgroups the stage joined.
     #[serde(default)]
     pub cgroups: Vec<super::bounds::Bound>,
+    /// The roots mounted as filesystems in the view (see `sandbox::fuse`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fuse: Vec<std::path::PathBuf>,
+    /// Why a root wanted as a filesystem is not one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuse_error: Option<String>,
 }
 
 impl Applied {
@@ -66,6 +72,14 @@ pub struct InForce {
     /// and which were reached.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bounds: Option<super::bounds::BoundsInForce>,
+    /// The roots served as filesystems in the child's view (their mount
+    /// points); `fuse` is under `not_enforced` when a directory root is
+    /// reachable through the proxy alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fuse: Vec<std::path::PathBuf>,
+    /// Why the roots are not served as filesystems, when they are not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fuse_reason: Option<String>,
 }
 
 impl InForce {
@@ -108,6 +122,8 @@ impl Plan {
                 direct_read: Vec::new(),
                 granted: Vec::new(),
                 bounds: None,
+                fuse: Vec::new(),
+                fuse_reason: None,
             },
             Plan::Confined(r) => landlock_view(r),
         }
@@ -211,5 +227,7 @@ fn landlock_view(r: &Ruleset) -> InForce {
         direct_read: r.direct_read.clone(),
         granted: r.granted.clone(),
         bounds: None,
+        fuse: Vec::new(),
+        fuse_reason: None,
     }
 }

@@ -417,6 +417,7 @@ fn private_dirs_are_granted_read_write_only_inside_the_view() {
         status_fd: 4,
         session: None,
         bounds: None,
+        fuse: None,
     };
     assert_eq!(c.ruleset_for(&Applied::default()), r);
     let inside = c.ruleset_for(&all_ns());
@@ -595,6 +596,7 @@ fn confinement(net: bool) -> Confinement {
         status_fd: 4,
         session: None,
         bounds: None,
+        fuse: None,
     }
 }
 
