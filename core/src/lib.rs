@@ -8,6 +8,7 @@
 
 pub mod broker;
 pub mod codec;
+pub mod egress;
 pub mod fsproxy;
 /// Test and fuzz harness code: in the crate's own tests, and behind the
 /// `fuzzing` feature for its integration tests and the fuzz targets.
