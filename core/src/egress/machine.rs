@@ -75,6 +75,13 @@ pub const REFUSAL_SLACK: usize = 16;
 pub const MAX_ADDRS: usize = 16;
 /// Distinct refused `host:port` pairs the statistics keep.
 pub const MAX_REFUSED_HOSTS: usize = 256;
+/// What one connection's state costs on the heap beside its buffers.
+pub const HEAP_PER_CONN: u64 = 4 << 10;
+/// What one entry of the statistics' maps or the config costs.
+pub const HEAP_PER_ENTRY: u64 = 512;
+/// The machine's own allocations past what its limits account for (its
+/// output queue's capacity among them).
+pub const HEAP_SLACK: u64 = 64 << 10;
 
 /// A connection, numbered by the shell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -440,6 +447,29 @@ impl Egress {
         self.conns.contains_key(&conn)
     }
 
+    /// What the machine may hold on the heap now, for the harnesses that
+    /// count what it really holds (the simulator's `bounded_memory`): each
+    /// open connection its state and up to three heads' worth of bytes
+    /// (the head, what came behind it, the head for the origin; each
+    /// buffer at most twice its length), the statistics' bounded maps, the
+    /// config, and [`HEAP_SLACK`]. `Err` names what was exceeded.
+    pub fn heap_check(&self, held: u64) -> Result<(), String> {
+        let conns = self.conns.len() as u64;
+        let per_conn = HEAP_PER_CONN + 6 * self.config.max_head as u64;
+        let patterns = (self.config.rules.allow.len() + self.config.rules.deny.len()) as u64;
+        let hosts = self.config.hosts.values().map(|a| a.len() as u64 + 4).sum::<u64>();
+        let fixed = (patterns + hosts + 32) * HEAP_PER_ENTRY + MAX_REFUSED_HOSTS as u64 * HEAP_PER_ENTRY;
+        let allowed = HEAP_SLACK + conns * per_conn + fixed;
+        if held <= allowed {
+            return Ok(());
+        }
+        Err(format!(
+            "holds {held} bytes, over {allowed}: {conns} connections at {per_conn} (max_head {}), \
+             statistics and config {fixed}, slack {HEAP_SLACK}",
+            self.config.max_head
+        ))
+    }
+
     pub fn poll_output(&mut self) -> Option<Output> {
         self.out.pop_front()
     }
@@ -755,6 +785,7 @@ impl Egress {
     }
 
     fn connected(&mut self, id: ConnId, result: Result<SocketAddr, ConnectError>) {
+        let free = self.budget_free();
         let Some(c) = self.conns.get_mut(&id) else { return };
         let Phase::Connecting { unchecked } = c.phase else { return };
         let peer = match result {
@@ -789,6 +820,12 @@ impl Egress {
             if let Err(rule) = check {
                 return self.refuse(id, rule, None);
             }
+        }
+        // Other tunnels may have spent the budget since the decision: the
+        // client is told now, not after a success reply.
+        let first_bytes = (c.forward_head.len() + c.early.len()) as u64;
+        if free < first_bytes + 1 {
+            return self.refuse(id, Rule::Limit { flag: "--max-egress-bytes".into() }, None);
         }
         c.phase = Phase::Tunnel;
         c.deadline = None;
