@@ -36,6 +36,9 @@ pub struct Spawned {
     pub conn: UnixStream,
     /// What the confinement stage reported, when confined.
     pub applied: Option<airlock_core::sandbox::StageStatus>,
+    /// The egress proxies' listeners in the child's network namespace
+    /// (`--allow-host`).
+    pub listeners: Option<crate::confine::egress::Listeners>,
 }
 
 /// The signal the child gets when airlock dies: SIGKILL, since nobody is
@@ -116,12 +119,15 @@ pub fn spawn(
     // The child has its copy; ours must go, or EOF would never arrive.
     drop(theirs);
     drop(cmd);
-    let applied = pending.map(crate::confine::Pending::wait).transpose()?;
+    let (applied, listeners) = match pending.map(crate::confine::Pending::wait_with_listeners).transpose()? {
+        Some((status, listeners)) => (Some(status), listeners),
+        None => (None, None),
+    };
     if let Some(airlock_core::sandbox::StageStatus::ExecFailed { errno }) = applied {
         bail!("starting {}: {}", program.to_string_lossy(), std::io::Error::from_raw_os_error(errno));
     }
     ours.set_nonblocking(true)?;
-    Ok(Spawned { child, conn: UnixStream::from_std(ours)?, applied })
+    Ok(Spawned { child, conn: UnixStream::from_std(ours)?, applied, listeners })
 }
 
 /// Mark every descriptor above 3 close-on-exec. Not closed outright: the

@@ -329,6 +329,7 @@ impl ServeArgs {
         report_file: Option<OutFile>,
         exit: Option<ChildExit>,
         sandbox: Option<InForce>,
+        egress: Option<crate::egress::EgressReport>,
     ) -> anyhow::Result<()> {
         let (proxy, host, observer) = session.shutdown().await;
         if let (Some(mut o), Some(path)) = (observer, &self.record) {
@@ -337,6 +338,7 @@ impl ServeArgs {
         if let (Some(path), Some(out)) = (&self.report, report_file) {
             let mut report = Report::new(&proxy, host.open_files(), exit);
             report.sandbox = sandbox;
+            report.egress = egress;
             report.write(path, out)?;
         }
         Ok(())
@@ -374,9 +376,18 @@ fn block_on<T>(fut: impl std::future::Future<Output = anyhow::Result<T>>) -> any
 const CHILD: ClientId = ClientId(1);
 
 /// `airlock run`: the child's exit status, to exit with.
-pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow::Result<i32> {
+pub fn run(
+    args: &ServeArgs,
+    sandbox: &SandboxArgs,
+    egress: &crate::egress::EgressArgs,
+    argv: &[OsString],
+) -> anyhow::Result<i32> {
     crate::heap::keep_freed_memory();
     let secrets = args.secrets()?;
+    let egress_config = egress.config(secrets.0.egress.as_ref())?;
+    if egress_config.is_some() {
+        crate::egress::check_options(sandbox.no_sandbox, sandbox.sandbox_net)?;
+    }
     let policy = args.policy()?;
     let plan = sandbox.plan(&policy)?;
     crate::sandbox::check_command(&plan, policy.cwd(), argv)?;
@@ -403,10 +414,13 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
                 None
             }
         };
-        let session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
+        let mut session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
         // The socket's directory is in the child's view at its own path.
         let session_dir = socket.as_ref().map(|s| s.dir().to_path_buf());
-        let confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        let mut confinement = sandbox.confinement(&plan, policy.cwd(), require, session_dir.as_deref())?;
+        if egress_config.is_some() {
+            egress_confinement(confinement.as_mut(), &mut session_env)?;
+        }
         let spawned = child::spawn(argv, &remove_env, confinement.as_ref(), &session_env)?;
         if let Some(s) = socket.as_mut() {
             session.listen(s)?;
@@ -421,6 +435,20 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
                 eprintln!("airlock: {message}");
                 return Ok(crate::confine::stage::REFUSED_EXIT);
             }
+        };
+        let egress_service = match (egress_config, spawned.listeners) {
+            (Some(config), Some(listeners)) => {
+                let trace = args.record.as_deref().map(crate::egress::trace_path);
+                let service = crate::egress::service::Service::start(
+                    config.clone(),
+                    listeners,
+                    session.audit_writer(),
+                    trace,
+                )?;
+                Some((config, service))
+            }
+            (Some(_), None) => anyhow::bail!("--allow-host: the confinement handed over no proxy listeners"),
+            (None, _) => None,
         };
         let mut proc = spawned.child;
         let pid = proc.id();
@@ -449,11 +477,30 @@ pub fn run(args: &ServeArgs, sandbox: &SandboxArgs, argv: &[OsString]) -> anyhow
         let code = status.map(exit_code).unwrap_or(1);
         use std::os::unix::process::ExitStatusExt;
         let exit = status.map(|s| ChildExit { code: s.code(), signal: s.signal(), status: code });
-        args.close(session, report, exit, Some(in_force)).await?;
+        // Before the audit log closes: the proxies' last lines go there.
+        let egress_report = match egress_service {
+            Some((config, service)) => Some(crate::egress::EgressReport::new(&config, service.stop().await)),
+            None => None,
+        };
+        args.close(session, report, exit, Some(in_force), egress_report).await?;
         // The socket and its directory go with the session.
         drop(socket);
         Ok(code)
     })
+}
+
+/// `--allow-host`: PID 1 creates the proxies' listeners in the child's
+/// network namespace, Landlock lets the child reach them, and the child
+/// is told where they are.
+fn egress_confinement(
+    confinement: Option<&mut airlock_core::sandbox::Confinement>,
+    env: &mut Vec<(OsString, OsString)>,
+) -> anyhow::Result<()> {
+    let c = confinement.context("--allow-host works through the sandbox, which is off")?;
+    let listen = crate::egress::listen_for(c);
+    c.with_egress(listen);
+    env.extend(crate::egress::child_env());
+    Ok(())
 }
 
 /// Under another airlock, a connection of this level's own, attached over
@@ -507,7 +554,7 @@ pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
         // does: connections it attached go with it, even ones only airlock
         // itself still holds open (both ends of one socketpair).
         let session = session.run_to_end(|s| !s.serves(CHILD)).await?;
-        args.close(session, report, None, None).await?;
+        args.close(session, report, None, None, None).await?;
         Ok(0)
     })
 }

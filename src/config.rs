@@ -44,6 +44,8 @@ pub struct FileConfig {
     pub require_namespaces: bool,
     pub broker: Option<BrokerSection>,
     pub file_descriptor: Option<crate::fdconfig::FdSection>,
+    /// `[egress]`: `--allow-host` and its kin, as a file says them.
+    pub egress: Option<crate::egress::EgressSection>,
 }
 
 /// `[broker]`, as written.
@@ -212,6 +214,8 @@ pub struct Settings {
     pub pager: Option<airlock_core::pager::PagerConfig>,
     /// `require_namespaces = true`.
     pub require_namespaces: bool,
+    /// `[egress]`, as written (checked with the flags by `run`).
+    pub egress: Option<crate::egress::EgressSection>,
 }
 
 /// Read and check `path`. Relative paths inside resolve against the
@@ -236,7 +240,7 @@ pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Settings> {
         Some(section) => section.resolve()?,
         None => None,
     };
-    Ok(Settings { broker, pager, require_namespaces: file.require_namespaces })
+    Ok(Settings { broker, pager, require_namespaces: file.require_namespaces, egress: file.egress })
 }
 
 fn seconds(key: &str, value: f64) -> anyhow::Result<Duration> {

@@ -10,6 +10,7 @@ pub mod client;
 pub mod commands;
 pub mod config;
 pub mod confine;
+pub mod egress;
 pub mod fdcli;
 pub mod fdconfig;
 pub mod heap;

@@ -30,6 +30,8 @@ enum Command {
         serve: ServeArgs,
         #[command(flatten)]
         sandbox: SandboxArgs,
+        #[command(flatten)]
+        egress: airlock::egress::EgressArgs,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         argv: Vec<OsString>,
@@ -102,7 +104,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Run { serve, sandbox, argv } => commands::run(serve, sandbox, argv),
+        Command::Run { serve, sandbox, egress, argv } => commands::run(serve, sandbox, egress, argv),
         Command::Serve { fd, serve } => commands::serve(serve, *fd),
         Command::Fs(cmd) => commands::fs(cmd),
         Command::Llm(args) => Ok(llm_cli::llm(args)),

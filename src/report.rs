@@ -38,6 +38,11 @@ pub struct Report {
     /// `net`, `scoped`, `not_enforced`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<InForce>,
+    /// The egress proxies (`--allow-host`): the patterns and the counts
+    /// (`connections`, `tunnels`, `refused`, `bytes_up`, `bytes_down`,
+    /// `by_rule`, `refused_hosts`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressReport>,
 }
 
 /// What the broker did: its own counters (`submitted`, `started`,
@@ -77,6 +82,7 @@ impl Report {
             child_exit,
             broker: proxy.broker().map(BrokerReport::new),
             sandbox: None,
+            egress: None,
         }
     }
 

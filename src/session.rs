@@ -372,6 +372,12 @@ impl Session {
         self.audit = Some(writer);
     }
 
+    /// Another handle on the audit log, for records of the session's
+    /// other services (the egress proxies).
+    pub fn audit_writer(&self) -> Option<crate::audit::AuditWriter> {
+        self.audit.clone()
+    }
+
     /// Record, in the audit log if any, the paths the child reads
     /// directly (see `AuditWriter::direct_read`).
     pub fn audit_direct_reads(&mut self, paths: &[std::path::PathBuf]) {

@@ -90,9 +90,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
     let _ = rustix::io::fcntl_setfd(&status, rustix::io::FdFlags::CLOEXEC);
     let mut status = Some(std::fs::File::from(status));
     let code = match plan.namespaces {
+        NsMode::Off if plan.egress.is_some() => egress_refused(&plan, &mut status, "they are switched off"),
         NsMode::Off => fallback(&plan, argv, &mut status),
         mode => match with_namespaces(&plan, argv, &mut status) {
             Ok(code) => code,
+            Err(e) if plan.egress.is_some() => egress_refused(&plan, &mut status, &format!("{e:#}")),
             Err(e) if mode == NsMode::Require => refuse(
                 &mut status,
                 format!(
@@ -103,6 +105,20 @@ pub fn main(args: Vec<OsString>) -> i32 {
         },
     };
     code
+}
+
+/// `--allow-host` without a network namespace: refused, never the
+/// fallback (see docs/decisions.md, "Network egress").
+fn egress_refused(plan: &Confinement, status: &mut Option<std::fs::File>, why: &str) -> i32 {
+    super::egress::close_inherited(plan);
+    refuse(
+        status,
+        format!(
+            "--allow-host needs a network namespace of the child's own, and namespaces are not \
+             available ({why}); without one, the proxy's port would be open to the child on every \
+             host, so airlock refuses to start"
+        ),
+    )
 }
 
 fn usage() -> i32 {
@@ -278,6 +294,7 @@ fn with_namespaces(
     }
     drop(result_wr);
     drop(alive_rd);
+    super::egress::close_inherited(plan);
     let mut tag = [0u8; 1];
     if !matches!(rustix::io::read(&result_rd, &mut tag), Ok(1)) || tag[0] != SET_UP {
         let mut reason = Vec::new();
@@ -339,6 +356,11 @@ fn init(
     if applied.has(Namespace::Net) {
         if let Err(e) = loopback_up() {
             return not_set_up(&result, &format!("bringing up loopback: {e}"));
+        }
+        if let Some(listen) = &plan.egress {
+            if let Err(e) = super::egress::hand_over(listen) {
+                return not_set_up(&result, &format!("the egress proxy's listeners: {e:#}"));
+            }
         }
     }
     if applied.has(Namespace::Uts) {

@@ -26,6 +26,10 @@ pub struct Confinement {
     pub keep_fds: u32,
     /// Where the stage reports what it applied (a descriptor it inherits).
     pub status_fd: i32,
+    /// The egress proxies' listeners, for `--allow-host`
+    /// ([`Confinement::with_egress`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<super::EgressListen>,
 }
 
 /// What the stage tells airlock, one JSON line each.

@@ -39,6 +39,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 mod confine;
+mod egress;
 mod namespaces;
 mod report;
 mod seccomp;
@@ -46,6 +47,7 @@ mod seccomp;
 mod tests;
 
 pub use confine::*;
+pub use egress::*;
 pub use namespaces::*;
 pub use report::*;
 pub use seccomp::*;
@@ -312,6 +314,10 @@ pub struct Ruleset {
     /// report and the audit log list them.
     #[serde(default)]
     pub direct_read: Vec<PathBuf>,
+    /// TCP ports the child may connect to while the network is handled:
+    /// airlock's proxy listeners in its network namespace (`--allow-host`).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub connect_ports: BTreeSet<u16>,
 }
 
 /// Why `airlock run` will not start.
@@ -517,6 +523,7 @@ fn ruleset(kernel_abi: u32, net: bool, paths: Paths) -> Ruleset {
         paths: paths.rules,
         deny_unix_socket_create,
         direct_read: Vec::new(),
+        connect_ports: BTreeSet::new(),
     }
 }
 

@@ -418,6 +418,7 @@ fn private_dirs_are_granted_read_write_only_inside_the_view() {
         view: v,
         keep_fds: 3,
         status_fd: 4,
+        egress: None,
     };
     assert_eq!(c.ruleset_for(&Applied::default()), r);
     let inside = c.ruleset_for(&all_ns());
@@ -587,7 +588,7 @@ fn confinement(net: bool) -> Confinement {
     let o = Options { net, ..Options::default() };
     let r = confined(&inputs(&p, &o, 7));
     let view = view_for(&r, PathBuf::from("/work/project"));
-    Confinement { namespaces: NsMode::Try, net, ruleset: r, view, keep_fds: 3, status_fd: 4 }
+    Confinement { namespaces: NsMode::Try, net, ruleset: r, view, keep_fds: 3, status_fd: 4, egress: None }
 }
 
 #[test]
