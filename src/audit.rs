@@ -11,7 +11,14 @@ use airlock_core::fsproxy::audit::AuditRecord;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// Cheap to clone: every clone writes to the one file (the egress
+/// proxies' thread writes its connections there too), line by line.
+#[derive(Clone)]
 pub struct AuditWriter {
+    inner: std::sync::Arc<std::sync::Mutex<Inner>>,
+}
+
+struct Inner {
     path: PathBuf,
     out: Option<OutFile>,
     line: Vec<u8>,
@@ -19,7 +26,18 @@ pub struct AuditWriter {
 
 impl AuditWriter {
     pub fn new(path: &Path, out: OutFile) -> Self {
-        AuditWriter { path: path.to_path_buf(), out: Some(out), line: Vec::with_capacity(256) }
+        let inner = Inner { path: path.to_path_buf(), out: Some(out), line: Vec::with_capacity(256) };
+        AuditWriter { inner: std::sync::Arc::new(std::sync::Mutex::new(inner)) }
+    }
+
+    /// One line per proxy connection (`op: egress`): host, port, address,
+    /// bytes each way, duration, the rule that decided, how it ended.
+    pub fn egress(&mut self, record: &airlock_core::egress::Record) {
+        let mut value = serde_json::to_value(record).unwrap_or_default();
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("op".into(), "egress".into());
+        }
+        self.write_value(value);
     }
 
     pub fn write(&mut self, record: &AuditRecord) {
@@ -53,29 +71,33 @@ impl AuditWriter {
     }
 
     fn write_value(&mut self, mut value: serde_json::Value) {
-        let Some(out) = &mut self.out else { return };
+        // A writer that panicked mid-line poisons nothing worth refusing.
+        let mut guard = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let inner = &mut *guard;
+        let Some(out) = &mut inner.out else { return };
         if let Some(obj) = value.as_object_mut() {
             obj.insert("ts".into(), crate::telemetry::rfc3339(std::time::SystemTime::now()).into());
         }
-        self.line.clear();
-        let res = serde_json::to_writer(&mut self.line, &value)
+        inner.line.clear();
+        let res = serde_json::to_writer(&mut inner.line, &value)
             .map_err(std::io::Error::from)
             .and_then(|()| {
-                self.line.push(b'\n');
-                out.write_all(&self.line)
+                inner.line.push(b'\n');
+                out.write_all(&inner.line)
             })
             .and_then(|()| out.flush());
         if let Err(e) = res {
-            eprintln!("airlock: audit {}: {e}; further records are dropped", self.path.display());
-            self.out = None;
+            eprintln!("airlock: audit {}: {e}; further records are dropped", inner.path.display());
+            inner.out = None;
         }
     }
 
-    /// Close the file.
-    pub fn finish(mut self) {
-        if let Some(out) = self.out.take() {
+    /// Close the file; later records (from any clone) are dropped.
+    pub fn finish(self) {
+        let mut guard = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(out) = guard.out.take() {
             if let Err(e) = out.finish() {
-                eprintln!("airlock: audit {}: {e}", self.path.display());
+                eprintln!("airlock: audit {}: {e}", guard.path.display());
             }
         }
     }

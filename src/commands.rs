@@ -364,6 +364,7 @@ impl ServeArgs {
         exit: Option<ChildExit>,
         sandbox: Option<(InForce, crate::report::Direct)>,
         env_removed: Option<Vec<airlock_core::environ::RemovedVar>>,
+        egress: Option<crate::egress::EgressReport>,
     ) -> anyhow::Result<()> {
         let (proxy, host, observer) = session.shutdown().await;
         if let (Some(mut o), Some(path)) = (observer, &self.record) {
@@ -376,6 +377,7 @@ impl ServeArgs {
                 report.direct = direct;
             }
             report.env_removed = env_removed;
+            report.egress = egress;
             report.write(path, out)?;
         }
         Ok(())
@@ -417,6 +419,7 @@ pub fn run(
     args: &ServeArgs,
     sandbox: &SandboxArgs,
     env: &crate::envpolicy::EnvArgs,
+    egress: &crate::egress::EgressArgs,
     argv: &[OsString],
 ) -> anyhow::Result<i32> {
     crate::heap::keep_freed_memory();
@@ -431,6 +434,10 @@ pub fn run(
         .chain(child::AIRLOCK_ENV.iter().map(OsString::from));
     let env_policy = env.policy(Some(&secrets.0.env), withhold)?;
     let env_decision = crate::envpolicy::decide(&env_policy);
+    let egress_config = egress.config(secrets.0.egress.as_ref())?;
+    if egress_config.is_some() {
+        crate::egress::check_options(sandbox.no_sandbox, sandbox.sandbox_net)?;
+    }
     let policy = args.policy()?;
     let mut plan = sandbox.plan(&policy)?;
     let started = crate::sandbox::check_run_command(&mut plan, &policy, argv)?;
@@ -474,6 +481,9 @@ pub fn run(
             c.bounds = Some(bounds);
             c.view.covers = found.covers.clone();
         }
+        if egress_config.is_some() {
+            egress_confinement(confinement.as_mut(), &mut session_env)?;
+        }
         let not_served = match confinement.as_mut() {
             Some(c) => sandbox.serve_roots(c, &policy, session.proxy().config().upstream).err(),
             None => None,
@@ -489,7 +499,7 @@ pub fn run(
         }
         // The stage mounts the roots on its way to the exec, and may look
         // into them (the working directory): they are served meanwhile.
-        let applied = {
+        let (applied, listeners) = {
             let pending = spawned.pending;
             let argv = started.argv.clone();
             let status = tokio::task::spawn_blocking(move || child::Spawned::confirm(pending, &argv));
@@ -527,6 +537,20 @@ pub fn run(
             };
             airlock_core::sandbox::fuse::report(&mut in_force, fuse_plan, &stage, dir_roots, not_served);
         }
+        let egress_service = match (egress_config, listeners) {
+            (Some(config), Some(listeners)) => {
+                let trace = args.record.as_deref().map(crate::egress::trace_path);
+                let service = crate::egress::service::Service::start(
+                    config.clone(),
+                    listeners,
+                    session.audit_writer(),
+                    trace,
+                )?;
+                Some((config, service))
+            }
+            (Some(_), None) => anyhow::bail!("--allow-host: the confinement handed over no proxy listeners"),
+            (None, _) => None,
+        };
         let mut proc = spawned.child;
         let pid = proc.id();
         session.add_unix_client(CHILD, spawned.conn);
@@ -570,11 +594,31 @@ pub fn run(
             );
         }
         let direct = crate::report::Direct { covered: found.covers.clone(), protected_created: created };
-        args.close(session, report, exit, Some((in_force, direct)), Some(env_decision.removed)).await?;
+        // Before the audit log closes: the proxies' last lines go there.
+        let egress_report = match egress_service {
+            Some((config, service)) => Some(crate::egress::EgressReport::new(&config, service.stop().await)),
+            None => None,
+        };
+        args.close(session, report, exit, Some((in_force, direct)), Some(env_decision.removed), egress_report)
+            .await?;
         // The socket and its directory go with the session.
         drop(socket);
         Ok(code)
     })
+}
+
+/// `--allow-host`: PID 1 creates the proxies' listeners in the child's
+/// network namespace, Landlock lets the child reach them, and the child
+/// is told where they are.
+fn egress_confinement(
+    confinement: Option<&mut airlock_core::sandbox::Confinement>,
+    env: &mut Vec<(OsString, OsString)>,
+) -> anyhow::Result<()> {
+    let c = confinement.context("--allow-host works through the sandbox, which is off")?;
+    let listen = crate::egress::listen_for(c);
+    c.with_egress(listen);
+    env.extend(crate::egress::child_env());
+    Ok(())
 }
 
 /// Under another airlock, a connection of this level's own, attached over

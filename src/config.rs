@@ -59,6 +59,8 @@ pub struct FileConfig {
     /// `[env]`: what of airlock's environment the child gets.
     #[serde(default)]
     pub env: EnvSection,
+    /// `[egress]`: `--allow-host` and its kin, as a file says them.
+    pub egress: Option<crate::egress::EgressSection>,
 }
 
 /// `[env]`, as written: `pass = ["NAME", …]` as `--env-pass`, `clear =
@@ -265,6 +267,8 @@ pub struct Settings {
     pub max_cpu: Option<u32>,
     /// `[env]`.
     pub env: EnvSection,
+    /// `[egress]`, as written (checked with the flags by `run`).
+    pub egress: Option<crate::egress::EgressSection>,
 }
 
 /// Read and check `path`. Relative paths inside resolve against the
@@ -300,6 +304,7 @@ pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Settings> {
         max_memory: file.max_memory.map(|b| b.0),
         max_cpu: file.max_cpu,
         env: file.env,
+        egress: file.egress,
     })
 }
 

@@ -11,6 +11,7 @@ pub mod commands;
 pub mod config;
 pub mod confine;
 pub mod envpolicy;
+pub mod egress;
 pub mod fdcli;
 pub mod fdconfig;
 pub mod fscli;

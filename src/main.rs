@@ -32,6 +32,8 @@ enum Command {
         sandbox: SandboxArgs,
         #[command(flatten)]
         env: airlock::envpolicy::EnvArgs,
+        #[command(flatten)]
+        egress: airlock::egress::EgressArgs,
         /// The command and its arguments.
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         argv: Vec<OsString>,
@@ -104,7 +106,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Run { serve, sandbox, env, argv } => commands::run(serve, sandbox, env, argv),
+        Command::Run { serve, sandbox, env, egress, argv } => commands::run(serve, sandbox, env, egress, argv),
         Command::Serve { fd, serve } => commands::serve(serve, *fd),
         Command::Fs(cmd) => commands::fs(cmd),
         Command::Llm(args) => Ok(llm_cli::llm(args)),

@@ -45,6 +45,11 @@ pub struct Report {
     /// The guard in the trees the child reached directly.
     #[serde(flatten)]
     pub direct: Direct,
+    /// The egress proxies (`--allow-host`): the patterns and the counts
+    /// (`connections`, `tunnels`, `refused`, `bytes_up`, `bytes_down`,
+    /// `by_rule`, `refused_hosts`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressReport>,
 }
 
 /// The guard in the trees the child reached directly (`--sandbox-ro`,
@@ -98,6 +103,7 @@ impl Report {
             sandbox: None,
             direct: Direct::default(),
             env_removed: None,
+            egress: None,
         }
     }
 

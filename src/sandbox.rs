@@ -328,6 +328,11 @@ pub fn landlock_ruleset(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
             .add_rule(PathBeneath::new(fd, fs_bits(rights)))
             .with_context(|| format!("sandbox rule for {}", rule.path.display()))?;
     }
+    for port in &rules.connect_ports {
+        created = created
+            .add_rule(landlock::NetPort::new(*port, AccessNet::ConnectTcp))
+            .with_context(|| format!("sandbox rule for TCP port {port}"))?;
+    }
     let fd: Option<OwnedFd> = created.into();
     fd.context("the kernel gave no Landlock ruleset")
 }

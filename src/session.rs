@@ -406,6 +406,12 @@ impl Session {
         self.audit = Some(writer);
     }
 
+    /// Another handle on the audit log, for records of the session's
+    /// other services (the egress proxies).
+    pub fn audit_writer(&self) -> Option<crate::audit::AuditWriter> {
+        self.audit.clone()
+    }
+
     /// Record, in the audit log if any, the paths the child reads
     /// directly and what airlock granted on its own (see
     /// `AuditWriter::direct_read`, `AuditWriter::granted`).

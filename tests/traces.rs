@@ -51,6 +51,12 @@ fn every_checked_in_trace_replays_and_its_world_still_passes() {
             }
             continue;
         }
+        if machine_of(path) == "egress" {
+            if let Err(e) = egress_trace(path) {
+                failures.push(format!("{}: {e}", path.display()));
+            }
+            continue;
+        }
         if machine_of(path) == "vfs" {
             if let Err(e) = tool_trace(BufReader::new(file)) {
                 failures.push(format!("{}: {e}", path.display()));
@@ -130,5 +136,21 @@ fn toolexec_trace(path: &Path) -> Result<(), String> {
         (true, Some(got)) if Some(got) == want => Ok(()),
         (false, None) => Ok(()),
         (_, got) => Err(format!("world rerun: {got:?}, header says {want:?}")),
+    }
+}
+
+/// An egress trace replays exactly against the egress machine; its world,
+/// rerun (with the bug its config plants), fails with the invariant its
+/// meta names, or passes when none was planted.
+fn egress_trace(path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let report = trace::egress::replay(text.as_bytes()).map_err(|e| e.to_string())?;
+    let want = report.header.meta.as_ref().and_then(|m| m["failure"]["invariant"].as_str());
+    let r = airlock_sim::rerun_egress(&report.header)?;
+    let got = r.failure.as_ref().map(|f| f.invariant.as_str());
+    match (report.header.config.planted_bug, got) {
+        (Some(_), Some(got)) if Some(got) == want => Ok(()),
+        (None, None) => Ok(()),
+        _ => Err(format!("world rerun: {got:?}, header says {want:?}: {}", r.swarm_description())),
     }
 }

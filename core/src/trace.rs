@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, BufRead, Write};
 
+pub mod egress;
 pub mod toolexec;
 pub mod vfs;
 
@@ -388,7 +389,7 @@ pub struct Replayed {
 }
 
 /// Replay a trace of any machine this build knows (`fsproxy`, `vfs`,
-/// `toolexec`), chosen by its header; the error is a readable message.
+/// `toolexec`, `egress`), chosen by its header; the error is a readable message.
 pub fn replay_any<R: BufRead>(reader: R) -> Result<Replayed, String> {
     let mut lines = numbered(reader);
     let (line, text) = first_line::<Output>(&mut lines).map_err(|e| e.to_string())?;
@@ -399,6 +400,13 @@ pub fn replay_any<R: BufRead>(reader: R) -> Result<Replayed, String> {
                 parse_header::<toolexec::Header, serde_json::Value>(line, &text, toolexec::MACHINE_TOOLEXEC)
                     .map_err(|e| e.to_string())?;
             let r = toolexec::replay_from(header, lines).map_err(|e| e.to_string())?;
+            Ok(Replayed { machine: kind.machine, inputs: r.inputs, outputs: r.outputs })
+        }
+        egress::MACHINE_EGRESS => {
+            let header =
+                parse_header::<egress::Header, crate::egress::Output>(line, &text, egress::MACHINE_EGRESS)
+                    .map_err(|e| e.to_string())?;
+            let r = egress::replay_from(header, lines).map_err(|e| e.to_string())?;
             Ok(Replayed { machine: kind.machine, inputs: r.inputs, outputs: r.outputs })
         }
         vfs::MACHINE_VFS => {

@@ -10,6 +10,9 @@ static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
 #[path = "support/url_oracle.rs"]
 mod url_oracle;
 
+#[path = "support/egress_oracle.rs"]
+mod egress_oracle;
+
 use std::fs;
 use std::path::PathBuf;
 
@@ -106,4 +109,9 @@ fn vfs_url_corpus() {
 #[test]
 fn vfs_scrub_corpus() {
     replay("vfs_scrub", airlock_core::vfs::fuzzing::scrubber);
+}
+
+#[test]
+fn egress_parse_corpus() {
+    replay("egress_parse", egress_oracle::check);
 }

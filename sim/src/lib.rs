@@ -69,6 +69,11 @@ pub enum Scenario {
     /// tools that flood, hang, ignore SIGTERM, leave grandchildren or die
     /// by a signal, connection floods and clock jumps (`world/toolexec.rs`).
     Toolexec,
+    /// The egress proxies of one session: hostile clients (split, pipelined,
+    /// oversized and garbage requests, CONNECTs to refused hosts, names
+    /// rebinding to private addresses on a later lookup, slow and abandoned
+    /// tunnels) against a simulated internet (`world/egress.rs`).
+    Egress,
 }
 
 impl Scenario {
@@ -81,6 +86,7 @@ impl Scenario {
         Scenario::Pager,
         Scenario::Tool,
         Scenario::Toolexec,
+        Scenario::Egress,
     ];
 }
 
@@ -94,6 +100,7 @@ impl fmt::Display for Scenario {
             Scenario::Pager => "pager",
             Scenario::Tool => "tool",
             Scenario::Toolexec => "toolexec",
+            Scenario::Egress => "egress",
         })
     }
 }
@@ -110,8 +117,9 @@ impl FromStr for Scenario {
             "pager" => Ok(Scenario::Pager),
             "tool" => Ok(Scenario::Tool),
             "toolexec" => Ok(Scenario::Toolexec),
+            "egress" => Ok(Scenario::Egress),
             other => Err(format!(
-                "unknown scenario {other:?} (want default, nested, broker, adversary, pager, tool or toolexec)"
+                "unknown scenario {other:?} (want default, nested, broker, adversary, pager, tool, toolexec or egress)"
             )),
         }
     }
@@ -288,6 +296,39 @@ pub fn rerun_toolexec(header: &airlock_core::trace::toolexec::Header) -> Result<
     Ok(world::toolexec::run(seed, bug, false).failure)
 }
 
+pub use airlock_core::egress::EgressBug;
+
+/// One egress seed with `bug` planted in the egress machine: its result
+/// (the failure shrunk, the swarm it shrank to) and, on a failure, the
+/// trace of the shrunk run, whose header's config carries the bug and
+/// whose meta names the failure.
+#[doc(hidden)]
+pub fn egress_with_bug(seed: u64, bug: EgressBug) -> (SeedResult, Option<Vec<u8>>) {
+    let opts = SimOptions { scenario: Scenario::Egress, ..SimOptions::default() };
+    let swarm = swarm_for(seed, &opts);
+    let out = world::egress::run(seed, swarm.clone(), Some(bug), None);
+    let mut res = result(seed, Scenario::Egress, swarm.clone(), out);
+    let Some(failure) = res.failure.clone() else { return (res, None) };
+    let (small, small_failure) =
+        shrink_with(swarm, failure, |cand| world::egress::run(seed, cand.clone(), Some(bug), None).failure);
+    let note = serde_json::to_value(&small_failure).ok();
+    let out = world::egress::run(seed, small.clone(), Some(bug), Some(note));
+    res.failure = Some(small_failure);
+    res.shrunk = Some(small);
+    (res, out.trace)
+}
+
+/// Re-run the egress world a trace came from (its seed, its swarm from the
+/// meta, the bug its config plants, if any) with every checker on.
+pub fn rerun_egress(header: &airlock_core::trace::egress::Header) -> Result<SeedResult, String> {
+    let seed = header.seed.ok_or("trace has no seed: not written by the simulator")?;
+    let meta = header.meta.as_ref().ok_or("trace header has no meta")?;
+    let swarm: Swarm = serde_json::from_value(meta.get("swarm").cloned().ok_or("trace header has no swarm")?)
+        .map_err(|e| format!("trace header's swarm: {e}"))?;
+    let out = world::egress::run(seed, swarm.clone(), header.config.planted_bug, None);
+    Ok(result(seed, Scenario::Egress, swarm, out))
+}
+
 /// Run one seed (no shrinking) and return its full trace.
 pub fn record_trace(seed: u64, opts: &SimOptions) -> (SeedResult, Vec<u8>) {
     let swarm = swarm_for(seed, opts);
@@ -399,11 +440,13 @@ fn shrink(
         // Its world draws its own knobs from the seed; the swarm has none to turn.
         return (swarm, failure);
     }
+    shrink_with(swarm, failure, |cand| world::run(seed, scenario, cand.clone(), bug, None).failure)
+}
+
+/// Turn the swarm's knobs down while `run` still fails the same invariant.
+fn shrink_with(swarm: Swarm, failure: Failure, run: impl Fn(&Swarm) -> Option<Failure>) -> (Swarm, Failure) {
     let invariant = failure.invariant.clone();
-    let attempt = |cand: &Swarm| -> Option<Failure> {
-        let out = world::run(seed, scenario, cand.clone(), bug, None);
-        out.failure.filter(|f| f.invariant == invariant)
-    };
+    let attempt = |cand: &Swarm| -> Option<Failure> { run(cand).filter(|f| f.invariant == invariant) };
     let mut best = swarm;
     let mut best_failure = failure;
     // A run is the same up to its failing step whatever comes after.

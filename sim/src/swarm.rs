@@ -77,7 +77,20 @@ pub enum FaultKind {
     /// `Retry-After` that may be absent, zero, huge, a date, or garbage
     /// (broker worlds only).
     ProviderRetryable,
+    /// A name's later lookups answer a private address where its first
+    /// answered a public one (egress worlds only).
+    DnsRebind,
+    /// A destination refuses the connection or never answers it (egress
+    /// worlds only).
+    ConnectFail,
+    /// A client stops reading its tunnel, or its server never answers, or
+    /// its head comes a byte at a time (egress worlds only).
+    SlowTunnel,
 }
+
+/// The egress world's own faults, drawn for it alone and last.
+pub const EGRESS_FAULTS: [FaultKind; 3] =
+    [FaultKind::DnsRebind, FaultKind::ConnectFail, FaultKind::SlowTunnel];
 
 /// [`Swarm::rate`] for every kind, indexed by the kind: a world asks for
 /// several rates each step, and the map's lookups showed in its profile.
@@ -162,6 +175,9 @@ impl FaultKind {
             FaultKind::PartialFlood => "partial_flood",
             FaultKind::SymlinkSwap => "symlink_swap",
             FaultKind::ProviderRetryable => "provider_retryable",
+            FaultKind::DnsRebind => "dns_rebind",
+            FaultKind::ConnectFail => "connect_fail",
+            FaultKind::SlowTunnel => "slow_tunnel",
         }
     }
 
@@ -192,6 +208,9 @@ impl FaultKind {
             // High enough for chains of failed attempts to reach
             // max_retries.
             FaultKind::ProviderRetryable => &[100_000, 300_000, 600_000],
+            FaultKind::DnsRebind => &[300_000, 1_000_000],
+            FaultKind::ConnectFail => &[20_000, 100_000],
+            FaultKind::SlowTunnel => &[20_000, 100_000, 300_000],
         }
     }
 }
@@ -367,6 +386,15 @@ impl Swarm {
             let rates = FaultKind::SymlinkSwap.rates();
             swarm.faults.insert(FaultKind::SymlinkSwap, rates[rng.gen_range(0..rates.len())]);
         }
+        // Egress worlds: their own faults, each on for half the seeds.
+        if scenario == Scenario::Egress {
+            for kind in EGRESS_FAULTS {
+                if rng.gen_bool(0.5) {
+                    let rates = kind.rates();
+                    swarm.faults.insert(kind, rates[rng.gen_range(0..rates.len())]);
+                }
+            }
+        }
         // Tool worlds: the attacker swaps the project's links.
         if scenario == Scenario::Tool {
             let rates = FaultKind::SymlinkSwap.rates();
@@ -421,13 +449,19 @@ mod tests {
     fn every() -> Vec<FaultKind> {
         let later =
             [FaultKind::Attach, FaultKind::UpstreamOversize, FaultKind::PartialFlood, FaultKind::SymlinkSwap];
-        FaultKind::ALL.into_iter().chain(FLOODS).chain(later).collect()
+        FaultKind::ALL.into_iter().chain(FLOODS).chain(later).chain(EGRESS_FAULTS).collect()
     }
 
     #[test]
     fn the_rate_table_is_the_map() {
-        let scenarios =
-            [Scenario::Default, Scenario::Nested, Scenario::Adversary, Scenario::Pager, Scenario::Broker];
+        let scenarios = [
+            Scenario::Default,
+            Scenario::Nested,
+            Scenario::Adversary,
+            Scenario::Pager,
+            Scenario::Broker,
+            Scenario::Egress,
+        ];
         let mut nonzero = 0;
         for scenario in scenarios {
             for seed in 0..200 {

@@ -11,6 +11,7 @@ mod broker;
 mod checks;
 mod client;
 mod draw;
+pub(crate) mod egress;
 mod files;
 mod floods;
 mod frames;
@@ -130,6 +131,11 @@ pub(crate) fn run(
     }
     if scenario == Scenario::Tool {
         return tool::run(seed, swarm, bug, record);
+    }
+    if scenario == Scenario::Egress {
+        // Its planted bugs are the egress machine's own (see
+        // `crate::run_egress_with_bug`).
+        return egress::run(seed, swarm, None, record);
     }
     World::new(seed, scenario, swarm, bug, record).run()
 }

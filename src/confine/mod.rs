@@ -8,6 +8,7 @@
 //! why it refused, before anything else happens.
 
 pub mod bounds;
+pub mod egress;
 pub mod filter;
 pub mod fuse;
 pub mod stage;
@@ -34,6 +35,9 @@ pub struct Pending {
     writer: Option<OwnedFd>,
     /// The stage's number for the write end.
     target: RawFd,
+    /// `--allow-host`: the channel the proxy listeners come back on
+    /// (airlock's end, the stage's end and its number there).
+    egress: Option<(OwnedFd, Option<OwnedFd>, RawFd)>,
 }
 
 /// The status pipe's write end sits above this in airlock, so no caller's
@@ -58,6 +62,7 @@ pub fn confinement(
         session: None,
         bounds: None,
         fuse: None,
+        egress: None,
     }
 }
 
@@ -74,7 +79,18 @@ pub fn command(plan: &Confinement, argv: &[OsString]) -> anyhow::Result<(tokio::
     let (reader, writer) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).context("the confinement status pipe")?;
     let writer = rustix::io::fcntl_dupfd_cloexec(&writer, STATUS_FD_FLOOR)?;
-    Ok((cmd, Pending { reader, writer: Some(writer), target: plan.status_fd }))
+    let egress = match &plan.egress {
+        Some(listen) => {
+            use rustix::net::{AddressFamily, SocketFlags, SocketType};
+            let (ours, theirs) =
+                rustix::net::socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+                    .context("the egress listeners' channel")?;
+            let theirs = rustix::io::fcntl_dupfd_cloexec(&theirs, STATUS_FD_FLOOR)?;
+            Some((ours, Some(theirs), listen.fd))
+        }
+        None => None,
+    };
+    Ok((cmd, Pending { reader, writer: Some(writer), target: plan.status_fd, egress }))
 }
 
 impl Pending {
@@ -85,6 +101,11 @@ impl Pending {
         let Some(writer) = &self.writer else { return };
         let raw = writer.as_raw_fd();
         let target = self.target;
+        // (-1, -1): no egress channel to place.
+        let (egress_raw, egress_target) = match &self.egress {
+            Some((_, Some(theirs), at)) => (theirs.as_raw_fd(), *at),
+            _ => (-1, -1),
+        };
         let parent = rustix::process::getpid();
         // SAFETY: runs in the forked child before exec, after the caller's
         // own pre_exec steps; only system calls (dup2/fcntl, prctl,
@@ -98,6 +119,9 @@ impl Pending {
                 } else if libc::dup2(raw, target) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                if egress_raw >= 0 && libc::dup2(egress_raw, egress_target) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 rustix::process::set_parent_process_death_signal(Some(crate::child::PARENT_DEATH_SIGNAL))?;
                 if rustix::process::getppid() != Some(parent) {
                     return Err(std::io::Error::other("airlock exited while starting a confined process"));
@@ -109,7 +133,26 @@ impl Pending {
 
     /// After the spawn: what the stage applied, or why it refused. Blocks
     /// until the payload's exec (or the stage's end): a few milliseconds.
-    pub fn wait(mut self) -> anyhow::Result<StageStatus> {
+    pub fn wait(self) -> anyhow::Result<StageStatus> {
+        self.wait_with_listeners().map(|(status, _)| status)
+    }
+
+    /// [`Pending::wait`], and for `--allow-host` the proxy listeners PID 1
+    /// created in the child's network namespace (`Some` once it confined).
+    pub fn wait_with_listeners(mut self) -> anyhow::Result<(StageStatus, Option<egress::Listeners>)> {
+        let egress = self.egress.take().map(|(ours, theirs, _)| {
+            drop(theirs);
+            ours
+        });
+        let status = self.wait_status()?;
+        let listeners = match (&egress, &status) {
+            (Some(ours), StageStatus::Applied(_)) => Some(egress::receive(ours)?),
+            _ => None,
+        };
+        Ok((status, listeners))
+    }
+
+    fn wait_status(mut self) -> anyhow::Result<StageStatus> {
         drop(self.writer.take());
         let mut text = String::new();
         let mut file = std::fs::File::from(self.reader);

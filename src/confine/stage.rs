@@ -97,9 +97,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
     // Dropped unused in the fallback: airlock then sees no mount.
     let mut fuse_socket = super::fuse::take_socket(plan.fuse.as_ref());
     let code = match plan.namespaces {
+        NsMode::Off if plan.egress.is_some() => egress_refused(&plan, &mut status, "they are switched off"),
         NsMode::Off => fallback(&plan, argv, &mut status, &joined),
         mode => match with_namespaces(&plan, argv, &mut status, &joined, &mut fuse_socket) {
             Ok(code) => code,
+            Err(e) if plan.egress.is_some() => egress_refused(&plan, &mut status, &format!("{e:#}")),
             Err(e) if mode == NsMode::Require => refuse(
                 &mut status,
                 format!(
@@ -137,6 +139,18 @@ fn set_rlimits(rlimits: &[Rlimit]) -> std::io::Result<()> {
         setrlimit(res, rustix::process::Rlimit { current: cap(now.current), maximum: cap(now.maximum) })?;
     }
     Ok(())
+/// `--allow-host` without a network namespace: refused, never the
+/// fallback (see docs/decisions.md, "Network egress").
+fn egress_refused(plan: &Confinement, status: &mut Option<std::fs::File>, why: &str) -> i32 {
+    super::egress::close_inherited(plan);
+    refuse(
+        status,
+        format!(
+            "--allow-host needs a network namespace of the child's own, and namespaces are not \
+             available ({why}); without one, the proxy's port would be open to the child on every \
+             host, so airlock refuses to start"
+        ),
+    )
 }
 
 fn usage() -> i32 {
@@ -324,6 +338,7 @@ fn with_namespaces(
     drop(alive_rd);
     // PID 1 has its copy; the end of its copy is the end of the mounts.
     drop(fuse_socket.take());
+    super::egress::close_inherited(plan);
     let mut tag = [0u8; 1];
     if !matches!(rustix::io::read(&result_rd, &mut tag), Ok(1)) || tag[0] != SET_UP {
         let mut reason = Vec::new();
@@ -390,6 +405,11 @@ fn init(
     if applied.has(Namespace::Net) {
         if let Err(e) = loopback_up() {
             return not_set_up(&result, &format!("bringing up loopback: {e}"));
+        }
+        if let Some(listen) = &plan.egress {
+            if let Err(e) = super::egress::hand_over(listen) {
+                return not_set_up(&result, &format!("the egress proxy's listeners: {e:#}"));
+            }
         }
     }
     if applied.has(Namespace::Uts) {

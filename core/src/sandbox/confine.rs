@@ -34,6 +34,10 @@ pub struct Confinement {
     /// What the session's processes may take (see [`super::bounds`]).
     #[serde(default)]
     pub bounds: Option<SessionBounds>,
+    /// The egress proxies' listeners, for `--allow-host`
+    /// ([`Confinement::with_egress`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<super::EgressListen>,
     /// The roots to serve as filesystems inside the view (`run` alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fuse: Option<super::fuse::FusePlan>,

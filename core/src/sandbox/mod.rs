@@ -42,6 +42,7 @@ pub mod bounds;
 mod confine;
 mod guarded;
 pub mod fuse;
+mod egress;
 mod namespaces;
 pub mod program;
 mod report;
@@ -60,6 +61,7 @@ mod tests_session;
 
 pub use confine::*;
 pub use guarded::*;
+pub use egress::*;
 pub use namespaces::*;
 pub use report::*;
 pub use seccomp::*;
@@ -335,6 +337,10 @@ pub struct Ruleset {
     /// log.
     #[serde(default)]
     pub granted: Vec<program::AutoGrant>,
+    /// TCP ports the child may connect to while the network is handled:
+    /// airlock's proxy listeners in its network namespace (`--allow-host`).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub connect_ports: BTreeSet<u16>,
 }
 
 /// Why `airlock run` will not start.
@@ -556,6 +562,7 @@ fn ruleset(kernel_abi: u32, net: bool, paths: Paths) -> Ruleset {
         deny_unix_socket_create,
         direct_read: Vec::new(),
         granted: Vec::new(),
+        connect_ports: BTreeSet::new(),
     }
 }
 

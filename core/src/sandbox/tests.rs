@@ -418,6 +418,7 @@ fn private_dirs_are_granted_read_write_only_inside_the_view() {
         session: None,
         bounds: None,
         fuse: None,
+        egress: None,
     };
     assert_eq!(c.ruleset_for(&Applied::default()), r);
     let inside = c.ruleset_for(&all_ns());
@@ -597,6 +598,7 @@ fn confinement(net: bool) -> Confinement {
         session: None,
         bounds: None,
         fuse: None,
+        egress: None,
     }
 }
 
