@@ -672,7 +672,7 @@ pub fn serve(args: &ServeArgs, fd: RawFd) -> anyhow::Result<i32> {
         // does: connections it attached go with it, even ones only airlock
         // itself still holds open (both ends of one socketpair).
         let session = session.run_to_end(|s| !s.serves(CHILD)).await?;
-        args.close(session, report, None, None, None).await?;
+        args.close(session, report, None, None, None, None).await?;
         Ok(0)
     })
 }

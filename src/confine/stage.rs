@@ -139,6 +139,8 @@ fn set_rlimits(rlimits: &[Rlimit]) -> std::io::Result<()> {
         setrlimit(res, rustix::process::Rlimit { current: cap(now.current), maximum: cap(now.maximum) })?;
     }
     Ok(())
+}
+
 /// `--allow-host` without a network namespace: refused, never the
 /// fallback (see docs/decisions.md, "Network egress").
 fn egress_refused(plan: &Confinement, status: &mut Option<std::fs::File>, why: &str) -> i32 {

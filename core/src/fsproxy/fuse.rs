@@ -372,6 +372,8 @@ impl FsProxy {
                 let _ = self.table.remove(client, handle);
                 self.stats.handles_closed += 1;
                 self.fuse_audit(AuditRecord {
+                    is_virtual: false,
+                    rule: None,
                     client,
                     to: None,
                     entries: None,
@@ -459,6 +461,8 @@ impl FsProxy {
         let refuse = |this: &mut FsProxy, e: i32, reason: String| {
             this.stats.bounds_refused += 1;
             this.fuse_audit(AuditRecord {
+                is_virtual: false,
+                rule: None,
                 client,
                 to: None,
                 entries: None,
@@ -622,6 +626,8 @@ impl FsProxy {
                 }
                 Step::Open { mode, path, .. } => {
                     self.fuse_audit(AuditRecord {
+                        is_virtual: false,
+                        rule: None,
                         client,
                         to: None,
                         entries: None,
@@ -639,6 +645,8 @@ impl FsProxy {
                     let op = if matches!(step, Step::Read { .. }) { AuditOp::Read } else { AuditOp::Write };
                     let path = self.fuse_open_path(client, handle);
                     self.fuse_audit(AuditRecord {
+                        is_virtual: false,
+                        rule: None,
                         client,
                         to: None,
                         entries: None,
@@ -700,6 +708,8 @@ impl FsProxy {
                 let handle = self.table.insert(client, Slot { mode, target: Target::Host(file) });
                 self.stats.handles_opened += 1;
                 self.fuse_audit(AuditRecord {
+                    is_virtual: false,
+                    rule: None,
                     client,
                     to: None,
                     entries: None,
@@ -742,6 +752,8 @@ impl FsProxy {
             (Step::Read { handle }, EffectResult::Data { data, .. }) => {
                 let path = self.fuse_open_path(client, handle);
                 self.fuse_audit(AuditRecord {
+                    is_virtual: false,
+                    rule: None,
                     client,
                     to: None,
                     entries: None,
@@ -759,6 +771,8 @@ impl FsProxy {
             (Step::Write { handle }, EffectResult::Written { written }) => {
                 let path = self.fuse_open_path(client, handle);
                 self.fuse_audit(AuditRecord {
+                    is_virtual: false,
+                    rule: None,
                     client,
                     to: None,
                     entries: None,

@@ -16,6 +16,8 @@ fn confinement(abi: u32) -> Confinement {
         status_fd: 4,
         session: None,
         bounds: None,
+        fuse: None,
+        egress: None,
     }
 }
 
