@@ -40,6 +40,11 @@ pub const MAX_HOPS: usize = 8;
 /// answers them, far above what any real chain needs.
 pub const MAX_ASKS: usize = 4096;
 
+/// Arguments checked as files: beyond them, none is granted and one
+/// warning says so (each fact costs a call of [`check`], which starts
+/// over).
+pub const MAX_ARGS: usize = 256;
+
 /// Bytes of a file the resolution reads: a shim, a shebang line,
 /// `pyvenv.cfg` and a version file all fit.
 pub const HEAD_BYTES: usize = 4096;
@@ -836,7 +841,13 @@ impl Walk<'_> {
 
     /// Files named as arguments, which the child reads directly.
     fn arguments(&mut self) -> R<()> {
-        for arg in self.cmd.argv.iter().skip(1) {
+        if self.cmd.argv.len() > MAX_ARGS + 1 {
+            self.out.warnings.push(format!(
+                "only the first {MAX_ARGS} arguments were checked for files the child reads directly; \
+                 the rest are granted nothing"
+            ));
+        }
+        for arg in self.cmd.argv.iter().skip(1).take(MAX_ARGS) {
             if arg.is_empty() || arg.len() > 4096 {
                 continue;
             }
