@@ -147,6 +147,13 @@ fn planted_lexical_only_policy_is_found() {
     planted(PlantedBug::ToolLexicalOnly, "policy");
 }
 
+/// DESIGN.md invariant 13: a rename that skips the guard moves a
+/// protected path away, or a file onto one.
+#[test]
+fn planted_rename_without_the_guard_is_found() {
+    found_shrunk_and_replayed(PlantedBug::ToolGuardSkipsRename, "protected_paths", 1000);
+}
+
 #[test]
 fn planted_scrub_of_text_only_is_found() {
     planted(PlantedBug::ToolScrubTextOnly, "secret");

@@ -245,6 +245,9 @@ pub enum PlantedBug {
     /// reaches it again by that path from the project root, following
     /// whatever symlinks are there by then.
     ToolReopenByPath,
+    /// VFS host: `fs.rename` decides its source and destination without
+    /// the guard, so a protected path is renamed away or onto.
+    ToolGuardSkipsRename,
     /// VFS host: the first file read reserves a reply buffer of
     /// `--max-file` that it keeps and counts nowhere.
     ToolUncountedBuffer,

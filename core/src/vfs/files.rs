@@ -147,6 +147,8 @@ pub struct Gate {
     scrubber: Scrubber,
     /// `PlantedBug::ToolReopenByPath`.
     reopen_by_path: bool,
+    /// `PlantedBug::ToolGuardSkipsRename`.
+    guard_skips_rename: bool,
 }
 
 impl Gate {
@@ -160,6 +162,23 @@ impl Gate {
             lexical_only: false,
             scrubber,
             reopen_by_path: false,
+            guard_skips_rename: false,
+        }
+    }
+
+    pub(crate) fn plant_guard_skips_rename(&mut self) {
+        self.guard_skips_rename = true;
+    }
+
+    /// The gate `fs.rename` decides with: this one, or, under the planted
+    /// bug that skips the guard there, one whose guard lifts every rule.
+    pub(crate) fn for_rename(&self) -> std::borrow::Cow<'_, Gate> {
+        if self.guard_skips_rename {
+            let mut g = self.clone();
+            g.guard = Guard::everything();
+            std::borrow::Cow::Owned(g)
+        } else {
+            std::borrow::Cow::Borrowed(self)
         }
     }
 

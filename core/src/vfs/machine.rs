@@ -190,6 +190,9 @@ impl Host {
         if cfg.planted_bug == Some(PlantedBug::ToolLexicalOnly) {
             policy.gate_mut().plant_lexical_only();
         }
+        if cfg.planted_bug == Some(PlantedBug::ToolGuardSkipsRename) {
+            policy.gate_mut().plant_guard_skips_rename();
+        }
         if cfg.planted_bug == Some(PlantedBug::ToolReopenByPath) {
             policy.gate_mut().plant_reopen_by_path();
         }

@@ -373,6 +373,7 @@ pub fn rename<N: ProjectNs>(
     from: &ProjectPath,
     to: &ProjectPath,
 ) -> Result<(), OpError> {
+    let gate = &*gate.for_rename();
     let how = How { follow: false, write: true, create: false };
     run(ns, gate, from, how, |ns, from_dir, from_name, _, node| {
         match node {

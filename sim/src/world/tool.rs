@@ -121,7 +121,35 @@ fn project() -> MemFiles {
     // names that are also in `private/` and `src/`.
     f.put("out/sub/notes.txt", MemNode::File(b"notes\n".to_vec()));
     f.put("out/sub/main.rs", MemNode::File(b"// copy\n".to_vec()));
+    // Protected paths and secret files where the tool may write
+    // (DESIGN.md, invariants 13 and 14).
+    f.put("out/.git/config", MemNode::File(b"[core]\n".to_vec()));
+    f.put("out/.git/hooks/pre-commit", MemNode::File(b"#!/bin/sh\n".to_vec()));
+    f.put("out/.git/index", MemNode::File(b"index\n".to_vec()));
+    f.put("out/.vscode/tasks.json", MemNode::File(b"{}\n".to_vec()));
+    f.put("out/.ENV", MemNode::File(format!("{MARKER} .ENV\n").into_bytes()));
+    f.put("out/#.env#", MemNode::File(format!("{MARKER} #.env#\n").into_bytes()));
+    f.put("out/prod.env", MemNode::File(format!("{MARKER} prod.env\n").into_bytes()));
     f
+}
+
+/// The checker's own reading of the guard, kept apart from the core's:
+/// a path (project-relative) the tool may never reach, or never change.
+fn secret_by_name(s: &str) -> bool {
+    s.split('/').any(|c| {
+        let c = c.to_ascii_lowercase();
+        let c = c.trim_start_matches('#').trim_end_matches(['#', '~']);
+        c == ".env" || c.starts_with(".env.") || c.ends_with(".env")
+    })
+}
+
+fn protected_by_name(s: &str) -> bool {
+    let c: Vec<String> = s.split('/').map(str::to_ascii_lowercase).collect();
+    c.iter().enumerate().any(|(i, n)| {
+        let next = c.get(i + 1).map(String::as_str);
+        n == ".vscode"
+            || (n == ".git" && (next.is_none() || next == Some("config") || next == Some("hooks")))
+    })
 }
 
 /// What the attacker points the swapped links at.
@@ -138,6 +166,10 @@ const LINK_TARGETS: &[&str] = &[
     "../../outside",
     "link",
     "missing",
+    ".git/config",
+    ".git/hooks",
+    ".git",
+    ".ENV",
 ];
 
 const PATHS: &[&str] = &[
@@ -166,6 +198,17 @@ const PATHS: &[&str] = &[
     "src/../id.key",
     "",
     "nope.txt",
+    "out/.git/config",
+    "out/.git/hooks/pre-commit",
+    "out/.git/hooks/new",
+    "out/.git/index",
+    "out/.git",
+    "out/sub/.git",
+    "out/.vscode/tasks.json",
+    "out/.ENV",
+    "out/#.env#",
+    "out/prod.env",
+    "out/link/config",
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -994,7 +1037,9 @@ impl ToolWorld {
                 for (p, write) in op.paths() {
                     let s = p.as_str();
                     let bad = s.starts_with('/')
-                        || s.split('/').any(|c| c == ".." || c == ".env" || c.starts_with(".env."))
+                        || s.split('/').any(|c| c == "..")
+                        || secret_by_name(s)
+                        || write && protected_by_name(s)
                         || s.ends_with(".key")
                         || s == "private"
                         || s.starts_with("private/")
@@ -1031,19 +1076,29 @@ impl ToolWorld {
         }
     }
 
-    /// What a backend did: nothing outside `out/` changed.
+    /// What a backend did: nothing outside `out/` changed, and no
+    /// protected path (invariant 13) anywhere.
     fn check_files(&self, op: &FsOp) -> Check {
         for (k, v) in self.initial.nodes() {
-            if k.as_str() == "out" || k.as_str().starts_with("out/") {
-                continue;
-            }
+            let s = k.as_str();
             if self.files.nodes().get(k) != Some(v) {
-                return Err(violation("policy", format!("{k} changed under {op:?}")));
+                if protected_by_name(s) {
+                    return Err(violation("protected_paths", format!("{k} changed under {op:?}")));
+                }
+                if !(s == "out" || s.starts_with("out/")) {
+                    return Err(violation("policy", format!("{k} changed under {op:?}")));
+                }
             }
         }
         for k in self.files.nodes().keys() {
             let s = k.as_str();
-            if !(self.initial.nodes().contains_key(k) || s == "out" || s.starts_with("out/")) {
+            if self.initial.nodes().contains_key(k) {
+                continue;
+            }
+            if protected_by_name(s) {
+                return Err(violation("protected_paths", format!("{s} appeared under {op:?}")));
+            }
+            if !(s == "out" || s.starts_with("out/")) {
                 return Err(violation("policy", format!("{s} appeared under {op:?}")));
             }
         }
@@ -1304,7 +1359,11 @@ impl Racing<'_> {
             .files
             .nodes()
             .iter()
-            .filter(|(k, _)| k.as_str().starts_with("out/") && !k.as_str().contains(".moved"))
+            // Protected paths are the tool's to leave alone, not the
+            // attacker's: only what the tool does to them is checked.
+            .filter(|(k, _)| {
+                k.as_str().starts_with("out/") && !k.as_str().contains(".moved") && !protected_by_name(k.as_str())
+            })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         if under_out.is_empty() {
