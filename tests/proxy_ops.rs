@@ -187,6 +187,9 @@ fn roots_stay_put_and_nothing_moves_into_a_read_only_root_or_out_of_the_roots() 
     let (tmp, dir) = project();
     std::fs::create_dir_all(dir.join("rw2")).expect("mkdir");
     std::fs::create_dir_all(dir.join("hold")).expect("mkdir");
+    // A link inside the read-write root into the read-only one: what the
+    // text names is writable, where it leads is not.
+    std::os::unix::fs::symlink("ro", dir.join("tolink")).expect("symlink");
     let outside = tmp.path().join("outside").display().to_string();
     let run = run_in(
         &dir,
@@ -206,6 +209,10 @@ attempts = [
     ("rename out of every root", "rename", {{"from": "data.txt", "to": {outside:?} + "/data.txt"}}),
     ("mkdir outside", "mkdir", {{"path": {outside:?} + "/made", "parents": True}}),
     ("remove outside", "remove", {{"path": {outside:?} + "/secret.txt"}}),
+    ("rename into the read-only root through a link", "rename", {{"from": "data.txt", "to": "tolink/data.txt"}}),
+    ("mkdir in the read-only root through a link", "mkdir", {{"path": "tolink/made/deeper", "parents": True}}),
+    ("remove in the read-only root through a link", "remove", {{"path": "tolink/deep/keep.txt"}}),
+    ("move out of the read-only root through a link", "rename", {{"from": "tolink/deep", "to": "deep"}}),
     ("stat outside", "stat", {{"path": {outside:?} + "/secret.txt"}}),
     ("list outside", "list", {{"path": {outside:?}}}),
 ]
@@ -227,6 +234,7 @@ out(["across roots", code(r)])
     assert_eq!(std::fs::read(dir.join("rw2/data.txt")).expect("moved across roots"), b"data");
     assert_eq!(std::fs::read(tmp.path().join("outside/secret.txt")).expect("untouched"), b"outside secret");
     assert!(!tmp.path().join("outside/made").exists());
+    assert!(!dir.join("ro/data.txt").exists() && !dir.join("ro/made").exists());
     run.assert_no_leaks();
 }
 
@@ -245,7 +253,10 @@ fn a_link_swapped_between_list_and_stat_never_shows_what_is_outside() {
             let mut swaps = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let _ = std::fs::remove_file(&site);
-                let _ = std::os::unix::fs::symlink(if swaps.is_multiple_of(2) { &outside } else { &inside }, &site);
+                let _ = std::os::unix::fs::symlink(
+                    if swaps.is_multiple_of(2) { &outside } else { &inside },
+                    &site,
+                );
                 swaps += 1;
             }
             swaps

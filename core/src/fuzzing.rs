@@ -846,8 +846,9 @@ fn template(sel: u8, arg: u8, id: u64) -> Vec<u8> {
         }
         3 => serde_json::json!({"id": id.to_string(), "op": "write", "params": {"h": h, "data": "aGVsbG8="}}),
         4 => serde_json::json!({"id": id.to_string(), "op": "close", "params": {"h": h}}),
+        5 if arg % 3 == 2 => path_template(arg / 3, id),
         5 => {
-            let op = ["QUOTA", "LLMCMD", "stat"][usize::from(arg % 3)];
+            let op = ["QUOTA", "LLMCMD"][usize::from(arg % 2)];
             serde_json::json!({"id": id.to_string(), "op": op})
         }
         6 => {
@@ -856,6 +857,23 @@ fn template(sel: u8, arg: u8, id: u64) -> Vec<u8> {
         _ => serde_json::json!({"op": "close", "params": {"h": h}}),
     };
     serde_json::to_vec(&req).unwrap_or_default()
+}
+
+/// A path operation (`stat`, `list`, `mkdir`, `remove`, `rename`) on the
+/// templates' paths and a few directories, picked by `arg`.
+fn path_template(arg: u8, id: u64) -> Value {
+    const PATHS: [&str; 8] = ["/rw", "/rw/notes.txt", "/rw/d", "/rw/d/e", "/ro", "sub/dir", ".", "/etc"];
+    let (p, q) = (PATHS[usize::from(arg % 8)], PATHS[usize::from(arg / 8 % 8)]);
+    let id = id.to_string();
+    match arg / 64 % 4 {
+        0 => {
+            let op = if arg & 8 == 0 { "stat" } else { "list" };
+            serde_json::json!({"id": id, "op": op, "params": {"path": p, "max": 1}})
+        }
+        1 => serde_json::json!({"id": id, "op": "mkdir", "params": {"path": p, "parents": arg & 8 != 0}}),
+        2 => serde_json::json!({"id": id, "op": "remove", "params": {"path": p}}),
+        _ => serde_json::json!({"id": id, "op": "rename", "params": {"from": p, "to": q}}),
+    }
 }
 
 /// Fuzz an FS proxy session. The first byte picks the configuration; the

@@ -139,6 +139,20 @@ ss = {
         + framed(req(3, "write", h=3, data="aGk=")) + SETTLE + cmd(12),
     "templates_mixed": bytes([0]) + b"".join(tmpl(s, a) for s, a in [(0, 0), (0, 9), (0, 26), (2, 3), (3, 4),
         (4, 3), (0, 4), (0, 5), (7, 3)]) + SETTLE,
+    "path_ops_host_and_virtual": bytes([0]) + b"".join([
+        framed(req(1, "mkdir", path="/rw/d/e", parents=True)), SETTLE,
+        framed(req(2, "list", path="/rw", max=1)), SETTLE,
+        framed(req(3, "list", path="/rw", after="d")), SETTLE,
+        framed(req(4, "open", path="/rw/notes.txt", mode="r")), SETTLE,
+        framed(req(5, "rename", **{"from": "/rw/notes.txt", "to": "/rw/d/n.txt"})), SETTLE,
+        framed(req(6, "remove", path="/rw/d/n.txt")), cmd(10, 0),
+        framed(req(7, "stat", path="/ro/hello.txt", follow=False)), SETTLE,
+        framed(req(8, "open", path="v/a.txt", mode="w")),
+        framed(req(9, "rename", **{"from": "v", "to": "w"})),
+        framed(req(10, "remove", path="w/a.txt")),
+        framed(req(11, "write", h=4, data="aGk=")),
+        framed(req(12, "list", path=".")), cmd(13, 0), SETTLE]),
+    "path_op_templates": bytes([2]) + b"".join(tmpl(5, a) for a in range(2, 256, 9)) + SETTLE,
 }
 # Broker commands (config bit 2 gives the machine a broker; bits 3.. pick
 # its budget: 0, 1e-6 or 1 USD): a cmd byte with bits 4..6 set, then an
@@ -246,6 +260,15 @@ nn = {
     "failed_effects_at_the_top": bytes([0]) + n_framed(1, req(1, "open", path="/rw/notes.txt", mode="rw"))
         + N_PUMP + n_cmd(0, 7) + N_PUMP + n_call(1, req(2, "open", path="/rw/notes.txt", mode="rw"))
         + n_framed(1, req(3, "read", h=4, max=3)) + N_PUMP + n_cmd(0, 7) + N_PUMP,
+    "path_ops_through_two_levels": bytes([1 << 3]) + b"".join([
+        n_call(1, req(1, "mkdir", path="/rw/d", parents=True)),
+        n_call(1, req(2, "list", path="/rw")),
+        n_call(1, req(3, "rename", **{"from": "/rw/d", "to": "/rw/e"})),
+        n_call(1, req(4, "stat", path="/ro/hello.txt")),
+        n_call(1, req(5, "mkdir", path="mine")),
+        n_call(1, req(6, "list", path=".")),
+        n_call(1, req(7, "remove", path="/rw/e"))]) + b"".join(n_tmpl(1, 5, a) for a in range(2, 256, 17))
+        + N_PUMP + n_round(0, 1),
 }
 for name, data in nn.items():
     write("fsproxy_nested", name, data)

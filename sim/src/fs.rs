@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 #[cfg(test)]
 mod oracle;
+mod paths;
 
 #[derive(Debug)]
 struct OpenFile {
@@ -25,6 +26,9 @@ struct OpenFile {
     pos: usize,
     /// Opened in `a` mode: every write lands at the end, as with O_APPEND.
     append: bool,
+    /// The file was removed or replaced while open: its content lives on
+    /// here (`HostFs::orphans`) for its handles, as an inode does.
+    orphan: Option<u64>,
 }
 
 /// Paths are keyed by their canonical spelling (`bytes::canonical`), so a
@@ -47,6 +51,12 @@ pub struct HostFs {
     /// on every open.
     anchors_seen: Vec<PathBuf>,
     anchor_counts: Vec<Option<usize>>,
+    /// Contents of files removed or replaced while open, by orphan id.
+    orphans: BTreeMap<u64, Vec<u8>>,
+    next_orphan: u64,
+    /// Paths a path operation changed (both ends of a rename), for the
+    /// checkers; drained with [`HostFs::take_touched`].
+    touched: Vec<PathBuf>,
 }
 
 fn key(path: &Path) -> Cow<'_, [u8]> {
@@ -225,7 +235,7 @@ impl HostFs {
             Ok(((p, key), _)) => {
                 self.open.insert(
                     (level, file),
-                    OpenFile { path: p.clone(), key, pos: 0, append: mode == Mode::Append },
+                    OpenFile { path: p.clone(), key, pos: 0, append: mode == Mode::Append, orphan: None },
                 );
                 Ok((EffectResult::Opened, Some(p)))
             }
@@ -238,7 +248,11 @@ impl HostFs {
             .open
             .get_mut(&(level, file))
             .ok_or_else(|| format!("level {level} read unopened {file:?}"))?;
-        let data = self.files.get(&f.key).map(Vec::as_slice).unwrap_or_default();
+        let data = match f.orphan {
+            Some(o) => self.orphans.get(&o),
+            None => self.files.get(&f.key),
+        };
+        let data = data.map(Vec::as_slice).unwrap_or_default();
         let start = f.pos.min(data.len());
         let end = start.saturating_add(max as usize).min(data.len());
         // Like an OS file offset, a position past the end stays put.
@@ -255,11 +269,19 @@ impl HostFs {
             .open
             .get_mut(&(level, file))
             .ok_or_else(|| format!("level {level} wrote unopened {file:?}"))?;
-        if !self.files.contains_key(&f.key) {
-            self.files.insert(f.key.clone(), Vec::new());
-        }
-        let Some(data) = self.files.get_mut(&f.key) else {
-            return Err(format!("level {level} wrote {file:?}, which vanished"));
+        let data = match f.orphan {
+            Some(o) => self.orphans.entry(o).or_default(),
+            None => {
+                // A path operation may have made a directory where the file
+                // was: the file is then written past as an orphan.
+                if !self.files.contains_key(&f.key) {
+                    self.files.insert(f.key.clone(), Vec::new());
+                }
+                let Some(data) = self.files.get_mut(&f.key) else {
+                    return Err(format!("level {level} wrote {file:?}, which vanished"));
+                };
+                data
+            }
         };
         let start = if f.append { data.len() } else { f.pos };
         let end = start + bytes.len();
@@ -268,13 +290,20 @@ impl HostFs {
         }
         data[start..end].copy_from_slice(bytes);
         f.pos = end;
-        self.dirty.push(f.path.clone());
+        if f.orphan.is_none() {
+            self.dirty.push(f.path.clone());
+        }
         Ok(EffectResult::Written { written: bytes.len() as u64 })
     }
 
     pub fn close(&mut self, level: usize, file: FileId) -> Result<EffectResult, String> {
         match self.open.remove(&(level, file)) {
-            Some(_) => Ok(EffectResult::Closed),
+            Some(f) => {
+                if let Some(o) = f.orphan.filter(|o| !self.open.values().any(|g| g.orphan == Some(*o))) {
+                    self.orphans.remove(&o);
+                }
+                Ok(EffectResult::Closed)
+            }
             None => Err(format!("level {level} closed unopened {file:?}")),
         }
     }

@@ -723,6 +723,12 @@ impl World {
                         Queue::Stdio
                     }
                 };
+                if let Effect::Path { op, .. } = &effect {
+                    let mode = if op.changes() { Mode::Write } else { Mode::Read };
+                    for p in op.paths() {
+                        self.check_confined(p, mode, false)?;
+                    }
+                }
                 if let Effect::Open { root, rel, mode, .. } = &effect {
                     let policy = &self.levels[level].m.config().policy;
                     let Some(r) = policy.root(*root) else {
@@ -848,9 +854,26 @@ impl World {
                 EffectResult::Data { data, eof }
             }
             Effect::WriteStdio { data, .. } => EffectResult::Written { written: data.len() as u64 },
-            // The worlds' clients ask for no path operation yet.
-            Effect::Path { .. } => {
-                EffectResult::Failed { kind: FsErrorKind::Other, message: "not simulated".into() }
+            Effect::Path { .. } if self.fires(FaultKind::FsError) => {
+                self.count(FaultKind::FsError);
+                EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
+            }
+            Effect::Path { op, scope } => {
+                let anchors = std::mem::take(&mut self.anchors);
+                let done = self.fs.path(&op, &anchors, &scope);
+                self.anchors = anchors;
+                // Invariant 10 on what the operation changed, where it
+                // landed after resolution; and no root ever moves.
+                for p in self.fs.take_touched() {
+                    self.check_confined(&p, Mode::Write, true)?;
+                }
+                if let Some(a) = self.anchors.iter().find(|a| !self.fs.is_dir(a)) {
+                    return Err(violation(
+                        "roots_stay",
+                        format!("{} ({op:?}) left root directory {} gone", op.name(), a.display()),
+                    ));
+                }
+                EffectResult::of_path(done)
             }
             // Refused when routed.
             Effect::ReadAt { .. }

@@ -104,6 +104,77 @@ const TARGETS: [&str; 25] = [
     "/data/rw/a/.git",
 ];
 
+/// What path operations aim at besides the targets: the roots, the
+/// directories holding rules, the attack sites, places out of reach.
+const PATH_AIMS: [&str; 18] = [
+    "/data/rw",
+    "/data/rw/sub",
+    "/data/ro",
+    "/data/one",
+    "/data/rw/a",
+    "/data/rw/b",
+    "/data/rw/a/up",
+    "/data/rw/rolink",
+    "/data/rw/new",
+    "/data/rw/a/new/deeper",
+    "/etc",
+    "/data",
+    "scratch",
+    "scratch/esc",
+    "v/dir",
+    ".",
+    "/data/rw/moved",
+    "scratch/moved",
+];
+
+/// A path operation aimed at the targets, the roots and the sites: a
+/// change the level's own policy refuses on the path's text must fail.
+fn path_op(c: &mut super::Client, id: String, policy: &Policy, max_list: u32) {
+    let aim = |c: &mut super::Client| -> String {
+        if c.rng.gen_bool(0.5) {
+            (*pick(&mut c.rng, &TARGETS)).to_owned()
+        } else {
+            (*pick(&mut c.rng, &PATH_AIMS)).to_owned()
+        }
+    };
+    let mut path = aim(c);
+    let kind = c.rng.gen_range(0..5);
+    if kind >= 3 && c.rng.gen_bool(0.4) {
+        // A root itself, removed or moved.
+        let roots = policy.roots();
+        if !roots.is_empty() {
+            path = roots[c.rng.gen_range(0..roots.len())].path.to_string_lossy().into_owned();
+        }
+    }
+    let (op, params, paths, write) = match kind {
+        0 => ("stat", serde_json::json!({ "path": path, "follow": c.rng.gen_bool(0.7) }), vec![path], false),
+        1 => {
+            let max = c.rng.gen_range(1..=4u32);
+            ("list", serde_json::json!({ "path": path, "max": max }), vec![path], false)
+        }
+        2 => ("mkdir", serde_json::json!({ "path": path, "parents": c.rng.gen_bool(0.5) }), vec![path], true),
+        3 => ("remove", serde_json::json!({ "path": path }), vec![path], true),
+        _ => {
+            let to = aim(c);
+            let params = serde_json::json!({ "from": path, "to": to, "noreplace": c.rng.gen_bool(0.3) });
+            ("rename", params, vec![path, to], true)
+        }
+    };
+    // Lexically refused by this level (a read-only root, outside every
+    // root): whatever the files are, it must fail.
+    let refused = paths.iter().any(|p| {
+        matches!(
+            policy.resolve(p, write),
+            Err(airlock_core::policy::Denied::OutsideRoots
+                | airlock_core::policy::Denied::ReadOnly { .. }
+                | airlock_core::policy::Denied::Escape)
+        )
+    });
+    let list = (op == "list").then(|| params["max"].as_u64().map_or(max_list, |m| (m as u32).min(max_list)));
+    let payload = super::req(&id, op, params);
+    send(c, id, payload, Kind::Path { list }, refused.then_some("confinement"));
+}
+
 pub fn setup(rng: &mut ChaCha8Rng) -> Adversary {
     let middle = *pick(rng, &[Middle::Wide, Middle::Narrow, Middle::Empty]);
     Adversary { middle }
@@ -205,6 +276,9 @@ impl World {
         }
         let usable = c.handles.usable();
         let id = next_id(c);
+        if c.rng.gen_bool(0.25) {
+            return path_op(c, id, policy, self.levels[level].m.config().max_list_entries);
+        }
         if usable.is_empty() || c.rng.gen_bool(0.4) {
             let path = *pick(&mut c.rng, &TARGETS);
             let mode = *pick(&mut c.rng, &MODES);

@@ -112,6 +112,11 @@ pub(super) enum Kind {
     },
     /// The `attach` that created this client, answered on it.
     Attached,
+    /// A path operation (`stat`, `list`, `mkdir`, `remove`, `rename`);
+    /// `list`: the listing's page bound, to hold its answer to.
+    Path {
+        list: Option<u32>,
+    },
 }
 
 #[derive(Debug)]
@@ -602,7 +607,29 @@ impl World {
                     return Err(violation("attach_response_first", format!("attach {id} answered {v}")));
                 }
             }
-            Kind::Invalid | Kind::Broker(_) | Kind::Pager(_) => {}
+            Kind::Path { list: Some(max) } if ok => {
+                // A page: within its bound, names in strictly rising byte
+                // order, and `next` the last of them when more follow.
+                let r = v.value();
+                let names: Vec<String> = r
+                    .pointer("/result/entries")
+                    .and_then(|e| e.as_array())
+                    .ok_or_else(|| violation("response_shape", format!("list without entries: {r}")))?
+                    .iter()
+                    .map(|e| e["name"].as_str().unwrap_or_default().to_owned())
+                    .collect();
+                let next = r.pointer("/result/next").and_then(|n| n.as_str());
+                let sorted = names.windows(2).all(|w| w[0] < w[1]);
+                let cursor_ok = next.is_none_or(|n| names.last().map(String::as_str) == Some(n));
+                if names.len() > max as usize
+                    || !sorted
+                    || !cursor_ok
+                    || names.iter().any(|n| n.contains('/'))
+                {
+                    return Err(violation("list_pages", format!("page bound {max}: {r}")));
+                }
+            }
+            Kind::Invalid | Kind::Broker(_) | Kind::Pager(_) | Kind::Path { .. } => {}
         }
         Ok(())
     }
