@@ -27,6 +27,7 @@ pub mod policy;
 pub mod resolve;
 pub mod sandbox;
 pub mod scope;
+pub mod scrub;
 pub mod time;
 pub mod toolexec;
 pub mod trace;

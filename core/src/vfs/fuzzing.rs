@@ -489,24 +489,30 @@ pub fn host_session(data: &[u8]) {
 const PURE_CALL: heapcount::Tag = heapcount::Tag::new(heapcount::MAX_TAGS - 1);
 /// Scrubbing holds at most this many times the text at once: its result,
 /// up to 2.5 times the text (a 4-byte secret becomes the 10-byte marker),
-/// in a buffer up to twice that as it doubles…
-pub const SCRUB_PEAK_PER_BYTE: u64 = 6;
-/// …plus this: the compiled secrets (at most four of 23 bytes here) and
-/// the regex's search cache.
+/// in a buffer up to twice that as it doubles, and the spans found…
+pub const SCRUB_PEAK_PER_BYTE: u64 = 8;
+/// …plus this: the compiled secrets (at most four of 23 bytes here, in
+/// each of their forms) and the decoding pass's ring.
 pub const SCRUB_PEAK_SLACK: u64 = 256 << 10;
 
 /// The `vfs_scrub` fuzz target's entry point (and its corpus replay): the
-/// scrubber against a plain reference, on secrets and content the input
-/// spells. The input: a count of secrets (1 to 4), each as a length byte
-/// (0 to 23, so some fall under [`MIN_SECRET_LEN`]) and its bytes; then
-/// the content, where `0xFF j` stands for secret `j`.
+/// scrubber against an oracle of its own (`scrub::oracle`), on secrets
+/// and content the input spells. The input: a count of secrets (1 to 4),
+/// each as a length byte (0 to 23, so some fall under
+/// [`MIN_SECRET_LEN`]) and its bytes; then the content, where `0xFF j`
+/// stands for secret `j` as it is and `0xFE j e p` for secret `j` in
+/// encoding `e` (percent, JSON escapes, hex, base64 at an alignment and
+/// with padding `p`, UTF-16: `scrub::oracle::ENCS`).
 ///
-/// Checked: the scrubber's output is the reference's (at each position
-/// the longest secret starting there is replaced, else the byte kept); no
-/// secret occurs in the output except overlapping a `[REDACTED]` it
-/// inserted; content without a secret comes back unchanged; and a string
-/// is scrubbed as its bytes are.
+/// Checked: the output is the content with spans replaced by
+/// `[REDACTED]`; no secret can be read in it, plain or in a literal form
+/// (hex, base64 cores, UTF-16), except overlapping a marker; no planted
+/// encoding survives whole; content without `%`, `\` or any literal form
+/// comes back unchanged; `finds` says whether anything was replaced; a
+/// string is scrubbed as its bytes are; memory stays within a multiple of
+/// the text.
 pub fn scrubber(data: &[u8]) {
+    use crate::scrub::oracle::{encode, survives, visible, ENCS};
     let mut it = data.iter().copied();
     let k = 1 + usize::from(it.next().unwrap_or(0) % 4);
     let mut secrets: Vec<Vec<u8>> = Vec::new();
@@ -516,12 +522,29 @@ pub fn scrubber(data: &[u8]) {
     }
     let rest: Vec<u8> = it.collect();
     let mut content = Vec::new();
+    let mut planted: Vec<Vec<u8>> = Vec::new();
     let mut at = 0;
     while at < rest.len() {
         match (rest[at], rest.get(at + 1)) {
             (0xFF, Some(&j)) => {
                 content.extend_from_slice(&secrets[usize::from(j) % k]);
                 at += 2;
+            }
+            (0xFE, Some(&j)) => {
+                let secret = &secrets[usize::from(j) % k];
+                let enc = ENCS[usize::from(rest.get(at + 2).copied().unwrap_or(0)) % ENCS.len()];
+                let pad = rest.get(at + 3).copied().unwrap_or(0);
+                // Text encodings need text; bytes that are not UTF-8 go in
+                // as they are.
+                let piece = match std::str::from_utf8(secret) {
+                    Ok(text) => encode(text, enc, pad),
+                    Err(_) => secret.clone(),
+                };
+                if secret.len() >= MIN_SECRET_LEN {
+                    planted.push(piece.clone());
+                }
+                content.extend_from_slice(&piece);
+                at += 4;
             }
             (b, _) => {
                 content.push(b);
@@ -532,31 +555,47 @@ pub fn scrubber(data: &[u8]) {
     let scrub = super::scrub::Scrubber::new(&secrets, MIN_SECRET_LEN);
     let live: Vec<&Vec<u8>> = secrets.iter().filter(|s| s.len() >= MIN_SECRET_LEN).collect();
     let marker = super::scrub::REDACTED.as_bytes();
+    let got = scrub.bytes(&content);
 
-    // The reference, recording where it put each marker.
-    let mut want = Vec::new();
-    let mut spans = Vec::new();
-    let mut i = 0;
-    while i < content.len() {
-        let longest = live.iter().filter(|s| content[i..].starts_with(s)).map(|s| s.len()).max();
-        match longest {
-            Some(n) => {
-                spans.push(want.len()..want.len() + marker.len());
-                want.extend_from_slice(marker);
-                i += n;
-            }
-            None => {
-                want.push(content[i]);
-                i += 1;
-            }
+    // The output is the content, some spans of it replaced by the marker:
+    // what lies between markers is the content's, in order.
+    let mut rebuilt_at = 0;
+    let (mut kept, mut from, mut i) = (Vec::new(), 0, 0);
+    while i + marker.len() <= got.len() {
+        if &got[i..i + marker.len()] == marker {
+            kept.push(&got[from..i]);
+            i += marker.len();
+            from = i;
+        } else {
+            i += 1;
         }
     }
-    let got = scrub.bytes(&content);
-    assert_eq!(&*got, &want[..], "secrets {secrets:?} in {content:?}");
+    kept.push(&got[from..]);
+    for piece in kept.iter().filter(|p| !p.is_empty()) {
+        let found = content[rebuilt_at..].windows(piece.len()).position(|w| w == *piece);
+        match found {
+            Some(i) => rebuilt_at += i + piece.len(),
+            None => panic!("output piece {piece:?} is not the content's, in order: {content:?} -> {got:?}"),
+        }
+    }
+    for s in &live {
+        if let Some(form) = visible(&got, s, marker) {
+            panic!("secret {s:?} survives ({form}) in {got:?}");
+        }
+    }
+    for p in &planted {
+        assert!(!survives(&got, p, false, marker), "planted {p:?} survives in {got:?}");
+    }
+    let replaced = !matches!(got, std::borrow::Cow::Borrowed(_));
+    assert_eq!(scrub.finds(&content), replaced, "finds disagrees with the scrub of {content:?}");
+    let literal = live.iter().any(|s| visible(&content, s, b"\0no-marker\0").is_some());
+    if !literal && !content.iter().any(|b| *b == b'%' || *b == b'\\') {
+        assert!(!replaced, "content without a secret changed: {content:?} -> {got:?}");
+    }
     // Scrubbing keeps nothing but its result, and needs at most a stated
     // multiple of the text plus the compiled secrets at once. Measured on
     // a second scrubber, once the first has set up whatever a thread keeps
-    // for good (the regex crate's per-thread state).
+    // for good.
     let (owned, cost) = heapcount::cost(PURE_CALL, || {
         super::scrub::Scrubber::new(&secrets, MIN_SECRET_LEN).bytes(&content).into_owned()
     });
@@ -574,22 +613,8 @@ pub fn scrubber(data: &[u8]) {
     }
     assert_eq!(owned, &*got);
     drop(owned);
-    for s in &live {
-        for (at, w) in got.windows(s.len()).enumerate() {
-            if w == s.as_slice() {
-                let inside = spans.iter().any(|r| at < r.end && r.start < at + s.len());
-                assert!(inside, "secret {s:?} survives at {at} of {got:?}");
-            }
-        }
-    }
-    if spans.is_empty() {
-        assert_eq!(&*got, &content[..], "content without a secret changed");
-        assert!(!scrub.finds(&content));
-    } else {
-        assert!(scrub.finds(&content));
-    }
     if let Ok(text) = std::str::from_utf8(&content) {
-        assert_eq!(scrub.string(text).as_bytes(), String::from_utf8_lossy(&want).as_bytes());
+        assert_eq!(scrub.string(text).as_bytes(), String::from_utf8_lossy(&got).as_bytes());
     }
 }
 

@@ -1,9 +1,12 @@
 //! Secret scrubbing (L429-431): every `--env-allow` value of
 //! [`super::MIN_SECRET_LEN`] bytes or more becomes `[REDACTED]` in
-//! anything handed to the tool. Raw bytes are scrubbed before they are
-//! base64-encoded, so an encoded secret never slips through.
+//! anything handed to the tool, in every form the core's scrubber finds
+//! ([`crate::scrub`]): as it is, percent-encoded, JSON-escaped, in hex, in
+//! base64 at each alignment, in UTF-16. Raw bytes are scrubbed before they
+//! are base64-encoded for the tool, so an encoded copy never slips
+//! through either.
 
-use regex::bytes::Regex;
+use crate::scrub::SecretSet;
 use serde_json::Value;
 use std::borrow::Cow;
 
@@ -11,9 +14,8 @@ pub const REDACTED: &str = "[REDACTED]";
 
 #[derive(Clone, Debug, Default)]
 pub struct Scrubber {
-    /// Longest secrets first: at a position where two match, the longer
-    /// one is replaced whole.
-    re: Option<Regex>,
+    set: SecretSet,
+    /// Longest first, each once.
     secrets: Vec<Vec<u8>>,
 }
 
@@ -27,18 +29,8 @@ impl Scrubber {
             secrets.into_iter().map(|s| s.as_ref().to_vec()).filter(|s| s.len() >= min_len).collect();
         secrets.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
         secrets.dedup();
-        if secrets.is_empty() {
-            return Scrubber::default();
-        }
-        let alternation: Vec<String> = secrets.iter().map(|s| escape_bytes(s)).collect();
-        // Secrets are literal bytes; the pattern is built from escapes only,
-        // so it always compiles unless it is absurdly large.
-        let re = regex::bytes::RegexBuilder::new(&alternation.join("|"))
-            .unicode(false)
-            .size_limit(64 << 20)
-            .build()
-            .ok();
-        Scrubber { re, secrets }
+        let set = SecretSet::new(&secrets);
+        Scrubber { set, secrets }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -49,27 +41,17 @@ impl Scrubber {
         &self.secrets
     }
 
+    /// `data` with every span holding a secret, in any form, replaced by
+    /// [`REDACTED`]; overlapping spans become one.
     pub fn bytes<'a>(&self, data: &'a [u8]) -> Cow<'a, [u8]> {
-        match &self.re {
-            Some(re) => re.replace_all(data, REDACTED.as_bytes()),
-            None if self.secrets.is_empty() => Cow::Borrowed(data),
-            // A pattern too large to compile: redact by plain search.
-            None => {
-                let mut out = data.to_vec();
-                for s in &self.secrets {
-                    out = replace_plain(&out, s);
-                }
-                Cow::Owned(out)
-            }
-        }
+        self.set.replace(data, REDACTED.as_bytes())
     }
 
     pub fn string(&self, s: &str) -> String {
         match self.bytes(s.as_bytes()) {
             Cow::Borrowed(_) => s.to_owned(),
-            // Replacing whole UTF-8 sequences with ASCII keeps UTF-8 valid
-            // only if a secret never starts or ends inside a character;
-            // lossy conversion covers secrets that do.
+            // A span may start or end inside a character (a secret's
+            // UTF-16 form, say); lossy conversion keeps the text UTF-8.
             Cow::Owned(b) => String::from_utf8_lossy(&b).into_owned(),
         }
     }
@@ -97,29 +79,10 @@ impl Scrubber {
         }
     }
 
-    /// Whether `data` holds a secret (for checkers).
+    /// Whether `data` holds a secret, in any form the scrubber finds.
     pub fn finds(&self, data: &[u8]) -> bool {
-        self.secrets.iter().any(|s| data.windows(s.len()).any(|w| w == s.as_slice()))
+        self.set.reveals(data)
     }
-}
-
-fn escape_bytes(s: &[u8]) -> String {
-    s.iter().map(|b| format!("\\x{b:02x}")).collect()
-}
-
-fn replace_plain(data: &[u8], s: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(data.len());
-    let mut i = 0;
-    while i < data.len() {
-        if data[i..].starts_with(s) {
-            out.extend_from_slice(REDACTED.as_bytes());
-            i += s.len();
-        } else {
-            out.push(data[i]);
-            i += 1;
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -149,13 +112,11 @@ mod tests {
     }
 
     #[test]
-    fn the_plain_fallback_replaces_every_occurrence_and_keeps_the_rest() {
-        assert_eq!(replace_plain(b"axxbxxx", b"xx"), b"a[REDACTED]b[REDACTED]x");
-        assert_eq!(replace_plain(b"", b"xx"), b"");
-        assert_eq!(replace_plain(b"x", b"xx"), b"x");
-        let plain = Scrubber { re: None, secrets: vec![b"secret-1".to_vec(), b"pw12".to_vec()] };
-        assert_eq!(&*plain.bytes(b"[secret-1 pw12]"), b"[[REDACTED] [REDACTED]]");
-        assert_eq!(plain.string("é secret-1"), "é [REDACTED]");
+    fn overlapping_copies_are_one_span_and_none_borrows() {
+        let s = Scrubber::new(["xxxx", "pw12"], 4);
+        assert_eq!(&*s.bytes(b"axxxxxxb pw12"), b"a[REDACTED]b [REDACTED]");
+        assert_eq!(s.string("é pw12"), "é [REDACTED]");
+        assert_eq!(s.string("é 70773132"), "é [REDACTED]");
         let none = Scrubber::default();
         assert!(matches!(none.bytes(b"pw12"), Cow::Borrowed(b"pw12")));
     }
@@ -177,10 +138,7 @@ mod tests {
                     None => content.push_str(filler),
                 }
             }
-            // The plain search a pattern too large to compile falls back
-            // to keeps the same promise.
-            let plain = Scrubber { re: None, secrets: s.secrets().to_vec() };
-            for s in [&s, &plain] {
+            {
                 let out = s.bytes(content.as_bytes());
                 // `[REDACTED]` shares no byte with the alphabet: nothing can
                 // survive, not even across a replacement.

@@ -18,8 +18,10 @@
 //!   checker's own rules), what the backend did changed nothing outside
 //!   `out/`, no denied file's content reaches the tool, HTTP and processes
 //!   only as allowed;
-//! - `secret`: the `--env-allow` value never reaches the tool, in plain
-//!   text or inside base64;
+//! - `secret`: the `--env-allow` value never reaches the tool (invariant
+//!   14), in plain text or inside base64, in none of its derived forms
+//!   (percent, JSON escapes, hex, base64 at each alignment, UTF-16: the
+//!   project's files hold every one, made by the scrubber's oracle);
 //! - `reaped`: once the host closed the tool's stdin, the tool is dead
 //!   within the cancel and kill graces;
 //! - `liveness`: an effect is answered or given up within `--op-timeout`; a
@@ -45,6 +47,7 @@ use airlock_core::codec::jsonrpc::{self, Incoming};
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::heapcount::{self as heapcount, Tag};
 use airlock_core::resolve::{Entry, Namespace, Refusal};
+use airlock_core::scrub::oracle::{encode, survives, visible, Enc, ENCS};
 use airlock_core::time::Instant;
 use airlock_core::trace::vfs::Header as VfsHeader;
 use airlock_core::vfs::files::Node;
@@ -108,8 +111,22 @@ fn policy_config() -> PolicyConfig {
 fn project() -> MemFiles {
     let mut f = MemFiles::new();
     f.put("src/main.rs", MemNode::File(b"fn main() {}\n// TODO\n".to_vec()));
-    f.put("src/lib.rs", MemNode::File(format!("const T: &str = \"{SECRET}\";\nfn f() {{}}\n").into_bytes()));
-    f.put("src/blob.bin", MemNode::File([&[0u8, 0xfe, 0xff][..], SECRET.as_bytes()].concat()));
+    let mut lib = format!("const T: &str = \"{SECRET}\";\nfn f() {{}}\n").into_bytes();
+    let mut blob = [&[0u8, 0xfe, 0xff][..], SECRET.as_bytes()].concat();
+    // The secret in each derived form (invariant 14): text forms in the
+    // source, every form among the bytes of the binary.
+    for (i, enc) in ENCS.iter().enumerate() {
+        let form = encode(SECRET, *enc, i as u8);
+        if !matches!(enc, Enc::Utf16Le | Enc::Utf16Be) {
+            lib.extend_from_slice(format!("// {enc:?}: ").as_bytes());
+            lib.extend_from_slice(&form);
+            lib.push(b'\n');
+        }
+        blob.extend_from_slice(&form);
+        blob.push(0);
+    }
+    f.put("src/lib.rs", MemNode::File(lib));
+    f.put("src/blob.bin", MemNode::File(blob));
     f.put(".env", MemNode::File(format!("{MARKER} .env\n").into_bytes()));
     f.put("src/.env.prod", MemNode::File(format!("{MARKER} .env.prod\n").into_bytes()));
     f.put("id.key", MemNode::File(format!("{MARKER} key\n").into_bytes()));
@@ -1244,19 +1261,32 @@ impl ToolWorld {
     }
 }
 
+/// Whether `text` shows the secret in any form: plain, hex, base64, UTF-16
+/// (the oracle's literal forms), or one of the encodings planted whole.
+fn secret_in(text: &[u8]) -> Option<String> {
+    let mark = airlock_core::vfs::scrub::REDACTED.as_bytes();
+    if let Some(form) = visible(text, SECRET.as_bytes(), mark) {
+        return Some(form);
+    }
+    ENCS.iter().enumerate().find_map(|(i, enc)| {
+        let form = encode(SECRET, *enc, i as u8);
+        survives(text, &form, false, mark).then(|| format!("{enc:?}"))
+    })
+}
+
 fn check_clean(v: &Value) -> Check {
     match v {
         Value::String(s) => {
-            if s.contains(SECRET) {
-                return Err(violation("secret", format!("the secret reached the tool: {s}")));
+            if let Some(form) = secret_in(s.as_bytes()) {
+                return Err(violation("secret", format!("the secret reached the tool ({form}): {s}")));
             }
             if s.contains(MARKER) {
                 return Err(violation("policy", format!("a denied file's content reached the tool: {s}")));
             }
             if let Ok(raw) = STANDARD.decode(s) {
                 let text = String::from_utf8_lossy(&raw);
-                if text.contains(SECRET) {
-                    return Err(violation("secret", format!("the secret reached the tool in base64: {s}")));
+                if let Some(form) = secret_in(&raw) {
+                    return Err(violation("secret", format!("the secret reached the tool in base64 ({form}): {s}")));
                 }
                 if text.contains(MARKER) {
                     return Err(violation(

@@ -1,0 +1,172 @@
+//! Finding secrets in text a child could see, in every derived form: the
+//! one engine behind the VFS tool host's `--env-allow` scrubbing
+//! (`vfs::scrub`) and the broker's API-key redaction (`broker::secret`).
+//!
+//! A secret is found
+//!
+//! - as it is, in UTF-16 (either byte order), in hex (either case), and in
+//!   base64 (standard or URL-safe, at each of its three alignments inside
+//!   a longer encoded text): literal forms ([`forms`]), searched at once
+//!   with one Aho-Corasick automaton per case rule;
+//! - percent-encoded (either case) or JSON-escaped after any run of
+//!   backslashes, in whole or in part, nested: the text is read as decoded
+//!   [`units`] and the secret matched on the decoded bytes, with a span
+//!   back in the text. This pass runs only on text holding `%` or `\`.
+//!
+//! Both passes are linear in the text; memory is the automata (a few times
+//! the secrets' total length, built once) plus the spans found. Spans are
+//! merged and replaced whole by the caller's marker.
+
+pub mod forms;
+/// Independent encoders and a naive search (tests, fuzzing, the simulator).
+#[cfg(any(test, feature = "oracle"))]
+pub mod oracle;
+pub mod units;
+
+use aho_corasick::automaton::Automaton;
+use aho_corasick::{AhoCorasick, AhoCorasickKind, Anchored, MatchKind};
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// The secrets one scrubber looks for, compiled.
+#[derive(Clone, Debug, Default)]
+pub struct SecretSet {
+    /// The literal forms matched byte for byte.
+    exact: Option<AhoCorasick>,
+    /// Hex forms, matched in either ASCII case.
+    any_case: Option<AhoCorasick>,
+    /// The secrets themselves, matched on decoded units.
+    decoded: Option<aho_corasick::nfa::contiguous::NFA>,
+    /// Longest secret, in bytes.
+    max_len: usize,
+}
+
+fn automaton(patterns: &[Vec<u8>], any_case: bool) -> Option<AhoCorasick> {
+    if patterns.is_empty() {
+        return None;
+    }
+    // The contiguous NFA: its memory is a small multiple of the patterns'
+    // (a DFA's can be hundreds of times), and its search is linear.
+    AhoCorasick::builder()
+        .kind(Some(AhoCorasickKind::ContiguousNFA))
+        .match_kind(MatchKind::Standard)
+        .ascii_case_insensitive(any_case)
+        .build(patterns)
+        .ok()
+}
+
+impl SecretSet {
+    /// Look for each of `secrets` (empty ones are ignored).
+    pub fn new<I, S>(secrets: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<[u8]>,
+    {
+        let mut plain: Vec<Vec<u8>> =
+            secrets.into_iter().map(|s| s.as_ref().to_vec()).filter(|s| !s.is_empty()).collect();
+        plain.sort();
+        plain.dedup();
+        if plain.is_empty() {
+            return SecretSet::default();
+        }
+        let (mut exact, mut any_case) = (Vec::new(), Vec::new());
+        for s in &plain {
+            let f = forms::forms(s);
+            exact.push(s.clone()); let _ = f.exact;
+            let _ = f.any_case;
+        }
+        exact.sort();
+        exact.dedup();
+        any_case.sort();
+        any_case.dedup();
+        let decoded = aho_corasick::nfa::contiguous::NFA::builder().match_kind(MatchKind::Standard).build(&plain).ok();
+        SecretSet {
+            exact: automaton(&exact, false),
+            any_case: automaton(&any_case, true),
+            decoded,
+            max_len: plain.iter().map(Vec::len).max().unwrap_or(0),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.max_len == 0
+    }
+
+    /// Every span of `data` holding a secret in any form, sorted, merged
+    /// where they overlap.
+    pub fn spans(&self, data: &[u8]) -> Vec<Range<usize>> {
+        let mut spans = Vec::new();
+        if self.is_empty() {
+            return spans;
+        }
+        for ac in [&self.exact, &self.any_case].into_iter().flatten() {
+            spans.extend(ac.find_overlapping_iter(data).map(|m| m.range()));
+        }
+        if let Some(nfa) = self.decoded.as_ref().filter(|_| false) {
+            self.decoded_spans(nfa, data, &mut spans);
+        }
+        merge(spans)
+    }
+
+    fn decoded_spans(&self, nfa: &aho_corasick::nfa::contiguous::NFA, data: &[u8], out: &mut Vec<Range<usize>>) {
+        let Ok(mut sid) = nfa.start_state(Anchored::No) else { return };
+        units::spans(
+            data,
+            self.max_len,
+            |b, lens| {
+                sid = nfa.next_state(Anchored::No, sid, b);
+                if nfa.is_match(sid) {
+                    for i in 0..nfa.match_len(sid) {
+                        lens.push(nfa.pattern_len(nfa.match_pattern(sid, i)));
+                    }
+                }
+            },
+            out,
+        );
+    }
+
+    /// Whether `data` holds a secret in any form.
+    pub fn reveals(&self, data: &[u8]) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        if [&self.exact, &self.any_case].into_iter().flatten().any(|ac| ac.is_match(data)) {
+            return true;
+        }
+        units::has_escapes(data) && !self.spans(data).is_empty()
+    }
+
+    /// `data` with every span holding a secret replaced by `marker`.
+    pub fn replace<'a>(&self, data: &'a [u8], marker: &[u8]) -> Cow<'a, [u8]> {
+        let spans = self.spans(data);
+        if spans.is_empty() {
+            return Cow::Borrowed(data);
+        }
+        let mut out = Vec::with_capacity(data.len());
+        let mut at = 0;
+        for r in spans {
+            out.extend_from_slice(&data[at..r.start]);
+            out.extend_from_slice(marker);
+            at = r.end;
+        }
+        out.extend_from_slice(&data[at..]);
+        Cow::Owned(out)
+    }
+}
+
+/// Sorted and merged: spans that overlap become one (copies side by side
+/// stay two).
+fn merge(mut spans: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    spans.sort_by_key(|r| (r.start, r.end));
+    let mut merged: Vec<Range<usize>> = Vec::with_capacity(spans.len());
+    for r in spans {
+        match merged.last_mut() {
+            Some(last) if r.start < last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests;
