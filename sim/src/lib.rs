@@ -74,6 +74,11 @@ pub enum Scenario {
     /// rebinding to private addresses on a later lookup, slow and abandoned
     /// tunnels) against a simulated internet (`world/egress.rs`).
     Egress,
+    /// One mount of the served filesystem and a hostile kernel client:
+    /// lookups, opens, renames over open files, unlinks of open files,
+    /// forgets out of order, symlinks swapped inside the root
+    /// (`world/fuse.rs`).
+    Fuse,
 }
 
 impl Scenario {
@@ -87,6 +92,7 @@ impl Scenario {
         Scenario::Tool,
         Scenario::Toolexec,
         Scenario::Egress,
+        Scenario::Fuse,
     ];
 }
 
@@ -101,6 +107,7 @@ impl fmt::Display for Scenario {
             Scenario::Tool => "tool",
             Scenario::Toolexec => "toolexec",
             Scenario::Egress => "egress",
+            Scenario::Fuse => "fuse",
         })
     }
 }
@@ -118,8 +125,9 @@ impl FromStr for Scenario {
             "tool" => Ok(Scenario::Tool),
             "toolexec" => Ok(Scenario::Toolexec),
             "egress" => Ok(Scenario::Egress),
+            "fuse" => Ok(Scenario::Fuse),
             other => Err(format!(
-                "unknown scenario {other:?} (want default, nested, broker, adversary, pager, tool, toolexec or egress)"
+                "unknown scenario {other:?} (want default, nested, broker, adversary, pager, tool, toolexec, egress or fuse)"
             )),
         }
     }

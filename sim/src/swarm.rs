@@ -395,8 +395,8 @@ impl Swarm {
                 }
             }
         }
-        // Tool worlds: the attacker swaps the project's links.
-        if scenario == Scenario::Tool {
+        // Tool and fuse worlds: the attacker swaps the project's links.
+        if scenario == Scenario::Tool || scenario == Scenario::Fuse {
             let rates = FaultKind::SymlinkSwap.rates();
             swarm.faults.insert(FaultKind::SymlinkSwap, rates[rng.gen_range(0..rates.len())]);
         }

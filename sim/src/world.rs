@@ -15,6 +15,7 @@ pub(crate) mod egress;
 mod files;
 mod floods;
 mod frames;
+mod fuse;
 mod heap;
 mod held;
 mod issue;
@@ -136,6 +137,9 @@ pub(crate) fn run(
         // Its planted bugs are the egress machine's own (see
         // `crate::run_egress_with_bug`).
         return egress::run(seed, swarm, None, record);
+    }
+    if scenario == Scenario::Fuse {
+        return fuse::run(seed, swarm, bug, record);
     }
     World::new(seed, scenario, swarm, bug, record).run()
 }

@@ -233,7 +233,13 @@ impl FsProxy {
             }
         };
         let unique = req.header.unique;
-        if m.pending >= self.config.fuse.max_pending && !req.op.unanswered() {
+        // A release is never refused: the kernel forgets the file whatever
+        // the answer, so a refused one would leave its host file open.
+        let releases = matches!(
+            req.op,
+            Op::Release { .. } | Op::Releasedir { .. } | Op::Destroy | Op::Flush { .. } | Op::Fsync { .. }
+        );
+        if m.pending >= self.config.fuse.max_pending && !req.op.unanswered() && !releases {
             // The shell reads no more than this; one that did anyway is
             // refused rather than held.
             self.stats.bounds_refused += 1;
@@ -371,6 +377,10 @@ impl FsProxy {
                 let path = self.fuse_open_path(client, handle);
                 let _ = self.table.remove(client, handle);
                 self.stats.handles_closed += 1;
+                if self.config.planted_bug == Some(super::PlantedBug::FuseReleaseKeepsFile) {
+                    self.fuse_reply(client, unique, Reply::Empty);
+                    return Ok(());
+                }
                 self.fuse_audit(AuditRecord {
                     is_virtual: false,
                     rule: None,
@@ -601,7 +611,16 @@ impl FsProxy {
             }
             return self.fuse_reply(client, unique, Reply::Empty);
         }
+        // A create that fails after its open leaves a handle the kernel
+        // never learns of: closed here, or it would be held for good.
+        let created = match &step {
+            Step::Created { handle, .. } => Some(*handle),
+            _ => None,
+        };
         if let Err(e) = self.fuse_step(client, unique, step, result) {
+            if let Some(handle) = created {
+                self.fuse_drop(client, handle);
+            }
             self.fuse_reply(client, unique, Reply::Error(e));
         }
     }
@@ -840,6 +859,17 @@ impl FsProxy {
             _ => return Err(errno::EIO),
         }
         Ok(())
+    }
+
+    /// Close `handle`, which the kernel never got.
+    fn fuse_drop(&mut self, client: ClientId, handle: Handle) {
+        if let Some(m) = self.fuse.get_mut(&client) {
+            m.opened.remove(&handle);
+        }
+        if let Ok(Slot { target: Target::Host(file), .. }) = self.table.remove(client, handle) {
+            self.stats.handles_closed += 1;
+            self.effect(Pending { client, req: None, waiting: Waiting::Cleanup }, Effect::Close { file });
+        }
     }
 
     /// The mount ended (`DESTROY`, or its device closed): nothing more is

@@ -227,6 +227,9 @@ pub enum PlantedBug {
     /// VFS host: the result of an effect that timed out or was cancelled
     /// is still answered (a second response for its id).
     ToolAnswersLateResult,
+    /// Served filesystem: a released file's handle leaves the table, but
+    /// its host file is never closed.
+    FuseReleaseKeepsFile,
     /// VFS host: file decisions on the path as written only; the resolved
     /// path is never checked.
     ToolLexicalOnly,

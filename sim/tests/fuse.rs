@@ -1,0 +1,57 @@
+//! The `fuse` scenario: the served filesystem under a hostile kernel
+//! client holds every invariant across ordinary seeds, and a bug planted
+//! in it (a released file left open on the host) is found, shrunk, and
+//! written as a trace that replays.
+//!
+//! `AIRLOCK_KEEP_PLANTED_TRACES=1` copies the trace into `traces/planted/`,
+//! where `tests/traces.rs` replays it and checks its world still fails.
+
+// The heap is counted, so the bounded-memory checker runs as in the
+// other worlds.
+#[global_allocator]
+static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
+    airlock_core::heapcount::Counting(std::alloc::System);
+
+use airlock_core::fsproxy::PlantedBug;
+use airlock_core::trace::replay;
+use airlock_sim::{run_many, run_seed_with_bug, Scenario, SimOptions};
+use std::path::Path;
+
+fn opts(seeds: std::ops::Range<u64>, trace_dir: Option<std::path::PathBuf>) -> SimOptions {
+    SimOptions { seeds, steps: None, clients: None, scenario: Scenario::Fuse, jobs: 2, trace_dir }
+}
+
+#[test]
+fn every_seed_holds_every_invariant() {
+    let summary = run_many(&opts(0..60, None), |_| {});
+    let failed: Vec<String> = summary.failed.iter().map(|r| r.swarm_description()).collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    assert!(summary.steps > 10_000, "the worlds did little: {} steps", summary.steps);
+}
+
+#[test]
+fn a_released_file_left_open_is_found_and_shrunk() {
+    let bug = PlantedBug::FuseReleaseKeepsFile;
+    let dir = std::env::temp_dir().join(format!("airlock-fuse-planted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = opts(0..1, Some(dir.clone()));
+    let res = (0..100)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 100 fuse seeds"));
+    let failure = res.failure.clone().unwrap();
+    assert_eq!(failure.invariant, "open_released", "{}", res.swarm_description());
+    let shrunk = res.shrunk.clone().unwrap();
+    assert!(shrunk.ops_per_client < res.swarm.ops_per_client, "not shrunk: {}", res.swarm_description());
+    let path = res.trace.clone().expect("a failing seed writes its trace");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let report = replay(text.as_bytes()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(report.header.config.planted_bug, Some(bug));
+    assert_eq!(report.header.meta.as_ref().unwrap()["failure"]["invariant"], "open_released");
+    if std::env::var_os("AIRLOCK_KEEP_PLANTED_TRACES").is_some() {
+        let keep = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/planted/FuseReleaseKeepsFile-fuse.jsonl");
+        std::fs::write(&keep, &text).unwrap();
+    }
+    eprintln!("{bug:?}: seed {} shrunk to {}, {} trace lines", res.seed, shrunk.describe(), text.lines().count());
+    let _ = std::fs::remove_dir_all(&dir);
+}
