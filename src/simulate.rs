@@ -39,8 +39,11 @@ pub struct SimArgs {
     /// through the broker with a simulated provider), `adversary`
     /// (symlinks swapped inside the roots, nested levels with wider,
     /// narrower and empty policies), `pager` (the fd pager at the top of a
-    /// nested tree), `tool` (a VFS tool host against a hostile tool) or
-    /// `toolexec` (a ToolExec server against hostile clients and tools).
+    /// nested tree), `tool` (a VFS tool host against a hostile tool),
+    /// `toolexec` (a ToolExec server against hostile clients and tools),
+    /// `egress` (the egress proxies against hostile clients and a
+    /// simulated internet) or `fuse` (one served filesystem's mount against
+    /// a hostile kernel client).
     /// Every scenario's `--record` trace replays with `airlock replay`.
     #[arg(long, value_name = "NAME", default_value = "default")]
     pub scenario: Scenario,
@@ -50,7 +53,7 @@ pub struct SimArgs {
     /// Clients per world (default: the seed's choice, 2 to 5 in `default`;
     /// the intermediate's clients when nested). Every other knob of the
     /// seed is kept, so this measures how a world's cost grows with its
-    /// clients. Not used by `tool` and `toolexec`.
+    /// clients. Not used by `tool`, `toolexec`, `egress` and `fuse`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=airlock_sim::MAX_CLIENTS as i64))]
     pub clients: Option<u16>,
     /// Where failing seeds' traces go.

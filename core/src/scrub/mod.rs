@@ -72,8 +72,8 @@ impl SecretSet {
         let (mut exact, mut any_case) = (Vec::new(), Vec::new());
         for s in &plain {
             let f = forms::forms(s);
-            exact.push(s.clone()); let _ = f.exact;
-            let _ = f.any_case;
+            exact.extend(f.exact);
+            any_case.extend(f.any_case);
         }
         exact.sort();
         exact.dedup();
@@ -102,7 +102,7 @@ impl SecretSet {
         for ac in [&self.exact, &self.any_case].into_iter().flatten() {
             spans.extend(ac.find_overlapping_iter(data).map(|m| m.range()));
         }
-        if let Some(nfa) = self.decoded.as_ref().filter(|_| false) {
+        if let Some(nfa) = &self.decoded {
             self.decoded_spans(nfa, data, &mut spans);
         }
         merge(spans)
