@@ -104,7 +104,7 @@ impl SandboxArgs {
             return Err(NotServed::NoMountNamespace);
         }
         let roots: Vec<(Root, bool)> = policy.roots().iter().map(|r| (r.clone(), r.path.is_dir())).collect();
-        let mounts = sandbox::fuse::mounts(&roots, &confinement.view);
+        let mounts = sandbox::fuse::mounts(&roots, &confinement.view, &confinement.ruleset.direct_read);
         if mounts.is_empty() {
             return Err(NotServed::Failed("no directory root can be mounted at its path".into()));
         }

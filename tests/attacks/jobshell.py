@@ -15,7 +15,12 @@ if pid == 0:
     os.tcsetpgrp(0, os.getpid())
     signal.signal(signal.SIGTTOU, signal.SIG_DFL)
     os.execvp(sys.argv[1], sys.argv[1:])
-os.setpgid(pid, pid)
+# Both sides set the group, as shells do: whichever runs first wins, and
+# the parent's call fails with EACCES once the child has exec'd.
+try:
+    os.setpgid(pid, pid)
+except PermissionError:
+    pass
 os.tcsetpgrp(0, pid)
 while True:
     _, st = os.waitpid(pid, os.WUNTRACED)

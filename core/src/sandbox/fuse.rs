@@ -48,12 +48,20 @@ pub struct FusePlan {
 }
 
 /// The roots to mount: `roots` with, for each, whether it is a directory
-/// on the host (the shell looks), for a child seeing `view`.
-pub fn mounts(roots: &[(Root, bool)], view: &View) -> Vec<FuseMount> {
+/// on the host (the shell looks), for a child seeing `view`. `direct`:
+/// files inside a root granted for direct reads (a program's script named
+/// on its command line); the root's mount serves them as well, and should
+/// the mount fail their binds below it still do.
+pub fn mounts(roots: &[(Root, bool)], view: &View, direct: &[PathBuf]) -> Vec<FuseMount> {
     // Paths the view places: a mount above one would hide it. The
     // working directory's placeholder is no such path (the root serves it).
-    let placed: Vec<&Path> =
-        view.mounts.iter().filter(|m| !matches!(m, Mount::Dir { .. })).map(Mount::path).collect();
+    let placed: Vec<&Path> = view
+        .mounts
+        .iter()
+        .filter(|m| !matches!(m, Mount::Dir { .. }))
+        .map(Mount::path)
+        .filter(|p| !direct.iter().any(|d| d == p))
+        .collect();
     let mut dirs: Vec<(usize, &Root)> =
         roots.iter().enumerate().filter(|(_, (_, is_dir))| *is_dir).map(|(i, (r, _))| (i, r)).collect();
     // Shallowest first, so an outer root is chosen before one inside it.
@@ -187,12 +195,23 @@ mod tests {
             (root("/", false), true),
             (root("/usr/share/doc", false), true),
         ];
-        let m = mounts(&roots, &view);
+        let m = mounts(&roots, &view, &[]);
         let paths: Vec<&Path> = m.iter().map(|m| m.path.as_path()).collect();
         assert_eq!(paths, [Path::new("/tmp/scratch"), Path::new("/work/proj"), Path::new("/usr/share/doc")]);
         let g = grants(&roots.iter().map(|(r, _)| r.clone()).collect::<Vec<_>>(), &m);
         assert!(g.contains(&root("/work/proj/sub", false)));
         assert!(!g.iter().any(|r| r.path == Path::new("/work/notes.txt")));
+    }
+
+    #[test]
+    fn a_direct_read_inside_a_root_does_not_keep_it_from_being_mounted() {
+        let mut inputs = ViewInputs::new("/work/proj".into());
+        inputs.read_only.push("/work/proj/agent.py".into());
+        let view = view(&inputs);
+        let roots = [(root("/work/proj", true), true)];
+        assert!(mounts(&roots, &view, &[]).is_empty(), "a bind the mount would hide");
+        let m = mounts(&roots, &view, &["/work/proj/agent.py".into()]);
+        assert_eq!(m.iter().map(|m| m.path.as_path()).collect::<Vec<_>>(), [Path::new("/work/proj")]);
     }
 
     #[test]
