@@ -42,7 +42,19 @@ fn a_released_file_left_open_is_found_and_shrunk() {
     let failure = res.failure.clone().unwrap();
     assert_eq!(failure.invariant, "open_released", "{}", res.swarm_description());
     let shrunk = res.shrunk.clone().unwrap();
-    assert!(shrunk.ops_per_client < res.swarm.ops_per_client, "not shrunk: {}", res.swarm_description());
+    // Smaller in every knob, and strictly in one: fewer clients, steps
+    // or faults (the failing step comes early, so operations may stay).
+    assert!(
+        shrunk.clients <= res.swarm.clients
+            && shrunk.ops_per_client <= res.swarm.ops_per_client
+            && shrunk.faults.len() <= res.swarm.faults.len()
+            && (shrunk.clients < res.swarm.clients
+                || shrunk.ops_per_client < res.swarm.ops_per_client
+                || shrunk.faults.len() < res.swarm.faults.len()
+                || shrunk.max_steps < res.swarm.max_steps),
+        "not shrunk: {}",
+        res.swarm_description()
+    );
     let path = res.trace.clone().expect("a failing seed writes its trace");
     let text = std::fs::read_to_string(&path).unwrap();
     let report = replay(text.as_bytes()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
