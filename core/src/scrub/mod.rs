@@ -99,10 +99,16 @@ impl SecretSet {
         if self.is_empty() {
             return spans;
         }
-        for ac in [&self.exact, &self.any_case].into_iter().flatten() {
+        // Counted first, then kept: a vector that doubles as it fills
+        // would hold up to three times the spans while it grows.
+        let automata = || [&self.exact, &self.any_case].into_iter().flatten();
+        spans.reserve_exact(automata().map(|ac| ac.find_overlapping_iter(data).count()).sum());
+        for ac in automata() {
             spans.extend(ac.find_overlapping_iter(data).map(|m| m.range()));
         }
-        if let Some(nfa) = &self.decoded {
+        // Only escapes decode to something else: without them the
+        // literal pass has found every span already.
+        if let Some(nfa) = self.decoded.as_ref().filter(|_| units::has_escapes(data)) {
             self.decoded_spans(nfa, data, &mut spans);
         }
         merge(spans)
@@ -142,7 +148,10 @@ impl SecretSet {
         if spans.is_empty() {
             return Cow::Borrowed(data);
         }
-        let mut out = Vec::with_capacity(data.len());
+        // Sized exactly: a buffer that doubles as it fills would hold up
+        // to twice the result at its peak.
+        let removed: usize = spans.iter().map(|r| r.len()).sum();
+        let mut out = Vec::with_capacity(data.len() - removed + spans.len() * marker.len());
         let mut at = 0;
         for r in spans {
             out.extend_from_slice(&data[at..r.start]);
@@ -155,17 +164,23 @@ impl SecretSet {
 }
 
 /// Sorted and merged: spans that overlap become one (copies side by side
-/// stay two).
+/// stay two). In place, with an unstable sort: nothing is allocated
+/// beside the spans themselves.
 fn merge(mut spans: Vec<Range<usize>>) -> Vec<Range<usize>> {
-    spans.sort_by_key(|r| (r.start, r.end));
-    let mut merged: Vec<Range<usize>> = Vec::with_capacity(spans.len());
-    for r in spans {
-        match merged.last_mut() {
-            Some(last) if r.start < last.end => last.end = last.end.max(r.end),
-            _ => merged.push(r),
+    spans.sort_unstable_by_key(|r| (r.start, r.end));
+    let mut kept = 0;
+    for i in 0..spans.len() {
+        let r = spans[i].clone();
+        if kept > 0 && r.start < spans[kept - 1].end {
+            let last = &mut spans[kept - 1];
+            last.end = last.end.max(r.end);
+        } else {
+            spans[kept] = r;
+            kept += 1;
         }
     }
-    merged
+    spans.truncate(kept);
+    spans
 }
 
 #[cfg(test)]
