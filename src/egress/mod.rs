@@ -173,6 +173,35 @@ pub fn trace_path(record: &Path) -> PathBuf {
     record.with_file_name(format!("{stem}.egress.{ext}"))
 }
 
+/// What airlock says on stderr at the end of a session whose proxies hit
+/// a limit: the child was told (a 429, a SOCKS refusal, a cut tunnel),
+/// and whoever runs airlock must be too, with a report or without.
+pub fn limit_messages(config: &Config, stats: &core::Stats) -> Vec<String> {
+    let refused_at = |flag: &str| {
+        let key = core::Rule::Limit { flag: flag.into() }.to_string();
+        stats.by_rule.get(&key).copied().unwrap_or(0)
+    };
+    let mut out = Vec::new();
+    let n = refused_at("--max-connections");
+    if n > 0 {
+        out.push(format!(
+            "airlock: the session reached --max-connections {}: {n} proxy connection(s) past it were refused",
+            config.max_connections
+        ));
+    }
+    // A tunnel the budget cut is counted as allowed, not refused: the
+    // bytes moved say it was reached.
+    let n = refused_at("--max-egress-bytes");
+    if n > 0 || stats.bytes_up.saturating_add(stats.bytes_down) >= config.max_bytes {
+        out.push(format!(
+            "airlock: the session reached --max-egress-bytes {}: {n} proxy connection(s) refused, and \
+             any tunnel still open was cut",
+            config.max_bytes
+        ));
+    }
+    out
+}
+
 /// The report's egress section.
 #[derive(Debug, serde::Serialize)]
 pub struct EgressReport {
