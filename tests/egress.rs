@@ -228,7 +228,7 @@ fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// 1. An allowed name reaches the server through the HTTP proxy (curl
+/// An allowed name reaches the server through the HTTP proxy (curl
 /// reads `http_proxy`); a name alone that resolves to loopback reaches
 /// nothing until the address is allowed too.
 #[test]
@@ -281,7 +281,7 @@ fn curl_reaches_an_allowed_name_and_loopback_only_when_the_address_is_allowed() 
     }
 }
 
-/// 2. Another port of the allowed name and another name on the allowed
+/// Another port of the allowed name and another name on the allowed
 /// port: a 403 whose header names the host and the rule and whose body
 /// says what would allow it; through SOCKS5 (`--socks5-hostname`, the
 /// name resolved by the proxy) the reply code 2, "not allowed by the
@@ -339,7 +339,7 @@ fn another_port_and_another_name_are_refused_by_rule_and_host() {
     assert!(other.hits().is_empty(), "{:?}", other.hits());
 }
 
-/// 3. Python's `urllib.request` reads the proxy variables airlock sets
+/// Python's `urllib.request` reads the proxy variables airlock sets
 /// and reaches the allowed server, plain and through the SOCKS5 proxy's
 /// allowed path too (`curl --socks5-hostname`).
 #[test]
@@ -368,7 +368,7 @@ fn python_urllib_and_socks_reach_the_allowed_server() {
     }
 }
 
-/// 4. Sockets that ignore the proxy variables reach nothing. `connect`
+/// Sockets that ignore the proxy variables reach nothing. `connect`
 /// and `sendto` with MSG_FASTOPEN (which connects without `connect`,
 /// issue 39) are refused by Landlock (the proxies' ports alone are let
 /// through); UDP meets the child's own network namespace: 127.0.0.1
@@ -447,7 +447,7 @@ for try_, addr in ((connect, ("127.0.0.1", {port})), (connect, ("1.1.1.1", 80)),
     assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
 }
 
-/// 5. The audit has a line per proxy connection naming the host, the
+/// The audit has a line per proxy connection naming the host, the
 /// port, the rule, the answer and the bytes each way, which are the
 /// bytes the server counted; the report's egress section has the
 /// patterns and the counts.
@@ -503,7 +503,7 @@ fn audit_and_report_count_every_connection_and_byte() {
     }
 }
 
-/// 6. `--max-connections 1`: while one proxy connection is open, the
+/// `--max-connections 1`: while one proxy connection is open, the
 /// next is refused with a 429 naming the limit, and the report counts
 /// it under the limit's rule: said, never silent.
 #[test]
@@ -551,7 +551,7 @@ fn max_connections_reached_is_said() {
     }
 }
 
-/// 7. `--allow-host` where it cannot work is refused before the child
+/// `--allow-host` where it cannot work is refused before the child
 /// runs, naming the flags: with `--no-sandbox` and with `--sandbox-net`
 /// the child would have the host's whole network, and in the fallback
 /// (no namespaces) the proxies' port would be open to it on every host.
@@ -576,4 +576,40 @@ fn allow_host_without_a_network_namespace_is_refused() {
         assert!(r.report.is_none(), "{mode:?} {extra:?}: a refused run wrote a report");
     }
     assert!(server.hits().is_empty(), "{:?}", server.hits());
+}
+
+/// The `[egress]` section of `--config` does what the flags do: its
+/// patterns and names let curl reach the server, and the report lists
+/// them.
+#[test]
+fn the_config_section_allows_as_the_flags_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let port = server.port;
+    let config = dir.path().join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[egress]\nallow_host = [\"forge.test:{port}\", \"127.0.0.1:{port}\"]\n\
+             [egress.resolve]\n\"forge.test\" = [\"127.0.0.1\"]\n"
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    for mode in MODES {
+        let before = server.hits().len();
+        let r =
+            run(dir.path(), mode, &["--config", &config], &sh(&curl(&format!("http://forge.test:{port}/c"))));
+        if !r.ran() {
+            assert_eq!(server.hits().len(), before, "the fallback reached the server");
+            continue;
+        }
+        assert!(r.stdout().starts_with("HTTP/1.0 200 OK\r\n"), "{}\n{}", r.stdout(), r.stderr());
+        assert!(r.stdout().ends_with(&format!("{}curl=0\n", server.body())), "{}", r.stdout());
+        assert_eq!(server.hits().len(), before + 1);
+        let e = r.egress_report();
+        let allowed = serde_json::json!([format!("forge.test:{port}"), format!("127.0.0.1:{port}")]);
+        assert_eq!(e["allow_host"], allowed, "{e}");
+        assert_eq!(e["tunnels"], 1, "{e}");
+    }
 }
