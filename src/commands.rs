@@ -597,11 +597,11 @@ pub fn run(
         // Before the audit log closes: the proxies' last lines go there.
         let egress_report = match egress_service {
             Some((config, service)) => {
-                let stats = service.stop().await;
-                for m in crate::egress::limit_messages(&config, &stats) {
+                let stopped = service.stop().await;
+                for m in crate::egress::limit_messages(&config, &stopped) {
                     eprintln!("{m}");
                 }
-                Some(crate::egress::EgressReport::new(&config, stats))
+                Some(crate::egress::EgressReport::new(&config, stopped.stats))
             }
             None => None,
         };

@@ -176,10 +176,10 @@ pub fn trace_path(record: &Path) -> PathBuf {
 /// What airlock says on stderr at the end of a session whose proxies hit
 /// a limit: the child was told (a 429, a SOCKS refusal, a cut tunnel),
 /// and whoever runs airlock must be too, with a report or without.
-pub fn limit_messages(config: &Config, stats: &core::Stats) -> Vec<String> {
+pub fn limit_messages(config: &Config, stopped: &service::Stopped) -> Vec<String> {
     let refused_at = |flag: &str| {
         let key = core::Rule::Limit { flag: flag.into() }.to_string();
-        stats.by_rule.get(&key).copied().unwrap_or(0)
+        stopped.stats.by_rule.get(&key).copied().unwrap_or(0)
     };
     let mut out = Vec::new();
     let n = refused_at("--max-connections");
@@ -189,13 +189,13 @@ pub fn limit_messages(config: &Config, stats: &core::Stats) -> Vec<String> {
             config.max_connections
         ));
     }
-    // A tunnel the budget cut is counted as allowed, not refused: the
-    // bytes moved say it was reached.
     let n = refused_at("--max-egress-bytes");
-    if n > 0 || stats.bytes_up.saturating_add(stats.bytes_down) >= config.max_bytes {
+    // Only the byte budget cuts a tunnel that was let through.
+    let cut = stopped.cut_by_limit;
+    if n > 0 || cut > 0 {
         out.push(format!(
-            "airlock: the session reached --max-egress-bytes {}: {n} proxy connection(s) refused, and \
-             any tunnel still open was cut",
+            "airlock: the session reached --max-egress-bytes {}: {n} proxy connection(s) refused, {cut} \
+             cut short",
             config.max_bytes
         ));
     }
