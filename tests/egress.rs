@@ -613,3 +613,37 @@ fn the_config_section_allows_as_the_flags_do() {
         assert_eq!(e["tunnels"], 1, "{e}");
     }
 }
+
+/// `--max-egress-bytes` smaller than one exchange: the tunnel is cut
+/// within the budget, the child never gets the body, the audit says the
+/// limit ended it, and airlock's stderr says the limit was reached.
+#[test]
+fn max_egress_bytes_reached_is_said() {
+    const BUDGET: u64 = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start();
+    let port = server.port;
+    let mut args = allow_forge(port);
+    args.extend(["--max-egress-bytes".into(), BUDGET.to_string()]);
+    for mode in MODES {
+        let r = run(dir.path(), mode, &strs(&args), &sh(&curl(&format!("http://forge.test:{port}/big"))));
+        if !r.ran() {
+            continue;
+        }
+        assert!(!r.stdout().contains(&server.body()), "past the budget: {}", r.stdout());
+        assert!(!r.stdout().ends_with("curl=0\n"), "{}", r.stdout());
+        let lines = r.egress_lines();
+        assert_eq!(lines.len(), 1, "{:?}", r.audit);
+        assert_eq!(lines[0]["end"], "limit", "{}", lines[0]);
+        let e = r.egress_report();
+        let moved = e["bytes_up"].as_u64().unwrap() + e["bytes_down"].as_u64().unwrap();
+        assert!(moved > 0 && moved <= BUDGET, "{e}");
+        assert!(
+            r.stderr().contains(&format!(
+                "airlock: the session reached --max-egress-bytes {BUDGET}: 0 proxy connection(s) refused, 1 cut short\n"
+            )),
+            "the budget was reached and airlock's stderr does not say so: {}",
+            r.stderr()
+        );
+    }
+}
