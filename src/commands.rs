@@ -596,7 +596,13 @@ pub fn run(
         let direct = crate::report::Direct { covered: found.covers.clone(), protected_created: created };
         // Before the audit log closes: the proxies' last lines go there.
         let egress_report = match egress_service {
-            Some((config, service)) => Some(crate::egress::EgressReport::new(&config, service.stop().await)),
+            Some((config, service)) => {
+                let stopped = service.stop().await;
+                for m in crate::egress::limit_messages(&config, &stopped) {
+                    eprintln!("{m}");
+                }
+                Some(crate::egress::EgressReport::new(&config, stopped.stats))
+            }
             None => None,
         };
         args.close(session, report, exit, Some((in_force, direct)), Some(env_decision.removed), egress_report)

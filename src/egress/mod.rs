@@ -173,6 +173,35 @@ pub fn trace_path(record: &Path) -> PathBuf {
     record.with_file_name(format!("{stem}.egress.{ext}"))
 }
 
+/// What airlock says on stderr at the end of a session whose proxies hit
+/// a limit: the child was told (a 429, a SOCKS refusal, a cut tunnel),
+/// and whoever runs airlock must be too, with a report or without.
+pub fn limit_messages(config: &Config, stopped: &service::Stopped) -> Vec<String> {
+    let refused_at = |flag: &str| {
+        let key = core::Rule::Limit { flag: flag.into() }.to_string();
+        stopped.stats.by_rule.get(&key).copied().unwrap_or(0)
+    };
+    let mut out = Vec::new();
+    let n = refused_at("--max-connections");
+    if n > 0 {
+        out.push(format!(
+            "airlock: the session reached --max-connections {}: {n} proxy connection(s) past it were refused",
+            config.max_connections
+        ));
+    }
+    let n = refused_at("--max-egress-bytes");
+    // Only the byte budget cuts a tunnel that was let through.
+    let cut = stopped.cut_by_limit;
+    if n > 0 || cut > 0 {
+        out.push(format!(
+            "airlock: the session reached --max-egress-bytes {}: {n} proxy connection(s) refused, {cut} \
+             cut short",
+            config.max_bytes
+        ));
+    }
+    out
+}
+
 /// The report's egress section.
 #[derive(Debug, serde::Serialize)]
 pub struct EgressReport {

@@ -18,7 +18,7 @@
 
 use crate::audit::AuditWriter;
 use crate::confine::egress::Listeners;
-use airlock_core::egress::{Config, ConnId, ConnectError, Egress, Input, Listener, Output, Stats};
+use airlock_core::egress::{Config, ConnId, ConnectError, Egress, End, Input, Listener, Output, Stats};
 use airlock_core::time::Instant;
 use airlock_core::trace::egress as trace;
 use std::collections::BTreeMap;
@@ -47,7 +47,7 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 enum Event {
     Accepted(ConnId, Listener, TcpStream),
     Machine(Input),
-    Stop(oneshot::Sender<Stats>),
+    Stop(oneshot::Sender<Stopped>),
 }
 
 type Events = mpsc::UnboundedSender<Event>;
@@ -59,6 +59,15 @@ enum Cmd {
     SendUpstream(Vec<u8>),
     Relay(u64, u64),
     Close,
+}
+
+/// What a stopped service hands back.
+#[derive(Debug, Default)]
+pub struct Stopped {
+    pub stats: Stats,
+    /// Tunnels a limit ended (`End::Limit`): the statistics count them
+    /// as allowed, yet the session's budget cut them.
+    pub cut_by_limit: u64,
 }
 
 /// The running service.
@@ -130,6 +139,7 @@ impl Service {
                     events: tx,
                     audit,
                     recorder,
+                    cut_by_limit: 0,
                 };
                 driver.run(rx).await;
                 for a in accepts {
@@ -142,7 +152,7 @@ impl Service {
     }
 
     /// End every connection and the thread; the session's counts.
-    pub async fn stop(mut self) -> Stats {
+    pub async fn stop(mut self) -> Stopped {
         let (tx, rx) = oneshot::channel();
         let stats = if self.events.send(Event::Stop(tx)).is_ok() { rx.await.ok() } else { None };
         if let Some(t) = self.thread.take() {
@@ -185,6 +195,7 @@ struct Driver {
     events: Events,
     audit: Option<AuditWriter>,
     recorder: Option<Recorder>,
+    cut_by_limit: u64,
 }
 
 impl Driver {
@@ -224,7 +235,8 @@ impl Driver {
                     if let Some(r) = &mut self.recorder {
                         let _ = r.out.flush();
                     }
-                    let _ = reply.send(self.m.stats().clone());
+                    let _ = reply
+                        .send(Stopped { stats: self.m.stats().clone(), cut_by_limit: self.cut_by_limit });
                     return;
                 }
             }
@@ -281,6 +293,9 @@ impl Driver {
                 self.conns.remove(&conn);
             }
             Output::Audit { record } => {
+                if record.allowed && record.end == End::Limit {
+                    self.cut_by_limit += 1;
+                }
                 tracing::debug!(conn = %record.conn, host = ?record.host, rule = %record.rule, "egress");
                 if let Some(a) = &mut self.audit {
                     a.egress(&record);
