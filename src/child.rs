@@ -51,10 +51,11 @@ impl Spawned {
         argv: &[OsString],
     ) -> anyhow::Result<(Option<airlock_core::sandbox::StageStatus>, Option<crate::confine::egress::Listeners>)>
     {
-        let (applied, listeners) = match pending.map(crate::confine::Pending::wait_with_listeners).transpose()? {
-            Some((status, listeners)) => (Some(status), listeners),
-            None => (None, None),
-        };
+        let (applied, listeners) =
+            match pending.map(crate::confine::Pending::wait_with_listeners).transpose()? {
+                Some((status, listeners)) => (Some(status), listeners),
+                None => (None, None),
+            };
         if let Some(airlock_core::sandbox::StageStatus::ExecFailed { errno }) = applied {
             let program = argv.first().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
             bail!("starting {program}: {}", std::io::Error::from_raw_os_error(errno));

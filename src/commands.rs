@@ -3,12 +3,12 @@
 use crate::child::{self, exit_code};
 use crate::client::Client;
 use crate::config::{self, Settings};
+use crate::confine::SandboxArgs;
 use crate::hostfs::HostFs;
 use crate::outfile::OutFile;
 use crate::provider::{HttpProvider, Provider};
 use crate::record::Recorder;
 use crate::report::{ChildExit, Report};
-use crate::sandbox::SandboxArgs;
 use crate::session::{BrokerShell, Event, Observer, Session};
 use crate::session_socket::SessionSocket;
 use crate::telemetry::TelemetryWriter;
@@ -440,9 +440,9 @@ pub fn run(
     }
     let policy = args.policy()?;
     let mut plan = sandbox.plan(&policy)?;
-    let started = crate::sandbox::check_run_command(&mut plan, &policy, argv)?;
+    let started = crate::confine::args::check_run_command(&mut plan, &policy, argv)?;
     // What the guard covers in the trees the child reaches directly.
-    let trees = crate::sandbox::direct_trees(&plan);
+    let trees = crate::confine::args::direct_trees(&plan);
     let found = crate::guardscan::scan(policy.guard(), &trees)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     let limits = sandbox.limits(&secrets.0)?;
@@ -493,7 +493,7 @@ pub fn run(
             (spawned.mounts, confinement.as_ref().and_then(|c| c.fuse.as_ref()))
         {
             let roots = fuse.mounts.iter().map(|m| airlock_core::policy::RootId(m.root)).collect();
-            let passthrough = crate::sandbox::can_passthrough();
+            let passthrough = crate::confine::fuse::can_passthrough();
             let mounts = crate::session::MountPlan { roots, uid: fuse.uid, gid: fuse.gid, passthrough };
             session.serve_mounts(mounts, socket)?;
         }
@@ -599,8 +599,15 @@ pub fn run(
             Some((config, service)) => Some(crate::egress::EgressReport::new(&config, service.stop().await)),
             None => None,
         };
-        args.close(session, report, exit, Some((in_force, direct)), Some(env_decision.removed), egress_report)
-            .await?;
+        args.close(
+            session,
+            report,
+            exit,
+            Some((in_force, direct)),
+            Some(env_decision.removed),
+            egress_report,
+        )
+        .await?;
         // The socket and its directory go with the session.
         drop(socket);
         Ok(code)

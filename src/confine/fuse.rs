@@ -1,4 +1,4 @@
-//! The confinement stage's part of the served filesystem: PID 1, inside
+//! The served filesystem's confinement side. The stage's part: PID 1, inside
 //! the new user and mount namespaces, opens `/dev/fuse` once per root to
 //! serve, mounts each at the root's path in the view being built, and
 //! sends the descriptors to airlock over the socket the plan names, which
@@ -13,6 +13,10 @@
 //! Nothing fails the confinement: a root that cannot be mounted (no
 //! `/dev/fuse`, a refused mount) stays reachable through the proxy, and
 //! the stage says why in what it reports.
+//!
+//! airlock's part: the channel it hands the stage ([`channel`],
+//! [`install`]) and whether it may register backing files
+//! ([`can_passthrough`]).
 
 use airlock_core::sandbox::fuse::FusePlan;
 use std::ffi::CString;
@@ -171,4 +175,12 @@ pub fn install(cmd: &mut tokio::process::Command, theirs: &OwnedFd, target: i32)
             Ok(())
         });
     }
+}
+
+/// Whether the backing files of a served filesystem can be registered
+/// (passthrough): the kernel asks the server for `CAP_SYS_ADMIN` in the
+/// initial user namespace, which root has and an ordinary user does not.
+pub fn can_passthrough() -> bool {
+    rustix::thread::capabilities(None)
+        .is_ok_and(|c| c.effective.contains(rustix::thread::CapabilitySet::SYS_ADMIN))
 }

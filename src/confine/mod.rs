@@ -7,12 +7,17 @@
 //! execs the payload; [`Pending::wait`] reads what the stage applied, or
 //! why it refused, before anything else happens.
 
+pub mod args;
 pub mod bounds;
 pub mod egress;
 pub mod filter;
 pub mod fuse;
+pub mod landlock;
+pub mod program;
 pub mod stage;
 pub mod sweep;
+
+pub use args::SandboxArgs;
 
 use airlock_core::sandbox::{Confinement, NsMode, Ruleset, StageStatus, View};
 use anyhow::{bail, Context};

@@ -117,7 +117,7 @@ pub fn spawn_tool(
     if argv.is_empty() {
         anyhow::bail!("no command given");
     }
-    let abi = crate::sandbox::detect_abi();
+    let abi = crate::confine::landlock::detect_abi();
     let mut ruleset = airlock_core::sandbox::system_ruleset(abi, false)
         .map_err(|e| anyhow::anyhow!("cannot confine the tool: {e}"))?;
     let cwd = std::env::current_dir()?;
@@ -139,7 +139,7 @@ pub fn spawn_tool(
     let readable = |p: &std::path::Path| readable_by_policy(policy, p);
     let roots =
         airlock_core::sandbox::program::Roots { dirs: &project, readable: &readable, grant_outside: true };
-    let started = crate::sandbox::check_command(&mut ruleset, &cwd, argv, &seen, &roots)?;
+    let started = crate::confine::program::check_command(&mut ruleset, &cwd, argv, &seen, &roots)?;
     for g in &ruleset.granted {
         eprintln!("airlock: tool: granted read-only: {} ({})", g.path.display(), g.reason);
     }
@@ -201,7 +201,7 @@ fn readable_by_policy(policy: &airlock_core::vfs::ToolPolicy, real: &std::path::
 pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpError> {
     use airlock_core::sandbox::StageStatus;
     let starting = |e: &dyn std::fmt::Display| OpError::io(format!("starting {}: {e}", p.program.display()));
-    let abi = crate::sandbox::detect_abi();
+    let abi = crate::confine::landlock::detect_abi();
     let mut ruleset = airlock_core::sandbox::system_ruleset(abi, true).map_err(|e| starting(&e))?;
     grants.apply_project(&mut ruleset);
     grants.apply(&mut ruleset);
