@@ -2,9 +2,11 @@
 //! `--sandbox-rw`, `--sandbox-net`, the session's bounds, `--no-fuse`),
 //! the plan the core makes of them and the policy (`airlock_core::sandbox`),
 //! the check of its command line against that plan, and the confinement
-//! its child is confined with.
+//! it asks [`super::start`] for.
 
+use super::{Request, Serve};
 use airlock_core::policy::{Policy, Root};
+use airlock_core::sandbox::fuse::NotServed;
 use airlock_core::sandbox::{self, program, Options, Plan};
 use anyhow::Context;
 use std::ffi::OsString;
@@ -59,59 +61,39 @@ pub struct SandboxArgs {
 }
 
 impl SandboxArgs {
-    /// The confinement for `plan` (None when unconfined), for a child in
-    /// `cwd` with the proxy on fd 3 and the session's socket (when there
-    /// is one). `require` is the flag or the config key.
-    pub fn confinement(
+    /// The confinement `run` asks for its child under `plan` (None when
+    /// unconfined): in `cwd`, with the proxy on fd 3 and the session's
+    /// socket (when there is one). `require` is the flag or the config
+    /// key. The caller adds the session's bounds, the guard's covers,
+    /// `--allow-host` and the roots to serve ([`SandboxArgs::serve`]).
+    pub fn request(
         &self,
         plan: &Plan,
-        cwd: &std::path::Path,
+        cwd: &Path,
         require: bool,
-        session_socket: Option<&std::path::Path>,
-    ) -> anyhow::Result<Option<sandbox::Confinement>> {
+        session_socket: Option<&Path>,
+    ) -> anyhow::Result<Option<Request>> {
         let Plan::Confined(ruleset) = plan else { return Ok(None) };
-        let mode = crate::confine::ns_mode(require)?;
-        let view = sandbox::view_for(ruleset, cwd.to_path_buf());
-        let mut c = crate::confine::confinement(ruleset.clone(), view, mode, self.sandbox_net, 3);
-        if let Some(socket) = session_socket {
-            c.session_socket(socket.to_path_buf(), crate::session_socket::SOCKET_ENV);
-        }
-        Ok(Some(c))
+        Ok(Some(Request {
+            namespaces: super::ns_mode(require)?,
+            net: self.sandbox_net,
+            keep_fds: 3,
+            session_socket: session_socket.map(Path::to_path_buf),
+            ..Request::new(ruleset.clone(), cwd.to_path_buf())
+        }))
     }
 
-    /// Ask `confinement` to serve the directory roots of `policy` as
-    /// filesystems in the child's view, unless `--no-fuse`, a nested
-    /// level (`nested`), or no namespaces; `Err` says why not.
-    pub fn serve_roots(
-        &self,
-        confinement: &mut sandbox::Confinement,
-        policy: &Policy,
-        nested: bool,
-    ) -> Result<(), sandbox::fuse::NotServed> {
-        use sandbox::fuse::{FusePlan, NotServed};
+    /// The directory roots of `policy` to serve as filesystems in the
+    /// child's view, unless `--no-fuse` or a nested level (`nested`);
+    /// [`super::start`] refuses them too without a mount namespace.
+    pub fn serve(&self, policy: &Policy, nested: bool) -> Serve {
         if self.no_fuse {
-            return Err(NotServed::Disabled);
+            return Serve::Refused(NotServed::Disabled);
         }
         if nested {
-            return Err(NotServed::Nested);
+            return Serve::Refused(NotServed::Nested);
         }
-        if confinement.namespaces == sandbox::NsMode::Off {
-            return Err(NotServed::NoMountNamespace);
-        }
-        let roots: Vec<(Root, bool)> = policy.roots().iter().map(|r| (r.clone(), r.path.is_dir())).collect();
-        let mounts = sandbox::fuse::mounts(&roots, &confinement.view);
-        if mounts.is_empty() {
-            return Err(NotServed::Failed("no directory root can be mounted at its path".into()));
-        }
-        let grants = sandbox::fuse::grants(policy.roots(), &mounts);
-        confinement.fuse = Some(FusePlan {
-            mounts,
-            grants,
-            socket_fd: confinement.status_fd + 1,
-            uid: rustix::process::getuid().as_raw(),
-            gid: rustix::process::getgid().as_raw(),
-        });
-        Ok(())
+        Serve::Roots(policy.roots().to_vec())
     }
 }
 

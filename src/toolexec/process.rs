@@ -189,12 +189,14 @@ impl ProcessRunner {
         let mut groups = crate::confine::bounds::Groups::default();
         let (mut cmd, pending) = match &self.sandbox {
             Some(sb) => {
-                let view = airlock_core::sandbox::view_for(&sb.ruleset, real.clone());
-                let mut plan = crate::confine::confinement(sb.ruleset.clone(), view, sb.mode, sb.net, 2);
-                groups = crate::confine::bounds::bound(&mut plan);
-                let (cmd, pending) =
-                    crate::confine::command(&plan, &argv).map_err(|e| SpawnError::Other(format!("{e:#}")))?;
-                (cmd, Some(pending))
+                let req = crate::confine::Request {
+                    namespaces: sb.mode,
+                    net: sb.net,
+                    ..crate::confine::Request::new(sb.ruleset.clone(), real.clone())
+                };
+                let s = crate::confine::start(req, &argv).map_err(|e| SpawnError::Other(format!("{e:#}")))?;
+                groups = s.groups;
+                (s.cmd, Some(s.pending))
             }
             None => {
                 let mut cmd = tokio::process::Command::new(&program);
@@ -218,7 +220,7 @@ impl ProcessRunner {
         // nothing.
         unsafe {
             cmd.pre_exec(move || {
-                rustix::process::set_parent_process_death_signal(Some(crate::child::PARENT_DEATH_SIGNAL))?;
+                rustix::process::set_parent_process_death_signal(Some(crate::confine::PARENT_DEATH_SIGNAL))?;
                 if rustix::process::getppid() != Some(parent) {
                     return Err(std::io::Error::other("airlock exited while starting the tool"));
                 }
