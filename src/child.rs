@@ -1,20 +1,21 @@
-//! Process and descriptor plumbing: a child with the proxy on fd 3, and the
-//! upstream descriptor a nested airlock inherits.
+//! Process and descriptor plumbing for `airlock run`: its child with the
+//! proxy on fd 3, and the upstream descriptor a nested airlock inherits.
+//! How the child is confined is `crate::confine`'s alone ([`spawn`] hands
+//! it the request); this places the child's descriptors and environment.
 //!
 //! Every descriptor airlock opens is close-on-exec (Rust's default), so the
 //! only copy of the child's end of the socketpair that outlives `spawn` is
 //! the one placed on fd 3 of the child: EOF arrives when the child and its
 //! descendants have closed it, never later because of a stray copy.
 //!
-//! Between fork and exec the child also: marks every descriptor above 3
-//! close-on-exec, so nothing airlock itself inherited reaches it (the child
-//! gets exactly 0, 1, 2 and 3); asks for SIGKILL when airlock dies, so it
-//! never runs on unsupervised; and confines itself with the Landlock
-//! ruleset airlock prepared (see `crate::sandbox`). The child stays in
-//! airlock's process group: a terminal's signals reach both, and
-//! grandchildren are not killed by the parent-death signal (it is the
-//! direct child's alone) but stay confined, since Landlock is inherited and
-//! cannot be lifted, and lose the proxy with airlock.
+//! Between fork and exec the child also asks for SIGKILL when airlock
+//! dies, so it never runs on unsupervised. Confined, the child is
+//! airlock's confinement stage, which closes every descriptor above 3
+//! before the payload's exec and keeps the payload's whole tree in
+//! namespaces (or under a subreaper) that end with it; unconfined
+//! (`--no-sandbox`), the child marks every descriptor above 3
+//! close-on-exec itself, so it gets exactly 0, 1, 2 and 3. The child stays
+//! in airlock's process group: a terminal's signals reach both.
 
 use crate::client::{DEFAULT_FD, FD_ENV};
 use crate::session_socket::{SOCKET_ENV, TOKEN_ENV};
@@ -41,6 +42,12 @@ pub struct Spawned {
     /// airlock's end of the socket the stage sends the served
     /// filesystem's mounts over.
     pub mounts: Option<OwnedFd>,
+    /// The description the stage applies, when confined.
+    pub plan: Option<airlock_core::sandbox::Confinement>,
+    /// The session's cgroups, removed when dropped (none unconfined).
+    pub groups: crate::confine::bounds::Groups,
+    /// Why the roots asked for are not served as filesystems.
+    pub not_served: Option<airlock_core::sandbox::fuse::NotServed>,
 }
 
 impl Spawned {
@@ -51,10 +58,11 @@ impl Spawned {
         argv: &[OsString],
     ) -> anyhow::Result<(Option<airlock_core::sandbox::StageStatus>, Option<crate::confine::egress::Listeners>)>
     {
-        let (applied, listeners) = match pending.map(crate::confine::Pending::wait_with_listeners).transpose()? {
-            Some((status, listeners)) => (Some(status), listeners),
-            None => (None, None),
-        };
+        let (applied, listeners) =
+            match pending.map(crate::confine::Pending::wait_with_listeners).transpose()? {
+                Some((status, listeners)) => (Some(status), listeners),
+                None => (None, None),
+            };
         if let Some(airlock_core::sandbox::StageStatus::ExecFailed { errno }) = applied {
             let program = argv.first().map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
             bail!("starting {program}: {}", std::io::Error::from_raw_os_error(errno));
@@ -67,35 +75,31 @@ impl Spawned {
 /// environment policy, so an enclosing session's never pass.
 pub const AIRLOCK_ENV: [&str; 4] = [EXE_ENV, FD_ENV, SOCKET_ENV, TOKEN_ENV];
 
-/// The signal the child gets when airlock dies: SIGKILL, since nobody is
-/// left to supervise it and a hostile child could ignore anything milder.
-pub const PARENT_DEATH_SIGNAL: rustix::process::Signal = rustix::process::Signal::KILL;
-
 /// Start `argv` with the proxy on fd 3, the environment `env` (what the
 /// environment policy kept of airlock's: see `crate::envpolicy`) and
-/// `AIRLOCK_FD=3`. `confinement`,
-/// when given, is applied by the confinement stage (see `crate::confine`);
-/// then [`Spawned::confirm`] says what is in force. `session_env` names
-/// this session's socket and secret; an enclosing session's never reach
-/// the child, whose requests must go through this level.
+/// `AIRLOCK_FD=3`. `confine`, when given, is what `crate::confine::start`
+/// confines it with; then [`Spawned::confirm`] says what is in force.
+/// `session_env` names this session's socket and secret; an enclosing
+/// session's never reach the child, whose requests must go through this
+/// level.
 pub fn spawn(
     argv: &[OsString],
     env: &[(OsString, OsString)],
-    confinement: Option<&airlock_core::sandbox::Confinement>,
+    confine: Option<crate::confine::Request>,
     session_env: &[(OsString, OsString)],
 ) -> anyhow::Result<Spawned> {
     let Some((program, args)) = argv.split_first() else { bail!("no command given") };
     let (ours, theirs) = StdUnixStream::pair().context("creating the proxy socketpair")?;
     let child_raw: RawFd = theirs.as_raw_fd();
-    let (mut cmd, pending) = match confinement {
-        Some(plan) => {
-            let (cmd, pending) = crate::confine::command(plan, argv)?;
-            (cmd, Some(pending))
+    let (mut cmd, mut pending, plan, groups, not_served) = match confine {
+        Some(req) => {
+            let s = crate::confine::start(req, argv)?;
+            (s.cmd, Some(s.pending), Some(s.plan), s.groups, s.not_served)
         }
         None => {
             let mut cmd = Command::new(program);
             cmd.args(args);
-            (cmd, None)
+            (cmd, None, None, crate::confine::bounds::Groups::default(), None)
         }
     };
     // airlock's own variables come after the policy, which withholds
@@ -129,7 +133,7 @@ pub fn spawn(
             if !confined {
                 close_above_3_on_exec();
             }
-            rustix::process::set_parent_process_death_signal(Some(PARENT_DEATH_SIGNAL))?;
+            rustix::process::set_parent_process_death_signal(Some(crate::confine::PARENT_DEATH_SIGNAL))?;
             // airlock may have died before the request above: then the
             // child was already reparented and must not run at all.
             if rustix::process::getppid() != Some(parent) {
@@ -138,14 +142,6 @@ pub fn spawn(
             Ok(())
         });
     }
-    let mounts = match confinement.and_then(|c| c.fuse.as_ref()) {
-        Some(plan) => {
-            let (ours, theirs) = crate::confine::fuse::channel().context("the served filesystem's socket")?;
-            crate::confine::fuse::install(&mut cmd, &theirs, plan.socket_fd);
-            Some((ours, theirs))
-        }
-        None => None,
-    };
     if let Some(p) = &pending {
         p.install(&mut cmd);
     }
@@ -153,12 +149,9 @@ pub fn spawn(
     // The child has its copy; ours must go, or EOF would never arrive.
     drop(theirs);
     drop(cmd);
-    let mounts = mounts.map(|(ours, theirs)| {
-        drop(theirs);
-        ours
-    });
+    let mounts = pending.as_mut().and_then(crate::confine::Pending::mounts);
     ours.set_nonblocking(true)?;
-    Ok(Spawned { child, conn: UnixStream::from_std(ours)?, pending, mounts })
+    Ok(Spawned { child, conn: UnixStream::from_std(ours)?, pending, mounts, plan, groups, not_served })
 }
 
 /// Mark every descriptor above 3 close-on-exec. Not closed outright: the

@@ -3,12 +3,12 @@
 use crate::child::{self, exit_code};
 use crate::client::Client;
 use crate::config::{self, Settings};
+use crate::confine::SandboxArgs;
 use crate::hostfs::HostFs;
 use crate::outfile::OutFile;
 use crate::provider::{HttpProvider, Provider};
 use crate::record::Recorder;
 use crate::report::{ChildExit, Report};
-use crate::sandbox::SandboxArgs;
 use crate::session::{BrokerShell, Event, Observer, Session};
 use crate::session_socket::SessionSocket;
 use crate::telemetry::TelemetryWriter;
@@ -440,9 +440,9 @@ pub fn run(
     }
     let policy = args.policy()?;
     let mut plan = sandbox.plan(&policy)?;
-    let started = crate::sandbox::check_run_command(&mut plan, &policy, argv)?;
+    let launch = crate::confine::args::check_run_command(&mut plan, &policy, argv)?;
     // What the guard covers in the trees the child reaches directly.
-    let trees = crate::sandbox::direct_trees(&plan);
+    let trees = crate::confine::args::direct_trees(&plan);
     let found = crate::guardscan::scan(policy.guard(), &trees)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     let limits = sandbox.limits(&secrets.0)?;
@@ -469,31 +469,28 @@ pub fn run(
             }
         };
         let mut session_env = socket.as_ref().map(SessionSocket::env).unwrap_or_default();
-        session_env.extend(started.env.iter().cloned());
+        session_env.extend(launch.env.iter().cloned());
         // The socket alone is in the child's view, read-only.
         let session_path = socket.as_ref().map(|s| s.path().to_path_buf());
-        let mut confinement = sandbox.confinement(&plan, policy.cwd(), require, session_path.as_deref())?;
-        // The session's cgroups go at the end, however it ends.
-        let mut groups = crate::confine::bounds::Groups::default();
-        if let Some(c) = confinement.as_mut() {
-            let (bounds, guard) = crate::confine::bounds::session(limits);
-            groups = guard;
-            c.bounds = Some(bounds);
-            c.view.covers = found.covers.clone();
+        let mut request = sandbox.request(&plan, policy.cwd(), require, session_path.as_deref())?;
+        if let Some(r) = request.as_mut() {
+            r.limits = Some(limits);
+            r.covers = found.covers.clone();
         }
         if egress_config.is_some() {
-            egress_confinement(confinement.as_mut(), &mut session_env)?;
+            egress_request(request.as_mut(), &mut session_env)?;
         }
-        let not_served = match confinement.as_mut() {
-            Some(c) => sandbox.serve_roots(c, &policy, session.proxy().config().upstream).err(),
-            None => None,
-        };
-        let spawned = child::spawn(&started.argv, &env_decision.keep, confinement.as_ref(), &session_env)?;
+        if let Some(r) = request.as_mut() {
+            r.serve = sandbox.serve(&policy, session.proxy().config().upstream);
+        }
+        let spawned = child::spawn(&launch.argv, &env_decision.keep, request, &session_env)?;
+        // The session's cgroups go at the end, however it ends.
+        let (confinement, mut groups, not_served) = (spawned.plan, spawned.groups, spawned.not_served);
         if let (Some(socket), Some(fuse)) =
             (spawned.mounts, confinement.as_ref().and_then(|c| c.fuse.as_ref()))
         {
             let roots = fuse.mounts.iter().map(|m| airlock_core::policy::RootId(m.root)).collect();
-            let passthrough = crate::sandbox::can_passthrough();
+            let passthrough = crate::confine::fuse::can_passthrough();
             let mounts = crate::session::MountPlan { roots, uid: fuse.uid, gid: fuse.gid, passthrough };
             session.serve_mounts(mounts, socket)?;
         }
@@ -501,7 +498,7 @@ pub fn run(
         // into them (the working directory): they are served meanwhile.
         let (applied, listeners) = {
             let pending = spawned.pending;
-            let argv = started.argv.clone();
+            let argv = launch.argv.clone();
             let status = tokio::task::spawn_blocking(move || child::Spawned::confirm(pending, &argv));
             tokio::pin!(status);
             loop {
@@ -605,8 +602,15 @@ pub fn run(
             }
             None => None,
         };
-        args.close(session, report, exit, Some((in_force, direct)), Some(env_decision.removed), egress_report)
-            .await?;
+        args.close(
+            session,
+            report,
+            exit,
+            Some((in_force, direct)),
+            Some(env_decision.removed),
+            egress_report,
+        )
+        .await?;
         // The socket and its directory go with the session.
         drop(socket);
         Ok(code)
@@ -616,13 +620,12 @@ pub fn run(
 /// `--allow-host`: PID 1 creates the proxies' listeners in the child's
 /// network namespace, Landlock lets the child reach them, and the child
 /// is told where they are.
-fn egress_confinement(
-    confinement: Option<&mut airlock_core::sandbox::Confinement>,
+fn egress_request(
+    request: Option<&mut crate::confine::Request>,
     env: &mut Vec<(OsString, OsString)>,
 ) -> anyhow::Result<()> {
-    let c = confinement.context("--allow-host works through the sandbox, which is off")?;
-    let listen = crate::egress::listen_for(c);
-    c.with_egress(listen);
+    let r = request.context("--allow-host works through the sandbox, which is off")?;
+    r.egress = true;
     env.extend(crate::egress::child_env());
     Ok(())
 }

@@ -1,6 +1,6 @@
 use airlock::commands::{self, FsCommand, ServeArgs};
+use airlock::confine::SandboxArgs;
 use airlock::llm_cli::{self, LlmArgs};
-use airlock::sandbox::SandboxArgs;
 use airlock::simulate::{self, SimArgs};
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
@@ -106,7 +106,9 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Run { serve, sandbox, env, egress, argv } => commands::run(serve, sandbox, env, egress, argv),
+        Command::Run { serve, sandbox, env, egress, argv } => {
+            commands::run(serve, sandbox, env, egress, argv)
+        }
         Command::Serve { fd, serve } => commands::serve(serve, *fd),
         Command::Fs(cmd) => commands::fs(cmd),
         Command::Llm(args) => Ok(llm_cli::llm(args)),

@@ -56,7 +56,7 @@ fn user_tasks(uid: u32) -> u64 {
 /// The session's bounds for the stage: `limits`, and the groups that
 /// could be made for them, which the returned guard removes (call
 /// [`Groups::finish`] to learn what was reached first).
-pub fn session(limits: Limits) -> (SessionBounds, Groups) {
+pub(super) fn session(limits: Limits) -> (SessionBounds, Groups) {
     // SAFETY: getuid takes nothing.
     let uid = unsafe { libc::getuid() };
     let groups = make(&limits);
@@ -67,7 +67,7 @@ pub fn session(limits: Limits) -> (SessionBounds, Groups) {
 /// Bound a process airlock starts with the default limits for this host:
 /// `airlock tool`'s tool and its programs, `toolexec serve`'s tools. Keep
 /// the guard as long as the process runs.
-pub fn bound(plan: &mut airlock_core::sandbox::Confinement) -> Groups {
+pub(super) fn bound(plan: &mut airlock_core::sandbox::Confinement) -> Groups {
     let Ok(limits) = bounds::limits(&bounds::Asked::default(), &host()) else { return Groups::default() };
     let (b, guard) = session(limits);
     plan.bounds = Some(b);

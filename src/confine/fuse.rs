@@ -1,4 +1,4 @@
-//! The confinement stage's part of the served filesystem: PID 1, inside
+//! The served filesystem's confinement side. The stage's part: PID 1, inside
 //! the new user and mount namespaces, opens `/dev/fuse` once per root to
 //! serve, mounts each at the root's path in the view being built, and
 //! sends the descriptors to airlock over the socket the plan names, which
@@ -13,8 +13,14 @@
 //! Nothing fails the confinement: a root that cannot be mounted (no
 //! `/dev/fuse`, a refused mount) stays reachable through the proxy, and
 //! the stage says why in what it reports.
+//!
+//! airlock's part: what to mount ([`serve`]), the channel it hands the
+//! stage ([`channel`], [`install`]) and whether it may register backing
+//! files ([`can_passthrough`]).
 
-use airlock_core::sandbox::fuse::FusePlan;
+use airlock_core::policy::Root;
+use airlock_core::sandbox::fuse::{FusePlan, NotServed};
+use airlock_core::sandbox::{Confinement, NsMode};
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -142,7 +148,7 @@ fn send_fd(socket: &OwnedFd, index: u32, fd: &OwnedFd) -> std::io::Result<()> {
 /// The socket the stage sends the mounts over: airlock's end, and the
 /// stage's, placed above the descriptors a spawner places (as the status
 /// pipe is) until [`install`] moves it where the plan says.
-pub fn channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(super) fn channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let (ours, theirs) = rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
         rustix::net::SocketType::STREAM,
@@ -155,7 +161,7 @@ pub fn channel() -> std::io::Result<(OwnedFd, OwnedFd)> {
 
 /// Place the stage's end at `target` (the plan's `socket_fd`) in the
 /// forked child, open across the exec.
-pub fn install(cmd: &mut tokio::process::Command, theirs: &OwnedFd, target: i32) {
+pub(super) fn install(cmd: &mut tokio::process::Command, theirs: &OwnedFd, target: i32) {
     let raw = theirs.as_raw_fd();
     // SAFETY: runs in the forked child before exec; dup2 and fcntl only,
     // nothing allocated. `theirs` stays open in airlock until the spawn
@@ -171,4 +177,35 @@ pub fn install(cmd: &mut tokio::process::Command, theirs: &OwnedFd, target: i32)
             Ok(())
         });
     }
+}
+
+/// Whether the backing files of a served filesystem can be registered
+/// (passthrough): the kernel asks the server for `CAP_SYS_ADMIN` in the
+/// initial user namespace, which root has and an ordinary user does not.
+pub fn can_passthrough() -> bool {
+    rustix::thread::capabilities(None)
+        .is_ok_and(|c| c.effective.contains(rustix::thread::CapabilitySet::SYS_ADMIN))
+}
+
+/// Ask `confinement` to serve the directory roots among `roots` as
+/// filesystems in the payload's view; `Err` says why not (no namespaces,
+/// no root the view can hold).
+pub(super) fn serve(confinement: &mut Confinement, roots: &[Root]) -> Result<(), NotServed> {
+    if confinement.namespaces == NsMode::Off {
+        return Err(NotServed::NoMountNamespace);
+    }
+    let kinds: Vec<(Root, bool)> = roots.iter().map(|r| (r.clone(), r.path.is_dir())).collect();
+    let mounts = airlock_core::sandbox::fuse::mounts(&kinds, &confinement.view, &confinement.ruleset.direct_read);
+    if mounts.is_empty() {
+        return Err(NotServed::Failed("no directory root can be mounted at its path".into()));
+    }
+    let grants = airlock_core::sandbox::fuse::grants(roots, &mounts);
+    confinement.fuse = Some(FusePlan {
+        mounts,
+        grants,
+        socket_fd: confinement.status_fd + 1,
+        uid: rustix::process::getuid().as_raw(),
+        gid: rustix::process::getgid().as_raw(),
+    });
+    Ok(())
 }

@@ -1,8 +1,10 @@
-//! Landlock, as the confinement stage applies it: the kernel's ABI
-//! detected, and the core's ruleset (`airlock_core::sandbox::Ruleset`)
-//! built as a Landlock ruleset, each path opened `O_PATH` (a missing
-//! default skipped, a missing grant an error) with the rights the core
-//! narrowed to the ABI and to the kind of file.
+//! Landlock: the kernel's ABI, detected for the planners (the core narrows
+//! every ruleset to it), and the core's ruleset
+//! (`airlock_core::sandbox::Ruleset`) built as a Landlock ruleset by the
+//! confinement stage ([`super::stage`]), each path opened `O_PATH` (a
+//! missing default skipped, a missing grant an error) with the rights the
+//! core narrowed to the ABI and to the kind of file, and each TCP port the
+//! payload may connect to (`--allow-host`'s proxies).
 
 use airlock_core::sandbox::{FsRight, NetRight, Ruleset, ScopeKind};
 use anyhow::{bail, Context};
@@ -108,6 +110,11 @@ pub fn ruleset(rules: &Ruleset) -> anyhow::Result<OwnedFd> {
         created = created
             .add_rule(PathBeneath::new(fd, fs_bits(rights)))
             .with_context(|| format!("sandbox rule for {}", rule.path.display()))?;
+    }
+    for port in &rules.connect_ports {
+        created = created
+            .add_rule(landlock::NetPort::new(*port, AccessNet::ConnectTcp))
+            .with_context(|| format!("sandbox rule for TCP port {port}"))?;
     }
     let fd: Option<OwnedFd> = created.into();
     fd.context("the kernel gave no Landlock ruleset")

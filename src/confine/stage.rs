@@ -564,7 +564,7 @@ fn payload_exec(
         return refuse(status, format!("no_new_privs: {e}"));
     }
     let ruleset = plan.ruleset_for(&applied);
-    let fd = match crate::sandbox::landlock_ruleset(&ruleset) {
+    let fd = match super::landlock::ruleset(&ruleset) {
         Ok(fd) => fd,
         Err(e) => return refuse(status, format!("{e:#}")),
     };

@@ -117,7 +117,7 @@ pub fn spawn_tool(
     if argv.is_empty() {
         anyhow::bail!("no command given");
     }
-    let abi = crate::sandbox::detect_abi();
+    let abi = crate::confine::landlock::detect_abi();
     let mut ruleset = airlock_core::sandbox::system_ruleset(abi, false)
         .map_err(|e| anyhow::anyhow!("cannot confine the tool: {e}"))?;
     let cwd = std::env::current_dir()?;
@@ -139,17 +139,15 @@ pub fn spawn_tool(
     let readable = |p: &std::path::Path| readable_by_policy(policy, p);
     let roots =
         airlock_core::sandbox::program::Roots { dirs: &project, readable: &readable, grant_outside: true };
-    let started = crate::sandbox::check_command(&mut ruleset, &cwd, argv, &seen, &roots)?;
+    let started = crate::confine::program::check_command(&mut ruleset, &cwd, argv, &seen, &roots)?;
     for g in &ruleset.granted {
         eprintln!("airlock: tool: granted read-only: {} ({})", g.path.display(), g.reason);
     }
     let argv = &started.argv[..];
-    let mut view = airlock_core::sandbox::view_for(&ruleset, cwd);
-    view.covers = grants.covers(&ruleset)?;
-    let mode = crate::confine::ns_mode(grants.require_namespaces)?;
-    let mut plan = crate::confine::confinement(ruleset, view, mode, false, 2);
-    let groups = crate::confine::bounds::bound(&mut plan);
-    let (mut cmd, pending) = crate::confine::command(&plan, argv)?;
+    let covers = grants.covers(&ruleset)?;
+    let namespaces = crate::confine::ns_mode(grants.require_namespaces)?;
+    let req = crate::confine::Request { namespaces, covers, ..crate::confine::Request::new(ruleset, cwd) };
+    let crate::confine::Started { mut cmd, pending, groups, .. } = crate::confine::start(req, argv)?;
     cmd.process_group(0)
         .env_clear()
         .kill_on_drop(true)
@@ -201,7 +199,7 @@ fn readable_by_policy(policy: &airlock_core::vfs::ToolPolicy, real: &std::path::
 pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpError> {
     use airlock_core::sandbox::StageStatus;
     let starting = |e: &dyn std::fmt::Display| OpError::io(format!("starting {}: {e}", p.program.display()));
-    let abi = crate::sandbox::detect_abi();
+    let abi = crate::confine::landlock::detect_abi();
     let mut ruleset = airlock_core::sandbox::system_ruleset(abi, true).map_err(|e| starting(&e))?;
     grants.apply_project(&mut ruleset);
     grants.apply(&mut ruleset);
@@ -213,15 +211,19 @@ pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpErro
             ruleset.grant_read_exec(real);
         }
     }
-    let mut view = airlock_core::sandbox::view_for(&ruleset, p.cwd.clone());
-    view.covers = grants.covers(&ruleset).map_err(|e| starting(&e))?;
-    let mode = crate::confine::ns_mode(grants.require_namespaces).map_err(|e| starting(&e))?;
-    let mut plan = crate::confine::confinement(ruleset, view, mode, true, 2);
-    // Removed when this run ends, however it ends.
-    let _groups = crate::confine::bounds::bound(&mut plan);
+    let covers = grants.covers(&ruleset).map_err(|e| starting(&e))?;
+    let namespaces = crate::confine::ns_mode(grants.require_namespaces).map_err(|e| starting(&e))?;
     let argv: Vec<std::ffi::OsString> =
         std::iter::once(p.program.clone().into_os_string()).chain(p.args.iter().map(Into::into)).collect();
-    let (mut cmd, pending) = crate::confine::command(&plan, &argv).map_err(|e| starting(&e))?;
+    let req = crate::confine::Request {
+        namespaces,
+        net: true,
+        covers,
+        ..crate::confine::Request::new(ruleset, p.cwd.clone())
+    };
+    // The groups are removed when this run ends, however it ends.
+    let crate::confine::Started { mut cmd, pending, groups: _groups, .. } =
+        crate::confine::start(req, &argv).map_err(|e| starting(&e))?;
     cmd.process_group(0)
         .env_clear()
         .kill_on_drop(true)

@@ -26,7 +26,7 @@ pub struct ProcessRunner {
     /// Each tool's program as checked at start (its interpreter chain
     /// granted, or why not): what to run and the variables to set, or the
     /// refusal every spawn of it answers.
-    programs: std::collections::BTreeMap<String, Result<crate::sandbox::Started, String>>,
+    programs: std::collections::BTreeMap<String, Result<crate::confine::program::Launch, String>>,
 }
 
 /// Paths tools may reach beyond the defaults and the working directory
@@ -83,7 +83,7 @@ impl ProcessRunner {
                 programs: Default::default(),
             });
         }
-        let abi = crate::sandbox::detect_abi();
+        let abi = crate::confine::landlock::detect_abi();
         let mut rules = airlock_core::sandbox::tool_ruleset(abi, workdir, net).map_err(|e| {
             anyhow::anyhow!("cannot confine tools ({e}); pass --no-sandbox to run them unconfined")
         })?;
@@ -98,7 +98,7 @@ impl ProcessRunner {
         // (a pyenv shim's version, a venv's base), or every spawn of it is
         // refused naming what to grant, instead of letting the tool's
         // `execvp` run another of that name further along PATH.
-        let env = crate::sandbox::env_for_check();
+        let env = crate::confine::program::env_for_check();
         let no_roots =
             airlock_core::sandbox::program::Roots { dirs: &[], readable: &|_| false, grant_outside: false };
         let mut programs = std::collections::BTreeMap::new();
@@ -107,7 +107,7 @@ impl ProcessRunner {
                 ToolProgram::OnPath => OsString::from(name),
                 ToolProgram::Fixed(p) => OsString::from_vec(p.clone()),
             }];
-            let checked = crate::sandbox::check_command(&mut rules, workdir, &argv, &env, &no_roots)
+            let checked = crate::confine::program::check_command(&mut rules, workdir, &argv, &env, &no_roots)
                 .map_err(|e| format!("{name}: {e:#}"));
             programs.insert(name.clone(), checked);
         }
@@ -131,7 +131,13 @@ impl ProcessRunner {
             },
         );
         let sandbox = Sandbox { ruleset: rules, mode, net };
-        Ok(ProcessRunner { workdir: workdir.to_path_buf(), env: Vec::new(), sandbox: Some(sandbox), describe, programs })
+        Ok(ProcessRunner {
+            workdir: workdir.to_path_buf(),
+            env: Vec::new(),
+            sandbox: Some(sandbox),
+            describe,
+            programs,
+        })
     }
 
     /// Start every tool with `env` and nothing else of airlock's
@@ -183,12 +189,14 @@ impl ProcessRunner {
         let mut groups = crate::confine::bounds::Groups::default();
         let (mut cmd, pending) = match &self.sandbox {
             Some(sb) => {
-                let view = airlock_core::sandbox::view_for(&sb.ruleset, real.clone());
-                let mut plan = crate::confine::confinement(sb.ruleset.clone(), view, sb.mode, sb.net, 2);
-                groups = crate::confine::bounds::bound(&mut plan);
-                let (cmd, pending) =
-                    crate::confine::command(&plan, &argv).map_err(|e| SpawnError::Other(format!("{e:#}")))?;
-                (cmd, Some(pending))
+                let req = crate::confine::Request {
+                    namespaces: sb.mode,
+                    net: sb.net,
+                    ..crate::confine::Request::new(sb.ruleset.clone(), real.clone())
+                };
+                let s = crate::confine::start(req, &argv).map_err(|e| SpawnError::Other(format!("{e:#}")))?;
+                groups = s.groups;
+                (s.cmd, Some(s.pending))
             }
             None => {
                 let mut cmd = tokio::process::Command::new(&program);
@@ -212,7 +220,7 @@ impl ProcessRunner {
         // nothing.
         unsafe {
             cmd.pre_exec(move || {
-                rustix::process::set_parent_process_death_signal(Some(crate::child::PARENT_DEATH_SIGNAL))?;
+                rustix::process::set_parent_process_death_signal(Some(crate::confine::PARENT_DEATH_SIGNAL))?;
                 if rustix::process::getppid() != Some(parent) {
                     return Err(std::io::Error::other("airlock exited while starting the tool"));
                 }
