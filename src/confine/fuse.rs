@@ -195,7 +195,8 @@ pub(super) fn serve(confinement: &mut Confinement, roots: &[Root]) -> Result<(),
         return Err(NotServed::NoMountNamespace);
     }
     let kinds: Vec<(Root, bool)> = roots.iter().map(|r| (r.clone(), r.path.is_dir())).collect();
-    let mounts = airlock_core::sandbox::fuse::mounts(&kinds, &confinement.view, &confinement.ruleset.direct_read);
+    let mounts =
+        airlock_core::sandbox::fuse::mounts(&kinds, &confinement.view, &confinement.ruleset.direct_read);
     if mounts.is_empty() {
         return Err(NotServed::Failed("no directory root can be mounted at its path".into()));
     }

@@ -134,7 +134,14 @@ impl Audit {
                     PathRequest::Remove { .. } => (AuditOp::Remove, None),
                     PathRequest::Rename { to, .. } => (AuditOp::Rename, Some(to.clone())),
                 };
-                Asked { op, path: Some(req.path().to_owned()), to, mode: None, handle: None, is_virtual: false }
+                Asked {
+                    op,
+                    path: Some(req.path().to_owned()),
+                    to,
+                    mode: None,
+                    handle: None,
+                    is_virtual: false,
+                }
             }
             Op::Read { h, .. } | Op::Write { h, .. } | Op::Close { h } if !h.is_stdio() => {
                 let held = self.handles.get(&(client, *h)).cloned();

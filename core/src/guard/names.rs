@@ -125,8 +125,7 @@ fn lower(n: &[u8]) -> Vec<u8> {
 /// (a lock), `..env.swp` (vim's swap file of `.env`).
 fn undecorated(n: &[u8]) -> Vec<Vec<u8>> {
     let mut out = vec![lower(n)];
-    loop {
-        let Some(cur) = out.last() else { break };
+    while let Some(cur) = out.last() {
         let next: Option<Vec<u8>> = if let Some(s) = cur.strip_suffix(b"~") {
             Some(s.to_vec())
         } else if cur.len() >= 2 && cur.starts_with(b"#") && cur.ends_with(b"#") {

@@ -40,9 +40,9 @@ use std::path::{Path, PathBuf};
 
 pub mod bounds;
 mod confine;
-mod guarded;
-pub mod fuse;
 mod egress;
+pub mod fuse;
+mod guarded;
 mod namespaces;
 pub mod program;
 mod report;
@@ -51,17 +51,17 @@ pub mod sweep;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_program;
-#[cfg(test)]
 mod tests_bounds;
+#[cfg(test)]
+mod tests_program;
 #[cfg(test)]
 mod tests_seccomp;
 #[cfg(test)]
 mod tests_session;
 
 pub use confine::*;
-pub use guarded::*;
 pub use egress::*;
+pub use guarded::*;
 pub use namespaces::*;
 pub use report::*;
 pub use seccomp::*;

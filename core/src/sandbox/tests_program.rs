@@ -363,8 +363,10 @@ fn the_tool_host_grants_the_program_it_was_given_by_path() {
 
 #[test]
 fn many_arguments_are_checked_up_to_the_bound_within_the_ask_bound() {
-    let many: Vec<&'static str> =
-        ["sh", "-c", "cat \"$@\"", "sh"].into_iter().chain(std::iter::repeat_n("data.txt", MAX_ARGS + 50)).collect();
+    let many: Vec<&'static str> = ["sh", "-c", "cat \"$@\"", "sh"]
+        .into_iter()
+        .chain(std::iter::repeat_n("data.txt", MAX_ARGS + 50))
+        .collect();
     let c = Case::new(&many).run().unwrap();
     assert_eq!(paths(&c), [("/home/u/proj/data.txt", true)]);
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);

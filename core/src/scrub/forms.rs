@@ -69,7 +69,7 @@ pub fn utf16(secret: &[u8]) -> (Vec<u8>, Vec<u8>) {
 pub fn base64_core(secret: &[u8], align: usize) -> Option<Vec<u8>> {
     let mut stream = vec![0u8; align];
     stream.extend_from_slice(secret);
-    while stream.len() % 3 != 0 {
+    while !stream.len().is_multiple_of(3) {
         stream.push(0);
     }
     let encoded = base64::engine::general_purpose::STANDARD.encode(&stream).into_bytes();

@@ -79,7 +79,8 @@ impl SecretSet {
         exact.dedup();
         any_case.sort();
         any_case.dedup();
-        let decoded = aho_corasick::nfa::contiguous::NFA::builder().match_kind(MatchKind::Standard).build(&plain).ok();
+        let decoded =
+            aho_corasick::nfa::contiguous::NFA::builder().match_kind(MatchKind::Standard).build(&plain).ok();
         SecretSet {
             exact: automaton(&exact, false),
             any_case: automaton(&any_case, true),
@@ -114,7 +115,12 @@ impl SecretSet {
         merge(spans)
     }
 
-    fn decoded_spans(&self, nfa: &aho_corasick::nfa::contiguous::NFA, data: &[u8], out: &mut Vec<Range<usize>>) {
+    fn decoded_spans(
+        &self,
+        nfa: &aho_corasick::nfa::contiguous::NFA,
+        data: &[u8],
+        out: &mut Vec<Range<usize>>,
+    ) {
         let Ok(mut sid) = nfa.start_state(Anchored::No) else { return };
         units::spans(
             data,

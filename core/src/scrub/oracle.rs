@@ -22,7 +22,10 @@ pub enum Enc {
     JsonSlash,
     HexLower,
     HexUpper,
-    Base64 { align: u8, url: bool },
+    Base64 {
+        align: u8,
+        url: bool,
+    },
     Utf16Le,
     Utf16Be,
 }
@@ -58,7 +61,11 @@ pub fn encode(secret: &str, enc: Enc, pad: u8) -> Vec<u8> {
         Enc::PctLower | Enc::PctUpper => {
             let mut out = String::new();
             for b in secret.bytes() {
-                out.push_str(&if matches!(enc, Enc::PctLower) { format!("%{b:02x}") } else { format!("%{b:02X}") });
+                out.push_str(&if matches!(enc, Enc::PctLower) {
+                    format!("%{b:02x}")
+                } else {
+                    format!("%{b:02X}")
+                });
             }
             out.into_bytes()
         }
@@ -66,7 +73,11 @@ pub fn encode(secret: &str, enc: Enc, pad: u8) -> Vec<u8> {
         Enc::JsonU | Enc::JsonUUpper => {
             let mut out = String::new();
             for u in secret.encode_utf16() {
-                out.push_str(&if matches!(enc, Enc::JsonU) { format!("\\u{u:04x}") } else { format!("\\u{u:04X}") });
+                out.push_str(&if matches!(enc, Enc::JsonU) {
+                    format!("\\u{u:04x}")
+                } else {
+                    format!("\\u{u:04X}")
+                });
             }
             out.into_bytes()
         }
@@ -106,8 +117,12 @@ pub fn encode(secret: &str, enc: Enc, pad: u8) -> Vec<u8> {
 
 /// Whether `needle` is in `hay` other than overlapping a marker.
 pub fn survives(hay: &[u8], needle: &[u8], any_case: bool, mark: &[u8]) -> bool {
-    let marks: Vec<Range<usize>> =
-        hay.windows(mark.len()).enumerate().filter(|(_, w)| *w == mark).map(|(i, _)| i..i + mark.len()).collect();
+    let marks: Vec<Range<usize>> = hay
+        .windows(mark.len())
+        .enumerate()
+        .filter(|(_, w)| *w == mark)
+        .map(|(i, _)| i..i + mark.len())
+        .collect();
     hay.windows(needle.len()).enumerate().any(|(i, w)| {
         let equal = if any_case { w.eq_ignore_ascii_case(needle) } else { w == needle };
         equal && !marks.iter().any(|m| i < m.end && m.start < i + needle.len())
@@ -132,9 +147,9 @@ pub fn visible(out: &[u8], secret: &[u8], mark: &[u8]) -> Option<String> {
         }
     }
     let (le, be) = forms::utf16(s);
-    if std::str::from_utf8(s).is_ok() && (survives(out, &le, false, mark) || survives(out, &be, false, mark)) {
+    if std::str::from_utf8(s).is_ok() && (survives(out, &le, false, mark) || survives(out, &be, false, mark))
+    {
         return Some("utf16".into());
     }
     None
 }
-

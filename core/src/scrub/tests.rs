@@ -18,7 +18,11 @@ fn every_encoding_is_found() {
             let out = set.replace(&text, MARK);
             assert!(set.reveals(&text), "{enc:?}: {}", String::from_utf8_lossy(&text));
             assert!(!set.reveals(&out), "{enc:?}: {}", String::from_utf8_lossy(&out));
-            assert!(out.starts_with(b"<<") && out.ends_with(b">>"), "{enc:?}: {}", String::from_utf8_lossy(&out));
+            assert!(
+                out.starts_with(b"<<") && out.ends_with(b">>"),
+                "{enc:?}: {}",
+                String::from_utf8_lossy(&out)
+            );
         }
     }
 }

@@ -164,8 +164,7 @@ fn protected_by_name(s: &str) -> bool {
     let c: Vec<String> = s.split('/').map(str::to_ascii_lowercase).collect();
     c.iter().enumerate().any(|(i, n)| {
         let next = c.get(i + 1).map(String::as_str);
-        n == ".vscode"
-            || (n == ".git" && (next.is_none() || next == Some("config") || next == Some("hooks")))
+        n == ".vscode" || (n == ".git" && (next.is_none() || next == Some("config") || next == Some("hooks")))
     })
 }
 
@@ -1286,7 +1285,10 @@ fn check_clean(v: &Value) -> Check {
             if let Ok(raw) = STANDARD.decode(s) {
                 let text = String::from_utf8_lossy(&raw);
                 if let Some(form) = secret_in(&raw) {
-                    return Err(violation("secret", format!("the secret reached the tool in base64 ({form}): {s}")));
+                    return Err(violation(
+                        "secret",
+                        format!("the secret reached the tool in base64 ({form}): {s}"),
+                    ));
                 }
                 if text.contains(MARKER) {
                     return Err(violation(
@@ -1392,7 +1394,9 @@ impl Racing<'_> {
             // Protected paths are the tool's to leave alone, not the
             // attacker's: only what the tool does to them is checked.
             .filter(|(k, _)| {
-                k.as_str().starts_with("out/") && !k.as_str().contains(".moved") && !protected_by_name(k.as_str())
+                k.as_str().starts_with("out/")
+                    && !k.as_str().contains(".moved")
+                    && !protected_by_name(k.as_str())
             })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
