@@ -91,6 +91,18 @@ impl<'a> Setup<'a> {
         self.socket = None;
     }
 
+    /// Make the mount points of the roots beneath `dir` (a path under
+    /// `new_root`) before `dir` is made read-only.
+    pub fn make_points_beneath(&self, new_root: &Path, dir: &Path) {
+        for m in &self.plan.mounts {
+            let dst = new_root.join(m.path.strip_prefix("/").unwrap_or(&m.path));
+            if dst.starts_with(dir) && std::fs::symlink_metadata(&dst).is_err() {
+                // A failure shows at the mount, which names it.
+                let _ = std::fs::create_dir_all(&dst);
+            }
+        }
+    }
+
     fn mount_one(&self, index: usize, dst: &Path, dev: OwnedFd) -> anyhow::Result<()> {
         let Some(socket) = &self.socket else { anyhow::bail!("no channel to airlock") };
         if std::fs::symlink_metadata(dst).is_err() {
@@ -200,7 +212,11 @@ pub(super) fn serve(confinement: &mut Confinement, roots: &[Root]) -> Result<(),
     if mounts.is_empty() {
         return Err(NotServed::Failed("no directory root can be mounted at its path".into()));
     }
-    let grants = airlock_core::sandbox::fuse::grants(roots, &mounts);
+    // A root not there yet (a file root created on its first write) has
+    // nothing for a Landlock rule to hold: the mount's own rule decides
+    // its path, and the proxy creates it.
+    let grants =
+        airlock_core::sandbox::fuse::grants(roots, &mounts).into_iter().filter(|r| r.path.exists()).collect();
     confinement.fuse = Some(FusePlan {
         mounts,
         grants,

@@ -874,6 +874,11 @@ fn build_view(view: &View, served: Option<&mut super::fuse::Setup<'_>>) -> anyho
                 // user looks (the project is reached through airlock).
                 if std::fs::symlink_metadata(&dst).is_err() && std::fs::create_dir_all(&dst).is_ok() {
                     mount(Some(&dst), &dst, None, libc::MS_BIND | libc::MS_REC, None)?;
+                    // A served root beneath it needs its mount point made
+                    // while it is still writable.
+                    if let Some(s) = served.as_deref() {
+                        s.make_points_beneath(new_root, &dst);
+                    }
                     make_read_only(&dst)?;
                 }
             }
