@@ -592,11 +592,17 @@ pub fn decide(scope: &Scope, path: &[u8], write: bool, via: Option<&Via>) -> Res
 }
 
 /// Whether a listing shows the entry at `path` (canonical): one the
-/// scope reaches, or one on the way to a deeper rule that it reaches.
+/// scope reaches and the guard lets be read, or one on the way to a
+/// deeper rule that it reaches.
 /// Every listing asks this of every name it returns, so what a listing
 /// shows is decided where every other access is: an entry no request
 /// could reach is left out rather than shown and then refused.
 pub fn name_visible(scope: &Scope, path: &[u8]) -> bool {
+    // A secret or `--deny`ed file is absent, as it is to every other
+    // request (a protected path is readable, so listed).
+    if scope.guard().check(Path::new(bytes::os(path)), Act::Read, false).is_err() {
+        return false;
+    }
     if scope.rule_for_spelled(path, true).is_some_and(|r| r.access.is_some()) {
         return true;
     }
