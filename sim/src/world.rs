@@ -82,6 +82,8 @@ enum Queue {
     /// Path operations, in order.
     Path,
     Stdio,
+    /// Secrets for narrowed scopes, drawn from the world's RNG.
+    Secret,
 }
 
 /// An effect awaiting completion: its arrival number, id and request.
@@ -664,6 +666,11 @@ impl World {
                 level,
                 ClientId(0),
             )),
+            Output::Dismiss => Err(at(
+                violation("no_socket", "dismissed a connection nobody accepted".into()),
+                level,
+                ClientId(0),
+            )),
             Output::Close { client } => {
                 if !self.closed_by_machine.insert((level, client)) {
                     return Err(at(violation("close_once", "closed twice".into()), level, client));
@@ -717,6 +724,7 @@ impl World {
                             format!("level {level} asked for a mount's effect, and no mount was made"),
                         ));
                     }
+                    Effect::DrawSecret => Queue::Secret,
                     Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
                         if self.levels[level].m.config().stdio != StdioRole::Local {
                             return Err(violation(
@@ -822,6 +830,13 @@ impl World {
         let level = key.0;
         let misuse = |e: String| violation("fs_misuse", e);
         let result = match effect {
+            Effect::DrawSecret => {
+                let hex: String = (0..4).map(|_| format!("{:016x}", self.rng.gen::<u64>())).collect();
+                match airlock_core::fsproxy::Secret::parse(hex.as_bytes()) {
+                    Some(secret) => EffectResult::Secret { secret },
+                    None => return Err(violation("policy", "a drawn secret is not hex".into())),
+                }
+            }
             Effect::Open { file, root, rel, mode, scope, .. } => {
                 let Some(r) = self.levels[level].m.config().policy.root(root) else {
                     return Err(violation("policy", format!("unknown root {root:?}")));
