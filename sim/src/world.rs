@@ -831,7 +831,9 @@ impl World {
         let misuse = |e: String| violation("fs_misuse", e);
         let result = match effect {
             Effect::DrawSecret => {
-                let hex: String = (0..4).map(|_| format!("{:016x}", self.rng.gen::<u64>())).collect();
+                // Named by the level and the effect, so each differs; not
+                // from the RNG, which would change every world after it.
+                let hex = format!("{level:032x}{:032x}", id.0);
                 match airlock_core::fsproxy::Secret::parse(hex.as_bytes()) {
                     Some(secret) => EffectResult::Secret { secret },
                     None => return Err(violation("policy", "a drawn secret is not hex".into())),
