@@ -1821,6 +1821,9 @@ fn three_levels_intersect_at_the_top() {
         code(&c.call(A, json!({"id": "1", "op": "open", "params": {"path": "/rw/a/other", "mode": "r"}}))),
         "E_PERM"
     );
+    // A first forward, so the middle's own narrow (whose secret the top
+    // draws with an effect) is answered before the top's effects are held.
+    c.call(A, json!({"id": "0", "op": "open", "params": {"path": "/rw/a/sub/g", "mode": "r"}}));
     c.top.auto = false;
     c.mid.send_json(A, &json!({"id": "2", "op": "open", "params": {"path": "/rw/a/sub/f", "mode": "w"}}));
     c.pump();
