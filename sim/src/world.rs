@@ -82,8 +82,6 @@ enum Queue {
     /// Path operations, in order.
     Path,
     Stdio,
-    /// Secrets for narrowed scopes, drawn from the world's RNG.
-    Secret,
 }
 
 /// An effect awaiting completion: its arrival number, id and request.
@@ -164,6 +162,9 @@ pub struct World {
     files: Files,
     effects: BTreeMap<(usize, Queue), VecDeque<PendingEffect>>,
     effect_seq: u64,
+    /// Secrets a machine asked for while its outputs were routed: drawn
+    /// as soon as they are, as the real shell does (see `feed`).
+    secret_draws: Vec<(usize, EffectId)>,
     /// (level, client) pairs the machine may no longer talk to.
     gone: BTreeSet<(usize, ClientId)>,
     closed_by_machine: BTreeSet<(usize, ClientId)>,
@@ -304,6 +305,7 @@ impl World {
             files,
             effects: BTreeMap::new(),
             effect_seq: 0,
+            secret_draws: Vec::new(),
             gone: BTreeSet::new(),
             closed_by_machine: BTreeSet::new(),
             departed_check: Vec::new(),
@@ -611,6 +613,17 @@ impl World {
                 self.first_violation.get_or_insert(v);
             }
         }
+        // Drawn at once, never queued with the file effects: no fault
+        // touches them, and no world's random numbers move for them.
+        for (level, id) in std::mem::take(&mut self.secret_draws) {
+            // Named by the level and the effect, so each differs.
+            let hex = format!("{level:032x}{:032x}", id.0);
+            let result = match airlock_core::fsproxy::Secret::parse(hex.as_bytes()) {
+                Some(secret) => EffectResult::Secret { secret },
+                None => EffectResult::Failed { kind: FsErrorKind::Other, message: "not hex".into() },
+            };
+            self.feed(level, Input::EffectDone { id, result });
+        }
     }
 
     fn client_at(&self, level: usize, client: ClientId) -> Option<usize> {
@@ -724,7 +737,10 @@ impl World {
                             format!("level {level} asked for a mount's effect, and no mount was made"),
                         ));
                     }
-                    Effect::DrawSecret => Queue::Secret,
+                    Effect::DrawSecret => {
+                        self.secret_draws.push((level, id));
+                        return Ok(());
+                    }
                     Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
                         if self.levels[level].m.config().stdio != StdioRole::Local {
                             return Err(violation(
@@ -830,15 +846,8 @@ impl World {
         let level = key.0;
         let misuse = |e: String| violation("fs_misuse", e);
         let result = match effect {
-            Effect::DrawSecret => {
-                // Named by the level and the effect, so each differs; not
-                // from the RNG, which would change every world after it.
-                let hex = format!("{level:032x}{:032x}", id.0);
-                match airlock_core::fsproxy::Secret::parse(hex.as_bytes()) {
-                    Some(secret) => EffectResult::Secret { secret },
-                    None => return Err(violation("policy", "a drawn secret is not hex".into())),
-                }
-            }
+            // Drawn when asked for (see `feed`), never queued.
+            Effect::DrawSecret => return Err(violation("policy", "a queued secret draw".into())),
             Effect::Open { file, root, rel, mode, scope, .. } => {
                 let Some(r) = self.levels[level].m.config().policy.root(root) else {
                     return Err(violation("policy", format!("unknown root {root:?}")));
