@@ -444,3 +444,23 @@ print(json.dumps(c.read_file("data.txt").decode()), flush=True)
     assert_eq!(run.report_u64("socket_unauthenticated"), 0, "{}", run.report);
     run.assert_no_leaks();
 }
+
+/// The CLI's `airlock narrow`: the command it starts gets the narrowed
+/// connection and the narrowed scope's secret, not the session's; with
+/// its descriptor closed it comes back through the socket read-only, and
+/// the shell that started it still writes. Under the default sandbox.
+#[test]
+fn the_cli_starts_a_narrowed_command_with_its_own_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data.txt"), "before\n").unwrap();
+    let inner = r#"[ "$AIRLOCK_TOKEN" != "$OUTER" ] && echo own-secret; "$AIRLOCK" fs cat data.txt; exec 3>&-; "$AIRLOCK" fs cat data.txt; echo child | "$AIRLOCK" fs write data.txt || echo refused"#;
+    let script = format!(
+        r#"OUTER="$AIRLOCK_TOKEN"; export OUTER; "$AIRLOCK" narrow --ro . -- sh -c '{inner}'; echo parent | "$AIRLOCK" fs write data.txt && echo parent-wrote"#
+    );
+    let run = run_in(dir.path(), &["--allow-rw", "."], &sh(&script));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "own-secret\nbefore\nbefore\nrefused\nparent-wrote\n", "{}", run.stderr());
+    assert_eq!(std::fs::read_to_string(dir.path().join("data.txt")).unwrap(), "parent\n");
+    assert_eq!(run.report_u64("socket_unauthenticated"), 0, "{}", run.report);
+    run.assert_no_leaks();
+}
