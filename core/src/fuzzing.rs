@@ -637,6 +637,9 @@ impl Shell {
         }
         let (id, effect) = self.effects.remove(idx);
         let result = match &effect {
+            // A secret comes from the OS's random number generator, not
+            // the file system whose failures are injected here.
+            Effect::DrawSecret => self.fs.perform(&effect),
             _ if fail => self.fs.fail(&effect),
             Effect::Path { op, scope } => self.fs.perform_path(&self.proxy.config().policy, op, scope),
             _ => self.fs.perform(&effect),
