@@ -157,7 +157,7 @@ pub fn spawn(
 /// Mark every descriptor above 3 close-on-exec. Not closed outright: the
 /// standard library's own pipe that reports a failed exec must live until
 /// the exec.
-fn close_above_3_on_exec() {
+pub(crate) fn close_above_3_on_exec() {
     // SAFETY: close_range only changes descriptor flags; no memory is passed.
     let r = unsafe { libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     if r != 0 {

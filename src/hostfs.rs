@@ -338,6 +338,9 @@ impl HostFs {
             Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
                 failed(FsErrorKind::Other, "stdio is not a host file")
             }
+            Effect::DrawSecret => {
+                failed(FsErrorKind::Other, "a secret is drawn by the session, not the host files")
+            }
         }
     }
 

@@ -19,6 +19,7 @@ pub mod guardscan;
 pub mod heap;
 pub mod hostfs;
 pub mod llm_cli;
+pub mod narrowcli;
 pub mod outfile;
 pub mod provider;
 pub mod proxy;

@@ -62,6 +62,9 @@ enum Command {
         #[arg(value_name = "TOKEN")]
         token: String,
     },
+    /// Start CMD on a connection narrowed to --ro/--rw paths, with that
+    /// narrowing's own secret in its environment, never the session's.
+    Narrow(airlock::narrowcli::NarrowArgs),
     /// Large content as fd:N: wrap, read by page, export, search.
     #[command(subcommand)]
     Fd(airlock::fdcli::FdCommand),
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
         Command::Llm(args) => Ok(llm_cli::llm(args)),
         Command::Quota { json } => Ok(llm_cli::quota(*json)),
         Command::Cancel { token } => Ok(llm_cli::cancel(token)),
+        Command::Narrow(args) => airlock::narrowcli::narrow(args),
         Command::Fd(cmd) => airlock::fdcli::fd(cmd),
         Command::Sim(args) => simulate::sim(args),
         Command::Replay { traces } => simulate::replay(traces),

@@ -88,8 +88,9 @@ pub enum Event {
     /// A provider call (`Output::StartProvider`) finished; its result waits
     /// in the session's in-flight table.
     ProviderDone(CallId),
-    /// A connection on the session socket that sent the session's secret.
-    Accepted(UnixStream),
+    /// A connection on the session socket that sent a secret: the
+    /// session's (`None`), or another for the machine to look up.
+    Accepted(UnixStream, Option<airlock_core::fsproxy::Secret>),
     /// A connection on the session socket closed for a wrong or missing
     /// secret.
     Unauthenticated,
@@ -549,12 +550,12 @@ impl Session {
                     queue.push_back(fd);
                     Input::Descriptor { client }
                 }
-                Event::Accepted(stream) => {
+                Event::Accepted(stream, secret) => {
                     if self.acceptor.is_none() {
                         continue;
                     }
                     self.accepted = Some(stream);
-                    Input::Accepted
+                    Input::Accepted { secret }
                 }
                 Event::Unauthenticated => {
                     tracing::debug!("session socket: connection without the session's secret closed");
@@ -820,6 +821,11 @@ impl Session {
                 }
                 None => Some(Input::Eof { client }),
             },
+            Output::Dismiss => {
+                tracing::debug!("session socket: connection with an unknown secret closed");
+                drop(self.accepted.take());
+                None
+            }
             Output::Refuse { data } => {
                 if let Some(mut stream) = self.accepted.take() {
                     // Told why, then closed; a peer that never reads
@@ -903,6 +909,13 @@ impl Session {
                         let _ = events.send(Event::EffectDone(id, result)).await;
                     });
                     None
+                }
+                Effect::DrawSecret => {
+                    let result = match crate::session_socket::draw_secret() {
+                        Ok(secret) => EffectResult::Secret { secret },
+                        Err(e) => EffectResult::Failed { kind: FsErrorKind::Other, message: e.to_string() },
+                    };
+                    Some(Input::EffectDone { id, result })
                 }
                 file_effect => Some(Input::EffectDone { id, result: self.host.execute(file_effect) }),
             },

@@ -10,11 +10,13 @@
 //! tells the child where it is (`AIRLOCK_SOCKET`) and the session's secret
 //! (`AIRLOCK_TOKEN`), drawn from the OS RNG and known only to airlock and
 //! the processes of the
-//! session. A connection first sends the secret; a wrong one, or none in
-//! time, gets nothing but the closed connection (and a count in the
-//! report). A connection that proves it is then handed to the FS proxy
-//! machine, which admits or refuses it as it would an attach: same limits,
-//! same policy, same cleanup.
+//! session. A connection first sends a secret: the session's, checked
+//! here, or a narrowed scope's (the answer to a `narrow`), which the FS
+//! proxy machine looks up; one it does not know, or none in time, gets
+//! nothing but the closed connection (and a count in the report). A
+//! connection that proves it is then admitted or refused as an attach
+//! would be: same limits, same cleanup, and the policy of what its secret
+//! stands for (the session's, or the narrowed scope's and nothing wider).
 
 use crate::session::Event;
 use airlock_core::sandbox::sweep::{self, socket_base};
@@ -39,6 +41,8 @@ pub const TOKEN_ENV: &str = "AIRLOCK_TOKEN";
 pub const TOKEN_BYTES: usize = 32;
 /// The secret as sent on the socket: its bytes in lowercase hex.
 pub const TOKEN_LEN: usize = TOKEN_BYTES * 2;
+// A narrowed scope's secret is sent in the same place, so has the same form.
+const _: () = assert!(TOKEN_LEN == airlock_core::fsproxy::SECRET_LEN);
 /// How long a connection has to send the secret before it is closed.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections that may be sending their secret at once; more wait in
@@ -58,6 +62,14 @@ impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Token(..)")
     }
+}
+
+/// A fresh secret for a narrowed scope (`Effect::DrawSecret`), drawn as
+/// the session's is.
+pub fn draw_secret() -> std::io::Result<airlock_core::fsproxy::Secret> {
+    let token = Token::random()?;
+    airlock_core::fsproxy::Secret::parse(&token.0)
+        .ok_or_else(|| std::io::Error::other("a drawn secret is not hex"))
 }
 
 impl Token {
@@ -217,7 +229,7 @@ async fn accept_loop(listener: UnixListener, token: Token, events: mpsc::Sender<
         let (token, events) = (token.clone(), events.clone());
         handshakes.spawn(async move {
             let event = match handshake(stream, &token).await {
-                Some(stream) => Event::Accepted(stream),
+                Some((stream, secret)) => Event::Accepted(stream, secret),
                 None => Event::Unauthenticated,
             };
             let _ = events.send(event).await;
@@ -226,12 +238,18 @@ async fn accept_loop(listener: UnixListener, token: Token, events: mpsc::Sender<
     }
 }
 
-/// The stream, once it has sent the secret; `None` (and the stream
-/// closed) when it sent something else, too little, or took too long.
-async fn handshake(mut stream: UnixStream, token: &Token) -> Option<UnixStream> {
+/// The stream, once it has sent a secret: the session's (`None`), or one
+/// for the machine to look up among its narrowed scopes'. `None` (and the
+/// stream closed) when it sent something that is no secret, too little,
+/// or took too long.
+async fn handshake(
+    mut stream: UnixStream,
+    token: &Token,
+) -> Option<(UnixStream, Option<airlock_core::fsproxy::Secret>)> {
     let mut sent = [0u8; TOKEN_LEN];
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.read_exact(&mut sent)).await {
-        Ok(Ok(_)) if token.matches(&sent) => Some(stream),
+        Ok(Ok(_)) if token.matches(&sent) => Some((stream, None)),
+        Ok(Ok(_)) => airlock_core::fsproxy::Secret::parse(&sent).map(|s| (stream, Some(s))),
         _ => None,
     }
 }

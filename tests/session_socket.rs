@@ -363,3 +363,104 @@ fn a_silent_connection_is_closed_at_the_handshake_timeout() {
     let report = b.end();
     assert_eq!(report["socket_unauthenticated"], serde_json::json!(1), "{report}");
 }
+
+/// Issue 40, narrowing holds: a parent narrows a connection of its own to
+/// read-only and starts a child on it with the Python client's
+/// environment. The child has the narrowed scope's secret, never the
+/// session's; whether it keeps the descriptor, loses it (default
+/// `subprocess`) and reconnects through the socket, or connects there by
+/// hand with the secret it has, a write is refused. The parent, never
+/// narrowed, still writes. Under the default sandbox.
+#[test]
+fn a_narrowed_child_reconnecting_through_the_socket_stays_narrow() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data.txt"), "before\n").unwrap();
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python").display().to_string();
+    // The child: what it was given, then a write and a read three ways.
+    let child = format!(
+        r#"
+import os, sys, json, socket, struct, subprocess
+sys.path.insert(0, {client:?})
+from airlock_client import Client, AirlockError
+res = {{"token_is_session": os.environ["AIRLOCK_TOKEN"] == sys.argv[1]}}
+def tries(c):
+    got = []
+    try:
+        c.write_file("data.txt", b"child\n"); got.append("wrote")
+    except AirlockError as e:
+        got.append(e.code)
+    got.append(c.read_file("data.txt").decode())
+    return got
+res["fd"] = os.environ["AIRLOCK_FD"] != "3" and os.path.exists("/proc/self/fd/" + os.environ["AIRLOCK_FD"])
+res["from_env"] = tries(Client.from_env())
+res["by_hand"] = tries(Client.from_socket(os.environ["AIRLOCK_SOCKET"], os.environ["AIRLOCK_TOKEN"]))
+r = subprocess.run(["sh", "-c", 'echo cli | "$AIRLOCK" fs write data.txt'], capture_output=True, text=True)
+res["cli"] = [r.returncode, "E_PERM" in r.stderr or "read-only" in r.stderr]
+print(json.dumps(res), flush=True)
+"#
+    );
+    let script = format!(
+        r#"
+import os, sys, json, subprocess
+sys.path.insert(0, {client:?})
+from airlock_client import Client
+c = Client.from_env()
+with c.narrowed([{{"path": os.getcwd(), "access": "r"}}]) as sub:
+    env = sub.child_env()
+    # Kept: the child's descriptor is the narrowed connection.
+    kept = subprocess.run([sys.executable, "-c", {child:?}, os.environ["AIRLOCK_TOKEN"]],
+                          pass_fds=[sub.fileno()], env=env, capture_output=True, text=True)
+    # Lost: Python's default closes it; the child comes back through the socket.
+    lost = subprocess.run([sys.executable, "-c", {child:?}, os.environ["AIRLOCK_TOKEN"]],
+                          env=env, capture_output=True, text=True)
+for r in (kept, lost):
+    print(r.stdout.strip() or json.dumps({{"child_failed": r.stderr}}), flush=True)
+c.write_file("data.txt", b"parent\n")
+print(json.dumps(c.read_file("data.txt").decode()), flush=True)
+"#
+    );
+    let run = run_in(
+        dir.path(),
+        &["--sandbox-ro", &client, "--allow-rw", "."],
+        &["python3".into(), "-c".into(), script],
+    );
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    let lines = run.lines();
+    assert_eq!(lines.len(), 3, "{lines:?} {}", run.stderr());
+    for (i, l) in lines[..2].iter().enumerate() {
+        assert_eq!(l["token_is_session"], serde_json::json!(false), "child {i}: {l}");
+        assert_eq!(l["from_env"], serde_json::json!(["E_PERM", "before\n"]), "child {i}: {l}");
+        assert_eq!(l["by_hand"], serde_json::json!(["E_PERM", "before\n"]), "child {i}: {l}");
+        assert_eq!(l["cli"][1], serde_json::json!(true), "child {i}: {l}");
+        assert_ne!(l["cli"][0], serde_json::json!(0), "child {i}: {l}");
+    }
+    assert_eq!(lines[0]["fd"], serde_json::json!(true), "{}", lines[0]);
+    assert_eq!(lines[1]["fd"], serde_json::json!(false), "{}", lines[1]);
+    assert_eq!(lines[2], serde_json::json!("parent\n"), "{}", run.stderr());
+    assert_eq!(std::fs::read_to_string(dir.path().join("data.txt")).unwrap(), "parent\n");
+    // The lost descriptor's child and every by-hand connection came
+    // through the socket with a secret it knew.
+    assert!(run.report_u64("socket_clients") >= 3, "{}", run.report);
+    assert_eq!(run.report_u64("socket_unauthenticated"), 0, "{}", run.report);
+    run.assert_no_leaks();
+}
+
+/// The CLI's `airlock narrow`: the command it starts gets the narrowed
+/// connection and the narrowed scope's secret, not the session's; with
+/// its descriptor closed it comes back through the socket read-only, and
+/// the shell that started it still writes. Under the default sandbox.
+#[test]
+fn the_cli_starts_a_narrowed_command_with_its_own_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data.txt"), "before\n").unwrap();
+    let inner = r#"[ "$AIRLOCK_TOKEN" != "$OUTER" ] && echo own-secret; "$AIRLOCK" fs cat data.txt; exec 3>&-; "$AIRLOCK" fs cat data.txt; echo child | "$AIRLOCK" fs write data.txt || echo refused"#;
+    let script = format!(
+        r#"OUTER="$AIRLOCK_TOKEN"; export OUTER; "$AIRLOCK" narrow --ro . -- sh -c '{inner}'; echo parent | "$AIRLOCK" fs write data.txt && echo parent-wrote"#
+    );
+    let run = run_in(dir.path(), &["--allow-rw", "."], &sh(&script));
+    assert_eq!(run.code(), Some(0), "{}", run.stderr());
+    assert_eq!(run.stdout(), "own-secret\nbefore\nbefore\nrefused\nparent-wrote\n", "{}", run.stderr());
+    assert_eq!(std::fs::read_to_string(dir.path().join("data.txt")).unwrap(), "parent\n");
+    assert_eq!(run.report_u64("socket_unauthenticated"), 0, "{}", run.report);
+    run.assert_no_leaks();
+}

@@ -53,6 +53,9 @@ pub struct MemFs {
     stdin_pos: usize,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// Secrets drawn (`Effect::DrawSecret`): each is the next number, so
+    /// every one differs.
+    pub secrets_drawn: u64,
 }
 
 impl MemFs {
@@ -76,6 +79,13 @@ impl MemFs {
     /// read-only open, an open of a path that is not confined to its root.
     pub fn perform(&mut self, effect: &Effect) -> EffectResult {
         match effect {
+            Effect::DrawSecret => {
+                self.secrets_drawn += 1;
+                match crate::fsproxy::Secret::parse(format!("{:064x}", self.secrets_drawn).as_bytes()) {
+                    Some(secret) => EffectResult::Secret { secret },
+                    None => unreachable!("64 hex digits are a secret"),
+                }
+            }
             Effect::Open { file, root, rel, mode, .. } => {
                 assert!(!self.open.contains_key(file), "{file:?} opened twice");
                 assert!(
@@ -365,6 +375,9 @@ pub enum Event {
     Admitted(ClientId),
     /// A connection of the session socket refused with this payload.
     Refused(Vec<u8>),
+    /// A connection of the session socket closed unanswered: its secret
+    /// was no live scope's.
+    Dismissed,
 }
 
 /// A shell around one [`FsProxy`]: performs its effects on a [`MemFs`],
@@ -571,6 +584,7 @@ impl Shell {
                 }
                 Output::Admit { client } => self.events.push(Event::Admitted(client)),
                 Output::Refuse { data } => self.events.push(Event::Refused(single_frame(&data))),
+                Output::Dismiss => self.events.push(Event::Dismissed),
                 Output::Effect { id, effect } => self.effects.push((id, effect)),
                 Output::SendUpstream { data } => self.events.push(Event::Upstream(data)),
                 Output::Audit { record } => {
@@ -623,6 +637,9 @@ impl Shell {
         }
         let (id, effect) = self.effects.remove(idx);
         let result = match &effect {
+            // A secret comes from the OS's random number generator, not
+            // the file system whose failures are injected here.
+            Effect::DrawSecret => self.fs.perform(&effect),
             _ if fail => self.fs.fail(&effect),
             Effect::Path { op, scope } => self.fs.perform_path(&self.proxy.config().policy, op, scope),
             _ => self.fs.perform(&effect),

@@ -91,6 +91,7 @@ fn transcript(config: Config, steps: &[Step]) -> String {
                 Event::Upstream(data) => out += &format!("^^ {}\n", String::from_utf8_lossy(&data[4..])),
                 Event::Admitted(new) => out += &format!("<- (admitted {new} from the session socket)\n"),
                 Event::Refused(payload) => out += &format!("<x {}\n", String::from_utf8_lossy(payload)),
+                Event::Dismissed => out += "<x (closed unanswered: an unknown secret)\n",
             }
         }
     }

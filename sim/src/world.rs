@@ -162,6 +162,9 @@ pub struct World {
     files: Files,
     effects: BTreeMap<(usize, Queue), VecDeque<PendingEffect>>,
     effect_seq: u64,
+    /// Secrets a machine asked for while its outputs were routed: drawn
+    /// as soon as they are, as the real shell does (see `feed`).
+    secret_draws: Vec<(usize, EffectId)>,
     /// (level, client) pairs the machine may no longer talk to.
     gone: BTreeSet<(usize, ClientId)>,
     closed_by_machine: BTreeSet<(usize, ClientId)>,
@@ -302,6 +305,7 @@ impl World {
             files,
             effects: BTreeMap::new(),
             effect_seq: 0,
+            secret_draws: Vec::new(),
             gone: BTreeSet::new(),
             closed_by_machine: BTreeSet::new(),
             departed_check: Vec::new(),
@@ -609,6 +613,17 @@ impl World {
                 self.first_violation.get_or_insert(v);
             }
         }
+        // Drawn at once, never queued with the file effects: no fault
+        // touches them, and no world's random numbers move for them.
+        for (level, id) in std::mem::take(&mut self.secret_draws) {
+            // Named by the level and the effect, so each differs.
+            let hex = format!("{level:032x}{:032x}", id.0);
+            let result = match airlock_core::fsproxy::Secret::parse(hex.as_bytes()) {
+                Some(secret) => EffectResult::Secret { secret },
+                None => EffectResult::Failed { kind: FsErrorKind::Other, message: "not hex".into() },
+            };
+            self.feed(level, Input::EffectDone { id, result });
+        }
     }
 
     fn client_at(&self, level: usize, client: ClientId) -> Option<usize> {
@@ -664,6 +679,11 @@ impl World {
                 level,
                 ClientId(0),
             )),
+            Output::Dismiss => Err(at(
+                violation("no_socket", "dismissed a connection nobody accepted".into()),
+                level,
+                ClientId(0),
+            )),
             Output::Close { client } => {
                 if !self.closed_by_machine.insert((level, client)) {
                     return Err(at(violation("close_once", "closed twice".into()), level, client));
@@ -716,6 +736,10 @@ impl World {
                             "policy",
                             format!("level {level} asked for a mount's effect, and no mount was made"),
                         ));
+                    }
+                    Effect::DrawSecret => {
+                        self.secret_draws.push((level, id));
+                        return Ok(());
                     }
                     Effect::ReadStdin { .. } | Effect::WriteStdio { .. } => {
                         if self.levels[level].m.config().stdio != StdioRole::Local {
@@ -822,6 +846,8 @@ impl World {
         let level = key.0;
         let misuse = |e: String| violation("fs_misuse", e);
         let result = match effect {
+            // Drawn when asked for (see `feed`), never queued.
+            Effect::DrawSecret => return Err(violation("policy", "a queued secret draw".into())),
             Effect::Open { file, root, rel, mode, scope, .. } => {
                 let Some(r) = self.levels[level].m.config().policy.root(root) else {
                     return Err(violation("policy", format!("unknown root {root:?}")));

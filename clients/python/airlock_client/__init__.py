@@ -104,6 +104,8 @@ class Client:
         self._sock = sock
         self._ids = itertools.count(1)
         self._early: Dict[str, JsonObject] = {}
+        # The secret of the scope this connection was narrowed to, if any.
+        self._secret: Optional[str] = None
 
     # -- connecting ------------------------------------------------------
 
@@ -206,6 +208,53 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def fileno(self) -> int:
+        """The connection's descriptor (to pass to a child: see `narrowed`)."""
+        return self._sock.fileno()
+
+    # -- narrowing -------------------------------------------------------
+
+    def narrow(self, rules: List[JsonObject]) -> str:
+        """Narrow this connection, for good, to what `rules` also allow
+        (`[{"path": "/abs", "access": "r" | "rw" | "none"}, ...]`); a second
+        narrow only narrows further. Returns the narrowed scope's secret:
+        the session socket admits it under this scope and nothing wider."""
+        result = self.call("narrow", {"rules": rules})
+        secret = result.get("secret") if isinstance(result, dict) else None
+        if not isinstance(secret, str):
+            raise ProtocolError(f"a narrow answered without a secret: {result!r}")
+        self._secret = secret
+        return secret
+
+    def narrowed(self, rules: List[JsonObject]) -> "Client":
+        """A new connection of its own, narrowed to `rules`, for a process
+        this one starts and trusts less: start it with the connection's
+        descriptor and `child_env()`, e.g.
+
+            with c.narrowed([{"path": os.getcwd(), "access": "r"}]) as sub:
+                subprocess.run(cmd, pass_fds=[sub.fileno()], env=sub.child_env())
+
+        This connection stays as it was."""
+        sub = Client.attach(self.fileno())
+        try:
+            sub.narrow(rules)
+        except BaseException:
+            sub.close()
+            raise
+        return sub
+
+    def child_env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """The environment for a process started on this connection (a copy
+        of `base`, default `os.environ`): `AIRLOCK_FD` names the connection
+        and, once it was narrowed, `AIRLOCK_TOKEN` is the narrowed scope's
+        secret, never the session's, so a child that loses the descriptor
+        and reconnects through `AIRLOCK_SOCKET` is just as narrow."""
+        env = dict(os.environ if base is None else base)
+        env["AIRLOCK_FD"] = str(self.fileno())
+        if self._secret is not None:
+            env["AIRLOCK_TOKEN"] = self._secret
+        return env
 
     # -- the wire --------------------------------------------------------
 

@@ -244,7 +244,8 @@ impl FsProxy {
             other @ (EffectResult::Stat { .. }
             | EffectResult::Listed { .. }
             | EffectResult::Done
-            | EffectResult::Target { .. }) => FileResult::Failed {
+            | EffectResult::Target { .. }
+            | EffectResult::Secret { .. }) => FileResult::Failed {
                 kind: FsErrorKind::Other,
                 message: format!("unexpected effect result: {other:?}"),
             },

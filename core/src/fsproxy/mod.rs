@@ -31,6 +31,7 @@ mod fd;
 mod fuse;
 mod paths;
 mod read_batch;
+pub mod scope_secrets;
 mod virtual_fs;
 pub mod wire;
 
@@ -40,6 +41,7 @@ pub use bounds::{
     DEFAULT_MAX_UPSTREAM_FRAME,
 };
 pub use read_batch::{DEFAULT_MAX_READ_BATCH, MAX_BATCHED_FRAME};
+pub use scope_secrets::{Secret, MAX_SCOPE_SECRETS, SECRET_LEN};
 pub use virtual_fs::{VirtualFs, DEFAULT_MAX_VIRTUAL_BYTES, DEFAULT_MAX_VIRTUAL_FILES};
 
 use crate::b64;
@@ -355,11 +357,17 @@ pub enum Input {
     },
     /// The time `poll_timeout` named has come.
     Tick,
-    /// A connection on the session socket proved it knows the session's
-    /// secret; the shell holds it until `Output::Admit` or `Output::Refuse`
-    /// answers, within this same `handle`.
-    Accepted,
-    /// A connection on the session socket sent a wrong secret, or none in
+    /// A connection on the session socket sent a secret: the session's
+    /// (`secret: None`, checked by the shell, which drew it) or another,
+    /// which the machine looks up among its narrowed scopes' (see
+    /// `scope_secrets`). The shell holds the connection until
+    /// `Output::Admit`, `Output::Refuse` or `Output::Dismiss` answers,
+    /// within this same `handle`.
+    Accepted {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret: Option<Secret>,
+    },
+    /// A connection on the session socket sent no secret, or none in
     /// time; the shell has closed it.
     Unauthenticated,
     /// The walk of effect `id` met a protected path, a secret file or a
@@ -420,6 +428,9 @@ pub enum Output {
         #[serde(with = "b64")]
         data: Vec<u8>,
     },
+    /// Close the connection of `Input::Accepted` unanswered: its secret is
+    /// no live scope's.
+    Dismiss,
     /// Close a descriptor `client` passed: the oldest (an attach that
     /// would have claimed it was refused by a limit), or the newest, just
     /// handed in (holding it would eat into the descriptor reserve).
@@ -537,6 +548,10 @@ pub enum Effect {
         #[serde(with = "b64")]
         data: Vec<u8>,
     },
+    /// Draw a fresh secret from the OS's random number generator, for a
+    /// narrowed scope (see `scope_secrets`): answered with `Secret`, or
+    /// `Failed`.
+    DrawSecret,
     /// A path operation on host files, resolving symlinks under a
     /// capability and deciding on what it resolves to under `scope` (see
     /// [`crate::pathops`]). Answered with `Stat`, `Listed`, `Done` or
@@ -591,6 +606,10 @@ pub enum EffectResult {
     Target {
         #[serde(with = "b64")]
         target: Vec<u8>,
+    },
+    /// A fresh secret (`Effect::DrawSecret`).
+    Secret {
+        secret: Secret,
     },
 }
 
@@ -746,6 +765,11 @@ enum Waiting {
     UpstreamBroker,
     /// This level's own `narrow` of its upstream.
     Narrow,
+    /// A client's `narrow`, waiting for the secret it is answered with;
+    /// `scope` is what the client will be narrowed to once it comes.
+    ScopeSecret {
+        scope: Box<Scope>,
+    },
     /// A file operation of one of the pager's jobs.
     Pager {
         job: JobId,
@@ -804,6 +828,9 @@ struct Client {
     /// This level's own scope intersected with `scope`, computed once per
     /// `narrow` rather than per open.
     effective: Option<Scope>,
+    /// The narrowed scope whose secret this client holds alive (see
+    /// `scope_secrets`): set with `scope`, inherited with it.
+    key: Option<scope_secrets::ScopeKey>,
     /// Room reserved ahead of a partial frame: only with
     /// `PlantedBug::UncountedBuffer`.
     read_ahead: Vec<u8>,
@@ -924,6 +951,8 @@ pub struct FsProxy {
     /// This level's own policy as a scope.
     own_scope: Scope,
     up_narrow: UpNarrow,
+    /// The secrets of the narrowed scopes its clients hold.
+    scope_secrets: scope_secrets::ScopeSecrets,
     /// The session's fds (top level with `[file_descriptor]` only).
     pager: Option<Pager>,
     fd: fd::FdState,
@@ -1065,6 +1094,7 @@ impl FsProxy {
             next_attached: ATTACHED_CLIENT_BASE,
             own_scope: config.policy.scope(),
             up_narrow: UpNarrow::NotSent,
+            scope_secrets: scope_secrets::ScopeSecrets::default(),
             outputs: VecDeque::new(),
             audit: config.audit.then(audit::Audit::default),
             virtual_notice: None,
@@ -1183,7 +1213,7 @@ impl FsProxy {
                 self.feed_broker(BrokerInput::ProviderDone { call, result })
             }
             Input::Tick => self.feed_broker(BrokerInput::Tick),
-            Input::Accepted => self.accept(),
+            Input::Accepted { secret } => self.accept(secret),
             Input::Unauthenticated => self.stats.socket_unauthenticated += 1,
             Input::Guarded { id, hit } => self.guarded(id, hit),
             Input::FuseMounted { client, root, uid, gid, passthrough } => {
@@ -1373,6 +1403,7 @@ impl FsProxy {
                 passed: VecDeque::new(),
                 scope: None,
                 effective: None,
+                key: None,
                 read_ahead: Vec::new(),
             },
         );
@@ -1531,7 +1562,7 @@ impl FsProxy {
         if pending.req.is_some() {
             if let Some(c) = self.clients.get_mut(&pending.client) {
                 c.busy = true;
-                c.busy_on_file = !matches!(pending.waiting, Waiting::Stdio);
+                c.busy_on_file = !matches!(pending.waiting, Waiting::Stdio | Waiting::ScopeSecret { .. });
             }
         }
         self.pending.insert(id, pending);
@@ -1616,18 +1647,74 @@ impl FsProxy {
         }
     }
 
-    /// `narrow`: the client (a nested level) may reach only what `scope`
-    /// also allows, from now on; it can never widen.
+    /// `narrow`: the client (a nested level, or a process about to start
+    /// one it trusts less) may reach only what `scope` also allows, from
+    /// now on; it can never widen. Answered, once the shell drew it, with
+    /// the secret of the narrowed scope (see `scope_secrets`); nothing
+    /// changes until then, nor when it is refused.
     fn narrow(&mut self, client: ClientId, id: String, scope: Scope) {
-        let own = self.own_scope.clone();
-        let Some(c) = self.clients.get_mut(&client) else { return };
-        let narrowed = match c.scope.take() {
+        let Some(c) = self.clients.get(&client) else { return };
+        let narrowed = match &c.scope {
             Some(s) => s.intersect(&scope),
             None => scope,
         };
-        c.effective = Some(own.intersect(&narrowed));
-        c.scope = Some(narrowed);
-        self.respond(client, Some(id), Ok(Success::Value(serde_json::Map::new())));
+        if !self.scope_secrets.reserve() {
+            self.stats.bounds_refused += 1;
+            let msg = format!(
+                "narrow refused: at most {MAX_SCOPE_SECRETS} narrowed scopes may be live in a session; \
+                 end a narrowed connection first"
+            );
+            return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
+        }
+        let waiting = Waiting::ScopeSecret { scope: Box::new(narrowed) };
+        self.effect(Pending { client, req: Some(id), waiting }, Effect::DrawSecret);
+    }
+
+    /// The shell drew the secret of a `narrow`: the client is narrowed
+    /// and told it, or, if it could not be bound, left as it was.
+    fn scope_secret_drawn(
+        &mut self,
+        client: ClientId,
+        scope: Scope,
+        result: EffectResult,
+    ) -> Result<Success, Failure> {
+        let secret = match result {
+            EffectResult::Secret { secret } => secret,
+            EffectResult::Failed { kind, message } => {
+                self.scope_secrets.unreserve();
+                return Err(fs_failure(kind, format!("drawing the narrowed scope's secret: {message}")));
+            }
+            other => {
+                self.scope_secrets.unreserve();
+                return Err(unexpected(&other));
+            }
+        };
+        if !self.clients.get(&client).is_some_and(|c| c.alive) {
+            self.scope_secrets.unreserve();
+            return Err(Failure::new(ErrorCode::Io, "client left"));
+        }
+        let effective = self.own_scope.intersect(&scope);
+        let key = match self.scope_secrets.bind(secret.clone(), scope.clone(), effective.clone()) {
+            Ok(key) => key,
+            Err(e) => {
+                return Err(Failure::new(
+                    ErrorCode::Io,
+                    format!("binding the narrowed scope's secret: {e:?}"),
+                ))
+            }
+        };
+        let Some(c) = self.clients.get_mut(&client) else {
+            return Err(Failure::new(ErrorCode::Io, "client left"));
+        };
+        let old = c.key.replace(key);
+        c.scope = Some(scope);
+        c.effective = Some(effective);
+        if let Some(old) = old {
+            self.scope_secrets.release(old);
+        }
+        let mut answer = serde_json::Map::new();
+        answer.insert("secret".into(), secret.as_str().into());
+        Ok(Success::Value(answer))
     }
 
     fn serve(&mut self, client: ClientId, req: Request) {
@@ -1713,27 +1800,46 @@ impl FsProxy {
             let msg = format!("attach refused: the session serves at most {max} clients (--max-clients)");
             return self.respond(client, Some(id), Err(Failure::new(ErrorCode::Range, msg)));
         }
-        let (scope, effective) = (c.scope.clone(), c.effective.clone());
+        let (scope, effective, key) = (c.scope.clone(), c.effective.clone(), c.key);
         let new = ClientId(self.next_attached);
         self.next_attached += 1;
         self.scopes.insert(new, self.scope(client));
         self.outputs.push_back(Output::Attach { from: client, client: new });
         self.connect(new);
-        // A process attached from a narrowed connection is just as narrow.
+        // A process attached from a narrowed connection is just as narrow,
+        // and keeps its scope's secret alive as that connection does.
         if let Some(c) = self.clients.get_mut(&new) {
             c.scope = scope;
             c.effective = effective;
+            c.key = key;
+        }
+        if let Some(key) = key {
+            self.scope_secrets.hold(key);
         }
         self.respond(new, Some(id), Ok(Success::Attached));
     }
 
     /// A process of the session that reached it through the session socket
     /// (its descriptor closed on the way) gets a client of its own, under
-    /// the same limits as an attached one: the session's policy, counted
-    /// against `max_clients` and the descriptor reserve, cleaned up on EOF.
-    /// Its first answer, to the id [`wire::SOCKET_GREETING_ID`], says
-    /// whether it was admitted.
-    fn accept(&mut self) {
+    /// the same limits as an attached one: counted against `max_clients`
+    /// and the descriptor reserve, cleaned up on EOF. Its policy is the
+    /// session's when it sent the session's secret (`secret: None`), the
+    /// narrowed scope's when it sent that scope's; a secret no live scope
+    /// has gets the connection closed unanswered, as a wrong session
+    /// secret does. Its first answer, to the id
+    /// [`wire::SOCKET_GREETING_ID`], says whether it was admitted.
+    fn accept(&mut self, secret: Option<Secret>) {
+        let key = match secret {
+            None => None,
+            Some(s) => match self.scope_secrets.find(&s) {
+                Some(key) => Some(key),
+                None => {
+                    self.stats.socket_unauthenticated += 1;
+                    self.outputs.push_back(Output::Dismiss);
+                    return;
+                }
+            },
+        };
         let max = self.config.max_clients;
         let capped = self.config.planted_bug != Some(PlantedBug::NoClientCap);
         let refusal = if self.connections_full() {
@@ -1762,6 +1868,15 @@ impl FsProxy {
         self.stats.socket_clients += 1;
         self.outputs.push_back(Output::Admit { client: new });
         self.connect(new);
+        if let Some(key) = key {
+            let scopes = self.scope_secrets.scopes(key).map(|(s, e)| (s.clone(), e.clone()));
+            if let (Some(c), Some((scope, effective))) = (self.clients.get_mut(&new), scopes) {
+                c.scope = Some(scope);
+                c.effective = Some(effective);
+                c.key = Some(key);
+                self.scope_secrets.hold(key);
+            }
+        }
         self.respond(new, id, Ok(Success::Attached));
     }
 
@@ -2005,6 +2120,19 @@ impl FsProxy {
         if let Waiting::Path = waiting {
             return self.path_effect_done(client, req, result);
         }
+        if let Waiting::ScopeSecret { scope } = waiting {
+            let outcome = self.scope_secret_drawn(client, *scope, result);
+            if let Some(c) = self.clients.get_mut(&client) {
+                c.busy = false;
+            }
+            if self.clients.get(&client).is_some_and(|c| c.alive) {
+                self.respond(client, req, outcome);
+                self.pump(client);
+            } else {
+                self.cleanup(client);
+            }
+            return;
+        }
         if matches!(waiting, Waiting::Open { .. }) {
             self.opening -= 1;
         }
@@ -2166,7 +2294,11 @@ impl FsProxy {
                 }
             }
         }
-        self.clients.remove(&client);
+        // Its narrowed scope's secret stops working with the last client
+        // under that scope.
+        if let Some(key) = self.clients.remove(&client).and_then(|c| c.key) {
+            self.scope_secrets.release(key);
+        }
     }
 
     fn drain_for_cleanup(&mut self, client: ClientId) -> Vec<(Handle, Slot)> {
@@ -2257,6 +2389,7 @@ impl FsProxy {
             | Waiting::UpstreamLlm { .. }
             | Waiting::UpstreamBroker
             | Waiting::Narrow
+            | Waiting::ScopeSecret { .. }
             | Waiting::Pager { .. }
             | Waiting::UpstreamFd(_)
             | Waiting::Path

@@ -1619,7 +1619,8 @@ fn narrow_intersects_every_open_on_the_connection_and_its_attachments() {
         A,
         narrow_req("n", json!([{"path": "/rw/sub", "access": "rw"}, {"path": "/ro", "access": "rw"}])),
     );
-    assert_eq!(r, json!({"id": "n", "ok": true, "result": {}}));
+    assert_eq!((r["id"].clone(), r["ok"].clone()), (json!("n"), json!(true)), "{r}");
+    assert_eq!(r["result"]["secret"].as_str().map(str::len), Some(SECRET_LEN), "{r}");
     // Lexically outside the narrowing: refused here, no effect, and the
     // refusal says which rule decided.
     let r = open(&mut s, A, "/rw/other.txt", "r");
@@ -1664,6 +1665,110 @@ fn narrow_intersects_every_open_on_the_connection_and_its_attachments() {
         assert_eq!(code(&call(&mut s, B, narrow_req("b", bad))), "E_ARG");
     }
     assert_eq!(open(&mut s, B, "/rw/other.txt", "r")["ok"], json!(true));
+}
+
+fn secret_of(answer: &Value) -> Secret {
+    let text = answer["result"]["secret"].as_str().unwrap_or_default();
+    match Secret::parse(text.as_bytes()) {
+        Some(s) => s,
+        None => panic!("no secret in {answer}"),
+    }
+}
+
+/// The admitted clients and dismissals since `from` in the shell's events.
+fn socket_events(s: &Shell, from: usize) -> (Vec<ClientId>, usize) {
+    let mut admitted = Vec::new();
+    let mut dismissed = 0;
+    for e in &s.events[from..] {
+        match e {
+            crate::fuzzing::Event::Admitted(c) => admitted.push(*c),
+            crate::fuzzing::Event::Dismissed => dismissed += 1,
+            _ => {}
+        }
+    }
+    (admitted, dismissed)
+}
+
+/// Issue 40: a connection narrowed to read-only gets a secret of its own;
+/// the session socket admits that secret under the narrowed scope and
+/// nothing wider, while the session's secret keeps the session's policy.
+/// The secret goes with the last client under its scope, and one that
+/// was never issued is dismissed unanswered.
+#[test]
+fn a_narrowed_scopes_secret_admits_only_that_scope() {
+    let mut s = shell();
+    // A attaches a connection of its own and narrows it, as a parent does
+    // before starting a child on it.
+    s.input(Input::Descriptor { client: A });
+    s.send_json(A, &json!({"id": "at", "op": "attach"}));
+    let narrowed = ClientId(ATTACHED_CLIENT_BASE);
+    let r = call(&mut s, narrowed, narrow_req("n", json!([{"path": "/rw", "access": "r"}])));
+    let secret = secret_of(&r);
+    assert_eq!(code(&open(&mut s, narrowed, "/rw/x", "w")), "E_PERM");
+
+    // The child closed its descriptor and came back with the secret it has.
+    let mark = s.events.len();
+    s.input(Input::Accepted { secret: Some(secret.clone()) });
+    let (admitted, dismissed) = socket_events(&s, mark);
+    assert_eq!((admitted.len(), dismissed), (1, 0), "{:?}", s.events);
+    let child = admitted[0];
+    assert_eq!(code(&open(&mut s, child, "/rw/x", "w")), "E_PERM");
+    assert_eq!(code(&open(&mut s, child, "/ro/hello.txt", "r")), "E_PERM");
+    assert_eq!(open(&mut s, child, "/rw/notes.txt", "r")["ok"], json!(true));
+    // It can narrow further, never widen.
+    call(&mut s, child, narrow_req("w", json!([{"path": "/", "access": "rw"}])));
+    assert_eq!(code(&open(&mut s, child, "/rw/y", "w")), "E_PERM");
+
+    // The session's secret still has the session's policy; A never narrowed.
+    let mark = s.events.len();
+    s.input(Input::Accepted { secret: None });
+    let (admitted, _) = socket_events(&s, mark);
+    assert_eq!(open(&mut s, admitted[0], "/rw/z", "w")["ok"], json!(true));
+    assert_eq!(open(&mut s, A, "/rw/z", "w")["ok"], json!(true));
+
+    // A secret never issued: closed unanswered, counted.
+    let mark = s.events.len();
+    let forged = Secret::parse(&[b'f'; SECRET_LEN]).unwrap_or_else(|| panic!("hex"));
+    s.input(Input::Accepted { secret: Some(forged) });
+    assert_eq!(socket_events(&s, mark), (vec![], 1));
+    assert_eq!(s.proxy.stats().socket_unauthenticated, 1);
+
+    // The child narrowed further, so only the narrowed connection holds
+    // the first scope now; when it goes, the secret stops working.
+    s.input(Input::Eof { client: narrowed });
+    s.settle();
+    let mark = s.events.len();
+    s.input(Input::Accepted { secret: Some(secret) });
+    assert_eq!(socket_events(&s, mark), (vec![], 1), "{:?}", s.events);
+}
+
+/// The live scope secrets are bounded: a narrow past the bound is refused
+/// with E_RANGE and leaves the connection as it was.
+#[test]
+fn narrowings_past_the_bound_are_refused() {
+    // Room for more clients than secrets, so the secrets' bound is the one met.
+    let mut config = Config::new(test_policy(), StdioRole::Local);
+    config.max_clients = MAX_SCOPE_SECRETS + 8;
+    config.max_descriptors = 4 * MAX_SCOPE_SECRETS;
+    let mut s = shell_with(config);
+    for n in 0..MAX_SCOPE_SECRETS {
+        s.input(Input::Descriptor { client: A });
+        s.send_json(A, &json!({"id": "at", "op": "attach"}));
+        let c = ClientId(ATTACHED_CLIENT_BASE + n as u64);
+        let r = call(&mut s, c, narrow_req("n", json!([{"path": "/rw", "access": "r"}])));
+        assert_eq!(r["ok"], json!(true), "{r}");
+    }
+    let r = call(&mut s, A, narrow_req("n", json!([{"path": "/rw", "access": "r"}])));
+    assert_eq!(code(&r), "E_RANGE");
+    assert!(
+        r["error"]["message"].as_str().unwrap_or_default().contains(&MAX_SCOPE_SECRETS.to_string()),
+        "{r}"
+    );
+    assert_eq!(open(&mut s, A, "/rw/x", "w")["ok"], json!(true));
+    // One ending makes room.
+    s.input(Input::Eof { client: ClientId(ATTACHED_CLIENT_BASE) });
+    s.settle();
+    assert_eq!(call(&mut s, A, narrow_req("n", json!([{"path": "/rw", "access": "r"}])))["ok"], json!(true));
 }
 
 #[test]
@@ -1716,6 +1821,9 @@ fn three_levels_intersect_at_the_top() {
         code(&c.call(A, json!({"id": "1", "op": "open", "params": {"path": "/rw/a/other", "mode": "r"}}))),
         "E_PERM"
     );
+    // A first forward, so the middle's own narrow (whose secret the top
+    // draws with an effect) is answered before the top's effects are held.
+    c.call(A, json!({"id": "0", "op": "open", "params": {"path": "/rw/a/sub/g", "mode": "r"}}));
     c.top.auto = false;
     c.mid.send_json(A, &json!({"id": "2", "op": "open", "params": {"path": "/rw/a/sub/f", "mode": "w"}}));
     c.pump();

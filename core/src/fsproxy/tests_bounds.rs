@@ -144,8 +144,8 @@ fn socket_connections_share_the_client_cap_and_the_policy() {
     let mut s = shell_with(config);
     s.input(Input::Descriptor { client: A });
     s.send_json(A, &json!({"id": "a", "op": "attach"}));
-    s.input(Input::Accepted);
-    s.input(Input::Accepted);
+    s.input(Input::Accepted { secret: None });
+    s.input(Input::Accepted { secret: None });
     let admitted: Vec<ClientId> =
         s.events.iter().filter_map(|e| if let Event::Admitted(c) = e { Some(*c) } else { None }).collect();
     let refused: Vec<Value> = s
@@ -188,8 +188,8 @@ fn socket_connections_never_eat_the_reserve() {
     config.max_descriptors = 18;
     config.descriptor_reserve = 16;
     let mut s = shell_with(config);
-    s.input(Input::Accepted);
-    s.input(Input::Accepted);
+    s.input(Input::Accepted { secret: None });
+    s.input(Input::Accepted { secret: None });
     let refused: Vec<Value> = s
         .events
         .iter()

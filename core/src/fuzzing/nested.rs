@@ -205,7 +205,11 @@ impl World {
                         }
                     }
                     // No level here has a session socket.
-                    Event::Sent(..) | Event::Closed(_) | Event::Admitted(_) | Event::Refused(_) => {}
+                    Event::Sent(..)
+                    | Event::Closed(_)
+                    | Event::Admitted(_)
+                    | Event::Refused(_)
+                    | Event::Dismissed => {}
                 }
             }
         }
