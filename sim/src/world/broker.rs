@@ -669,7 +669,8 @@ impl World {
         let (status, body) = if huge {
             self.count(FaultKind::ProviderHuge);
             let n = self.rng.gen_range(100..8_000);
-            (200, huge_reply(n, &request.model, leak))
+            // An honest provider still: it reports what it bills.
+            (200, huge_reply(n, &request.model, leak, &usage_json(&usage)))
         } else if leak {
             self.count(FaultKind::ProviderLeak);
             let how = self.rng.gen_range(0..LEAKS);
@@ -1222,7 +1223,7 @@ fn leaky_reply(how: u32, status: u16, body: &str, rng: &mut ChaCha8Rng) -> (u16,
 
 /// A reply of `n` small values (a content array), with the key at its end
 /// when `leak`.
-fn huge_reply(n: usize, model: &str, leak: bool) -> String {
+fn huge_reply(n: usize, model: &str, leak: bool, usage: &Value) -> String {
     let mut values = String::with_capacity(n * 3);
     for i in 0..n {
         values.push_str(&(i % 10).to_string());
@@ -1230,7 +1231,7 @@ fn huge_reply(n: usize, model: &str, leak: bool) -> String {
     }
     let tail = if leak { format!("\"{}\"", encoded_key(n as u32)) } else { "0".into() };
     format!(
-        r#"{{"model":"{model}","choices":[{{"message":{{"role":"assistant","content":[{values}{tail}]}}}}],"usage":{{"prompt_tokens":1,"completion_tokens":1}}}}"#
+        r#"{{"model":"{model}","choices":[{{"message":{{"role":"assistant","content":[{values}{tail}]}}}}],"usage":{usage}}}"#
     )
 }
 
