@@ -389,6 +389,57 @@ fn a_read_only_root_is_read_not_written() {
     assert!(refused[0]["reason"].as_str().unwrap_or_default().contains("read-only"), "{:?}", refused[0]);
 }
 
+/// The guard holds at the mount as at the protocol: `.env` and its kin are
+/// absent from listings and refused by name, `.git/config` is read but
+/// never changed, and each refusal is counted with its rule.
+fn check_guard(owner: Option<(u32, u32)>) {
+    let p = Project::new(owner);
+    p.write(".env", b"SECRET=1\n");
+    p.write("prod.env", b"SECRET=2\n");
+    p.write(".git/config", b"[core]\n");
+    p.write("a.txt", b"a\n");
+    p.own(&p.dir.clone());
+    let ran = p.run(
+        &["--allow-rw", "."],
+        &[
+            "python3",
+            "-c",
+            "import os\n\
+             print(sorted(os.listdir('.')))\n\
+             for path, mode in (('.env', 'r'), ('prod.env', 'r'), ('.git/config', 'a')):\n\
+             \x20   try:\n\
+             \x20       open(path, mode).write('[core]\\n\\tfsmonitor = evil\\n') if mode == 'a' else open(path).read()\n\
+             \x20       print(path, 'ok')\n\
+             \x20   except PermissionError:\n\
+             \x20       print(path, 'refused')\n\
+             print(open('.git/config').read().strip())",
+        ],
+    );
+    ran.ok().assert_clean();
+    assert_eq!(
+        ran.stdout(),
+        "['.git', 'a.txt']\n.env refused\nprod.env refused\n.git/config refused\n[core]\n",
+        "stderr: {}",
+        ran.stderr()
+    );
+    assert_eq!(p.read(".git/config").as_deref(), Some(&b"[core]\n"[..]));
+    assert_eq!(ran.served(), [p.dir.to_string_lossy().into_owned()], "report: {}", ran.report);
+    let guarded = &ran.report["guarded"];
+    let config = p.dir.join(".git/config").to_string_lossy().into_owned();
+    assert!(guarded[&config]["refused"].as_u64() >= Some(1), "report: {}", ran.report);
+}
+
+#[test]
+fn secret_files_are_absent_and_git_config_read_only_as_root() {
+    check_guard(None);
+}
+
+#[test]
+fn secret_files_are_absent_and_git_config_read_only_as_an_unprivileged_user() {
+    fuse_device_open_to_all();
+    check_guard(Some((65534, 65534)));
+}
+
 #[test]
 fn links_and_dot_dot_lead_nowhere_the_sandbox_does_not_allow() {
     let p = Project::new(None);
