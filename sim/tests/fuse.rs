@@ -61,9 +61,15 @@ fn a_released_file_left_open_is_found_and_shrunk() {
     assert_eq!(report.header.config.planted_bug, Some(bug));
     assert_eq!(report.header.meta.as_ref().unwrap()["failure"]["invariant"], "open_released");
     if std::env::var_os("AIRLOCK_KEEP_PLANTED_TRACES").is_some() {
-        let keep = Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/planted/FuseReleaseKeepsFile-fuse.jsonl");
+        let keep =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces/planted/FuseReleaseKeepsFile-fuse.jsonl");
         std::fs::write(&keep, &text).unwrap();
     }
-    eprintln!("{bug:?}: seed {} shrunk to {}, {} trace lines", res.seed, shrunk.describe(), text.lines().count());
+    eprintln!(
+        "{bug:?}: seed {} shrunk to {}, {} trace lines",
+        res.seed,
+        shrunk.describe(),
+        text.lines().count()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

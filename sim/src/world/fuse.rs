@@ -27,7 +27,9 @@ mod tree;
 use super::base::{violation, Outcome, Violation};
 use crate::swarm::{FaultKind, Rates, Swarm, PPM};
 use crate::Failure;
-use airlock_core::fsproxy::{Config, Effect, EffectId, EffectResult, FsProxy, Input, Output, PlantedBug, StdioRole};
+use airlock_core::fsproxy::{
+    Config, Effect, EffectId, EffectResult, FsProxy, Input, Output, PlantedBug, StdioRole,
+};
 use airlock_core::fuse::abi::{self, oflags};
 use airlock_core::fuse::codec::{self, Header, InitIn, Name, Op, Reply, Request, SetattrIn};
 use airlock_core::fuse::{self as fuse_core};
@@ -50,7 +52,8 @@ const READ_ONLY: &str = "/w/proj/ro";
 const SECRETS: &str = "/w/secret";
 const SECRET: &[u8] = b"SECRET-";
 /// Names the kernel asks for: the tree's, the secrets', and new ones.
-const NAMES: &[&str] = &["a.txt", "b.txt", "src", "d", "e.txt", "ro", "keep.txt", "up", "rolink", "s.txt", "new", "x"];
+const NAMES: &[&str] =
+    &["a.txt", "b.txt", "src", "d", "e.txt", "ro", "keep.txt", "up", "rolink", "s.txt", "new", "x"];
 /// Names it makes: never a secret's, so a secret's name in a listing is
 /// one that came from outside the roots.
 const NEW_NAMES: &[&str] = &["a.txt", "b.txt", "src", "d", "e.txt", "keep.txt", "new", "x"];
@@ -125,6 +128,10 @@ struct FuseWorld {
     tree: Tree,
     anchors: Vec<PathBuf>,
     effects: VecDeque<(EffectId, Effect)>,
+    /// What the machine gave back, taken (and recorded) as soon as it was
+    /// handed an input, so the trace holds each input's outputs right
+    /// after it, as replay expects; routed by [`FuseWorld::drain`].
+    outbox: VecDeque<Output>,
     kernel: Kernel,
     outstanding: BTreeMap<u64, (u32, Sent)>,
     next_unique: u64,
@@ -142,7 +149,12 @@ struct FuseWorld {
 }
 
 /// `record`: keep a trace, whose header notes `failure` when given.
-pub(super) fn run(seed: u64, swarm: Swarm, bug: Option<PlantedBug>, record: Option<Option<Value>>) -> Outcome {
+pub(super) fn run(
+    seed: u64,
+    swarm: Swarm,
+    bug: Option<PlantedBug>,
+    record: Option<Option<Value>>,
+) -> Outcome {
     let mut w = FuseWorld::new(seed, &swarm, bug, record);
     let mut failure: Option<Violation> = None;
     while !w.ended {
@@ -162,7 +174,13 @@ pub(super) fn run(seed: u64, swarm: Swarm, bug: Option<PlantedBug>, record: Opti
         steps: w.step,
         now: w.now,
         faults: w.faults,
-        failure: failure.map(|v| Failure { invariant: v.invariant.to_owned(), step: w.step, message: v.message, level: None, client: None }),
+        failure: failure.map(|v| Failure {
+            invariant: v.invariant.to_owned(),
+            step: w.step,
+            message: v.message,
+            level: None,
+            client: None,
+        }),
         trace,
     }
 }
@@ -199,6 +217,7 @@ impl FuseWorld {
             tree,
             anchors: vec![ROOT.into(), READ_ONLY.into()],
             effects: VecDeque::new(),
+            outbox: VecDeque::new(),
             kernel: Kernel::default(),
             outstanding: BTreeMap::new(),
             next_unique: 1,
@@ -214,7 +233,13 @@ impl FuseWorld {
             max_open: swarm.max_open_handles,
         };
         w.kernel.dirs.insert(abi::ROOT_ID, true);
-        w.feed(Input::FuseMounted { client: MOUNT, root: RootId(0), uid: 1000, gid: 1000, passthrough: false });
+        w.feed(Input::FuseMounted {
+            client: MOUNT,
+            root: RootId(0),
+            uid: 1000,
+            gid: 1000,
+            passthrough: false,
+        });
         let init = InitIn { major: 7, minor: 41, max_readahead: 131072, flags: u64::MAX };
         w.send(abi::ROOT_ID, Op::Init(init), Sent::Other);
         w
@@ -229,18 +254,34 @@ impl FuseWorld {
         hit
     }
 
+    /// Hand `input` to the machine and take what it gives back: several
+    /// inputs may go in before the world routes anything, and the trace
+    /// must still hold each one's outputs before the next input.
     fn feed(&mut self, input: Input) {
         let now = Instant::from_micros(self.now);
         if let Some(t) = &mut self.trace {
             let _ = t.input(0, now, &input);
         }
         self.m.handle(now, input);
+        while let Some(out) = self.m.poll_output() {
+            if let Some(t) = &mut self.trace {
+                let _ = t.output(0, &out);
+            }
+            self.outbox.push_back(out);
+        }
     }
 
     fn send(&mut self, node: u64, op: Op, sent: Sent) {
         let unique = self.next_unique;
         self.next_unique += 1;
-        let header = Header { opcode: codec::opcode_of(&op, 9999), unique, nodeid: node, uid: 1000, gid: 1000, pid: 7 };
+        let header = Header {
+            opcode: codec::opcode_of(&op, 9999),
+            unique,
+            nodeid: node,
+            uid: 1000,
+            gid: 1000,
+            pid: 7,
+        };
         if !op.unanswered() {
             self.outstanding.insert(unique, (header.opcode, sent));
         }
@@ -331,7 +372,8 @@ impl FuseWorld {
     }
 
     fn request(&mut self) {
-        let flags = [oflags::RDONLY, oflags::WRONLY | oflags::TRUNC, oflags::RDWR, oflags::WRONLY][self.rng.gen_range(0..4)];
+        let flags = [oflags::RDONLY, oflags::WRONLY | oflags::TRUNC, oflags::RDWR, oflags::WRONLY]
+            [self.rng.gen_range(0..4)];
         match self.rng.gen_range(0..22) {
             0..=4 => {
                 let (dir, n) = (self.node(true), self.pick_name());
@@ -349,7 +391,8 @@ impl FuseWorld {
             8 => {
                 let (dir, n) = (self.node(true), self.new_name());
                 let excl = if self.rng.gen_bool(0.3) { oflags::EXCL } else { 0 };
-                let op = Op::Create { name: n, flags: flags | oflags::CREAT | excl, mode: 0o644, umask: 0o022 };
+                let op =
+                    Op::Create { name: n, flags: flags | oflags::CREAT | excl, mode: 0o644, umask: 0o022 };
                 self.send(dir, op, Sent::Create);
             }
             9 | 10 => {
@@ -461,8 +504,14 @@ impl FuseWorld {
     /// The attacker: a name inside the read-write root becomes a symlink
     /// out of it, into the read-only root, or a file or directory again.
     fn swap(&mut self) {
-        let at = ["/w/proj/a.txt", "/w/proj/src", "/w/proj/src/d", "/w/proj/new", "/w/proj/x", "/w/proj/src/c.txt"]
-            [self.rng.gen_range(0..6)];
+        let at = [
+            "/w/proj/a.txt",
+            "/w/proj/src",
+            "/w/proj/src/d",
+            "/w/proj/new",
+            "/w/proj/x",
+            "/w/proj/src/c.txt",
+        ][self.rng.gen_range(0..6)];
         let body = match self.rng.gen_range(0..5) {
             0 => Body::Link("/w/secret".into()),
             1 => Body::Link("../../secret/s.txt".into()),
@@ -492,7 +541,10 @@ impl FuseWorld {
         let anchors = self.anchors.clone();
         Ok(match effect {
             Effect::Open { file, root, rel, mode, scope, how } => {
-                let base = policy().root(root).map(|r| r.path.clone()).ok_or_else(|| violation("policy", format!("unknown root {root:?}")))?;
+                let base = policy()
+                    .root(root)
+                    .map(|r| r.path.clone())
+                    .ok_or_else(|| violation("policy", format!("unknown root {root:?}")))?;
                 let path = if rel.as_os_str().is_empty() { base } else { base.join(rel) };
                 let mut walk = Walk { tree: &mut self.tree, anchors: &anchors };
                 match resolve::open_how(&mut walk, &anchors, &[], &path, mode, how.as_ref(), &scope) {
@@ -515,7 +567,9 @@ impl FuseWorld {
                 }
             }
             Effect::ReadAt { file, offset, max } => self.tree.file_effect(file, FileOp::Read { offset, max }),
-            Effect::WriteAt { file, offset, data } => self.tree.file_effect(file, FileOp::Write { offset, bytes: data }),
+            Effect::WriteAt { file, offset, data } => {
+                self.tree.file_effect(file, FileOp::Write { offset, bytes: data })
+            }
             Effect::Truncate { file, size } => self.tree.file_effect(file, FileOp::Truncate { size }),
             Effect::Fstat { file } => self.tree.file_effect(file, FileOp::Stat),
             Effect::Close { file } => self.tree.close(file).map_err(|e| violation("fs_misuse", e))?,
@@ -527,10 +581,7 @@ impl FuseWorld {
 
     /// Route the machine's outputs.
     fn drain(&mut self) -> Result<(), Violation> {
-        while let Some(out) = self.m.poll_output() {
-            if let Some(t) = &mut self.trace {
-                let _ = t.output(0, &out);
-            }
+        while let Some(out) = self.outbox.pop_front() {
             match out {
                 Output::Effect { id, effect } => self.effects.push_back((id, effect)),
                 Output::FuseReply { client, data } => {
@@ -555,7 +606,10 @@ impl FuseWorld {
         let decoded = codec::decode_reply(op, data)
             .map_err(|e| violation("one_reply", format!("reply to opcode {op} unreadable: {e}")))?;
         if data.windows(SECRET.len()).any(|w| w == SECRET) {
-            return Err(violation("no_secret_served", format!("a reply to opcode {op} carries a secret: {decoded:?}")));
+            return Err(violation(
+                "no_secret_served",
+                format!("a reply to opcode {op} carries a secret: {decoded:?}"),
+            ));
         }
         match (sent, decoded.reply) {
             (Sent::Lookup, Reply::Entry(e)) if e.nodeid != 0 => self.looked_up(e.nodeid, e.attr.is_dir()),
@@ -570,9 +624,13 @@ impl FuseWorld {
                 self.kernel.dir_handles.insert(o.fh, node);
             }
             (Sent::Readdir, Reply::Data(d)) => {
-                let entries = codec::decode_dir(&d).map_err(|e| violation("one_reply", format!("listing unreadable: {e}")))?;
+                let entries = codec::decode_dir(&d)
+                    .map_err(|e| violation("one_reply", format!("listing unreadable: {e}")))?;
                 if let Some(e) = entries.iter().find(|e| e.name == b"s.txt") {
-                    return Err(violation("no_secret_served", format!("a listing shows a secret's name: {e:?}")));
+                    return Err(violation(
+                        "no_secret_served",
+                        format!("a listing shows a secret's name: {e:?}"),
+                    ));
                 }
             }
             (Sent::Release { fh } | Sent::Releasedir { fh }, _) => {
@@ -627,7 +685,11 @@ impl FuseWorld {
         if self.m.open_handles() != 0 || self.tree.open_count() != 0 {
             return Err(violation(
                 "open_released",
-                format!("{} handles, {} files open once every file was released", self.m.open_handles(), self.tree.open_count()),
+                format!(
+                    "{} handles, {} files open once every file was released",
+                    self.m.open_handles(),
+                    self.tree.open_count()
+                ),
             ));
         }
         let Some((nodes, (given, back))) = self.m.fuse_nodes(MOUNT) else {
@@ -636,7 +698,10 @@ impl FuseWorld {
         if nodes != 1 || given != back || given != self.kernel.received {
             return Err(violation(
                 "lookups_balance",
-                format!("{nodes} nodes held, {given} lookups handed out, {back} given back, the kernel got {}", self.kernel.received),
+                format!(
+                    "{nodes} nodes held, {given} lookups handed out, {back} given back, the kernel got {}",
+                    self.kernel.received
+                ),
             ));
         }
         Ok(())
@@ -646,18 +711,27 @@ impl FuseWorld {
         let mut now = self.tree.files_under(Path::new(SECRETS));
         now.extend(self.tree.files_under(Path::new(READ_ONLY)));
         if now != self.kept {
-            return Err(violation("no_change_outside_policy", "a file outside the read-write root changed".into()));
+            return Err(violation(
+                "no_change_outside_policy",
+                "a file outside the read-write root changed".into(),
+            ));
         }
         if let Some((nodes, _)) = self.m.fuse_nodes(MOUNT) {
             if nodes > self.max_nodes {
-                return Err(violation("bounded", format!("{nodes} nodes, past the limit of {}", self.max_nodes)));
+                return Err(violation(
+                    "bounded",
+                    format!("{nodes} nodes, past the limit of {}", self.max_nodes),
+                ));
             }
         }
         // Requests wait on effects up to the limit; releases, never
         // refused, close at most every handle besides.
         let pending = self.effects.len();
         if pending > self.max_pending + self.max_open + 1 {
-            return Err(violation("bounded", format!("{pending} effects pending, limit {}", self.max_pending)));
+            return Err(violation(
+                "bounded",
+                format!("{pending} effects pending, limit {}", self.max_pending),
+            ));
         }
         Ok(())
     }
@@ -667,7 +741,10 @@ impl FuseWorld {
             return Err(violation("liveness", "the world ended before the mount".into()));
         }
         if self.m.open_handles() != 0 || self.tree.open_count() != 0 {
-            return Err(violation("open_released", format!("{} files open at the end", self.tree.open_count())));
+            return Err(violation(
+                "open_released",
+                format!("{} files open at the end", self.tree.open_count()),
+            ));
         }
         Ok(())
     }
