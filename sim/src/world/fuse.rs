@@ -6,6 +6,11 @@
 //! swapping names for symlinks inside the root between steps, and the
 //! machine's effects run on an inode tree by the core's own walks
 //! ([`tree`]), delivered late and, with `effect_reorder`, out of order.
+//! The swarm's other faults, as a mount meets them: `fs_error` fails host
+//! opens and reads, `clock_jump` moves time on, `cancel_storm` is a burst
+//! of interrupts, `non_utf8_frame` a name that is not UTF-8, `huge_names` a
+//! lookup past `NAME_MAX`, and `eof` / `process_death` the kernel's end
+//! going away mid-flight (after which every file must still be closed).
 //!
 //! Checked after every step:
 //! - `no_secret_served`: no reply carries a byte of a file outside the
@@ -28,7 +33,7 @@ use super::base::{violation, Outcome, Violation};
 use crate::swarm::{FaultKind, Rates, Swarm, PPM};
 use crate::Failure;
 use airlock_core::fsproxy::{
-    Config, Effect, EffectId, EffectResult, FsProxy, Input, Output, PlantedBug, StdioRole,
+    Config, Effect, EffectId, EffectResult, FsErrorKind, FsProxy, Input, Output, PlantedBug, StdioRole,
 };
 use airlock_core::fuse::abi::{self, oflags};
 use airlock_core::fuse::codec::{self, Header, InitIn, Name, Op, Reply, Request, SetattrIn};
@@ -57,6 +62,14 @@ const NAMES: &[&str] =
 /// Names it makes: never a secret's, so a secret's name in a listing is
 /// one that came from outside the roots.
 const NEW_NAMES: &[&str] = &["a.txt", "b.txt", "src", "d", "e.txt", "keep.txt", "new", "x"];
+/// A name that is not UTF-8: FUSE names are bytes.
+const NON_UTF8_NAME: &[u8] = b"n\xff\xfe";
+/// Interrupts in one storm, at most.
+const INTERRUPT_STORM_MAX: usize = 12;
+/// How far past `NAME_MAX` a huge name may go.
+const HUGE_NAME_EXTRA: usize = 300;
+/// How far a clock jump goes, in microseconds (a second to an hour).
+const CLOCK_JUMP_MICROS: std::ops::Range<u64> = 1_000_000..3_600_000_000;
 /// Steps after the last request before the world must have drained.
 const WIND_DOWN_STEPS: u64 = 20_000;
 
@@ -71,7 +84,11 @@ fn policy() -> Policy {
 }
 
 fn name(s: &str) -> Name {
-    Name::new(s.as_bytes()).unwrap_or_else(|_| Name::new(b"x").expect("a name"))
+    name_bytes(s.as_bytes())
+}
+
+fn name_bytes(b: &[u8]) -> Name {
+    Name::new(b).unwrap_or_else(|_| Name::new(b"x").expect("a name"))
 }
 
 /// The tree a world starts with.
@@ -98,12 +115,22 @@ fn initial_tree() -> Tree {
 enum Sent {
     Lookup,
     Create,
-    Open { node: u64 },
-    Opendir { node: u64 },
+    Open {
+        node: u64,
+    },
+    Opendir {
+        node: u64,
+    },
     Readdir,
     Read,
-    Release { fh: u64 },
-    Releasedir { fh: u64 },
+    Release {
+        fh: u64,
+    },
+    Releasedir {
+        fh: u64,
+    },
+    /// A lookup of a name too long to be one: answered with an error.
+    HugeLookup,
     Other,
 }
 
@@ -143,6 +170,9 @@ struct FuseWorld {
     kept: BTreeMap<PathBuf, Vec<u8>>,
     wind_down_from: Option<u64>,
     ended: bool,
+    /// The kernel's end went away (`eof`, `process_death`): the machine
+    /// owes it nothing more, and must still close every file it opened.
+    gone: bool,
     max_pending: usize,
     max_nodes: usize,
     max_open: usize,
@@ -157,7 +187,9 @@ pub(super) fn run(
 ) -> Outcome {
     let mut w = FuseWorld::new(seed, &swarm, bug, record);
     let mut failure: Option<Violation> = None;
-    while !w.ended {
+    // Past the mount's end too, until the closes it left behind (of the
+    // files a departed kernel held) are carried out.
+    while !w.ended || !w.effects.is_empty() {
         w.step += 1;
         if let Err(v) = w.step_once().and_then(|()| w.check()) {
             failure = Some(v);
@@ -228,6 +260,7 @@ impl FuseWorld {
             kept,
             wind_down_from: None,
             ended: false,
+            gone: false,
             max_pending,
             max_nodes,
             max_open: swarm.max_open_handles,
@@ -291,6 +324,9 @@ impl FuseWorld {
 
     fn step_once(&mut self) -> Result<(), Violation> {
         self.now += self.rng.gen_range(1..200);
+        if self.fires(FaultKind::ClockJump) {
+            self.now += self.rng.gen_range(CLOCK_JUMP_MICROS);
+        }
         self.drain()?;
         let winding = self.ops_left == 0;
         if winding && self.wind_down_from.is_none() {
@@ -303,8 +339,22 @@ impl FuseWorld {
             return self.wind_down();
         }
         self.ops_left -= 1;
+        if self.fires(FaultKind::Eof) {
+            return self.kernel_gone(Input::Eof { client: MOUNT });
+        }
+        if self.fires(FaultKind::ProcessDeath) {
+            return self.kernel_gone(Input::Died { client: MOUNT });
+        }
         if self.fires(FaultKind::SymlinkSwap) {
             self.swap();
+        }
+        if self.fires(FaultKind::CancelStorm) {
+            self.interrupt_storm();
+            return self.drain();
+        }
+        if self.fires(FaultKind::HugeNames) {
+            self.huge_lookup();
+            return self.drain();
         }
         if self.fires(FaultKind::CorruptFrame) {
             let len = self.rng.gen_range(0..80);
@@ -355,11 +405,62 @@ impl FuseWorld {
     }
 
     fn pick_name(&mut self) -> Name {
+        if self.fires(FaultKind::NonUtf8Frame) {
+            return name_bytes(NON_UTF8_NAME);
+        }
         name(NAMES[self.rng.gen_range(0..NAMES.len())])
     }
 
     fn new_name(&mut self) -> Name {
+        if self.fires(FaultKind::NonUtf8Frame) {
+            return name_bytes(NON_UTF8_NAME);
+        }
         name(NEW_NAMES[self.rng.gen_range(0..NEW_NAMES.len())])
+    }
+
+    /// The kernel's end goes away mid-flight (a lazy unmount, a crash):
+    /// every request still waiting is owed nothing, and the world winds
+    /// down by delivering the effects left until the mount ends.
+    fn kernel_gone(&mut self, input: Input) -> Result<(), Violation> {
+        self.gone = true;
+        self.ops_left = 0;
+        self.wind_down_from = Some(self.step);
+        self.outstanding.clear();
+        self.kernel = Kernel::default();
+        self.feed(input);
+        self.drain()
+    }
+
+    /// A burst of interrupts, for requests waiting and for ones never
+    /// sent: none is answered, and none may cost a waiting one its reply.
+    fn interrupt_storm(&mut self) {
+        let waiting: Vec<u64> = self.outstanding.keys().copied().collect();
+        for _ in 0..self.rng.gen_range(2..=INTERRUPT_STORM_MAX) {
+            let unique = if waiting.is_empty() || self.rng.gen_bool(0.3) {
+                self.rng.gen_range(0..self.next_unique + 2)
+            } else {
+                waiting[self.rng.gen_range(0..waiting.len())]
+            };
+            self.send(0, Op::Interrupt { unique }, Sent::Other);
+        }
+    }
+
+    /// A lookup of a name past `NAME_MAX`, which the codec never builds:
+    /// the frame is patched by hand, and must be refused with an error.
+    fn huge_lookup(&mut self) {
+        let dir = self.node(true);
+        let unique = self.next_unique;
+        self.next_unique += 1;
+        let header =
+            Header { opcode: abi::opcode::LOOKUP, unique, nodeid: dir, uid: 1000, gid: 1000, pid: 7 };
+        let mut data = codec::encode_request(&Request { header, op: Op::Lookup { name: name("x") } });
+        data.truncate(abi::IN_HEADER_LEN);
+        data.extend(std::iter::repeat_n(b'n', abi::NAME_MAX + 1 + self.rng.gen_range(0..HUGE_NAME_EXTRA)));
+        data.push(0);
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        data[..4].copy_from_slice(&len.to_le_bytes());
+        self.outstanding.insert(unique, (abi::opcode::LOOKUP, Sent::HugeLookup));
+        self.feed(Input::Fuse { client: MOUNT, data });
     }
 
     fn fh(&mut self) -> u64 {
@@ -540,6 +641,14 @@ impl FuseWorld {
         self.tree.now = self.now as i64;
         let anchors = self.anchors.clone();
         Ok(match effect {
+            Effect::Open { how, .. }
+                if !how.as_ref().is_some_and(|h| h.truncate) && self.fires(FaultKind::FsError) =>
+            {
+                EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
+            }
+            Effect::ReadAt { .. } if self.fires(FaultKind::FsError) => {
+                EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
+            }
             Effect::Open { file, root, rel, mode, scope, how } => {
                 let base = policy()
                     .root(root)
@@ -612,6 +721,10 @@ impl FuseWorld {
             ));
         }
         match (sent, decoded.reply) {
+            (Sent::HugeLookup, Reply::Error(_)) => {}
+            (Sent::HugeLookup, other) => {
+                return Err(violation("one_reply", format!("a name past NAME_MAX was looked up: {other:?}")));
+            }
             (Sent::Lookup, Reply::Entry(e)) if e.nodeid != 0 => self.looked_up(e.nodeid, e.attr.is_dir()),
             (Sent::Create, Reply::Create(e, o)) => {
                 self.looked_up(e.nodeid, false);
@@ -654,6 +767,11 @@ impl FuseWorld {
         let since = self.step - self.wind_down_from.unwrap_or(self.step);
         if since > WIND_DOWN_STEPS {
             return Err(violation("liveness", format!("not drained {since} steps after the last request")));
+        }
+        if self.gone {
+            // Every effect is done (or this would deliver one), so the
+            // mount had all it needs to end.
+            return Err(violation("liveness", "the mount did not end once its kernel was gone".into()));
         }
         if !self.outstanding.is_empty() && self.effects.is_empty() {
             // Answered by now or never: the machine owes nothing more.
