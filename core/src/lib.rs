@@ -8,8 +8,8 @@
 
 pub mod broker;
 pub mod codec;
-pub mod environ;
 pub mod egress;
+pub mod environ;
 pub mod fsproxy;
 pub mod fuse;
 /// Test and fuzz harness code: in the crate's own tests, and behind the
@@ -34,3 +34,4 @@ pub mod trace;
 pub mod vfs;
 
 mod b64;
+mod ospath;

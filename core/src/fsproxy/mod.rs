@@ -479,6 +479,7 @@ pub enum Effect {
     Open {
         file: FileId,
         root: RootId,
+        #[serde(with = "crate::ospath")]
         rel: PathBuf,
         mode: Mode,
         scope: Scope,
@@ -514,6 +515,7 @@ pub enum Effect {
     /// resolved and decided for reading under `scope` as a path
     /// operation is (`Target`).
     Readlink {
+        #[serde(with = "crate::ospath")]
         path: PathBuf,
         scope: Scope,
     },
