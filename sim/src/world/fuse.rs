@@ -176,6 +176,9 @@ struct FuseWorld {
     max_pending: usize,
     max_nodes: usize,
     max_open: usize,
+    /// Steps after which the kernel sends nothing new and winds down
+    /// (`--steps`, and what a shrunk swarm keeps).
+    max_steps: u64,
 }
 
 /// `record`: keep a trace, whose header notes `failure` when given.
@@ -264,6 +267,7 @@ impl FuseWorld {
             max_pending,
             max_nodes,
             max_open: swarm.max_open_handles,
+            max_steps: swarm.max_steps as u64,
         };
         w.kernel.dirs.insert(abi::ROOT_ID, true);
         w.feed(Input::FuseMounted {
@@ -328,6 +332,9 @@ impl FuseWorld {
             self.now += self.rng.gen_range(CLOCK_JUMP_MICROS);
         }
         self.drain()?;
+        if self.step > self.max_steps {
+            self.ops_left = 0;
+        }
         let winding = self.ops_left == 0;
         if winding && self.wind_down_from.is_none() {
             self.wind_down_from = Some(self.step);
