@@ -34,3 +34,4 @@ pub mod trace;
 pub mod vfs;
 
 mod b64;
+mod ospath;

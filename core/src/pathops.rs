@@ -145,12 +145,14 @@ pub struct SetAttr {
 #[serde(rename_all = "snake_case", tag = "op")]
 pub enum PathOp {
     Stat {
+        #[serde(with = "crate::ospath")]
         path: PathBuf,
         follow: bool,
     },
     /// Entries whose names sort after `after` (bytes order), at most `max`
     /// of them and `max_bytes` bytes of names (at least one).
     List {
+        #[serde(with = "crate::ospath")]
         path: PathBuf,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         after: Option<String>,
@@ -158,20 +160,25 @@ pub enum PathOp {
         max_bytes: u32,
     },
     Mkdir {
+        #[serde(with = "crate::ospath")]
         path: PathBuf,
         parents: bool,
     },
     Remove {
+        #[serde(with = "crate::ospath")]
         path: PathBuf,
     },
     /// `noreplace`: fail rather than replace what is at `to`
     /// (`RENAME_NOREPLACE`).
     Rename {
+        #[serde(with = "crate::ospath")]
         from: PathBuf,
+        #[serde(with = "crate::ospath")]
         to: PathBuf,
         noreplace: bool,
     },
     SetAttr {
+        #[serde(with = "crate::ospath")]
         path: PathBuf,
         attr: SetAttr,
     },

@@ -14,7 +14,7 @@ static HEAP: airlock_core::heapcount::Counting<std::alloc::System> =
 
 use airlock_core::fsproxy::PlantedBug;
 use airlock_core::trace::replay;
-use airlock_sim::{run_many, run_seed_with_bug, Scenario, SimOptions};
+use airlock_sim::{record_trace, run_many, run_seed_with_bug, Scenario, SimOptions};
 use std::path::Path;
 
 fn opts(seeds: std::ops::Range<u64>, trace_dir: Option<std::path::PathBuf>) -> SimOptions {
@@ -27,6 +27,27 @@ fn every_seed_holds_every_invariant() {
     let failed: Vec<String> = summary.failed.iter().map(|r| r.swarm_description()).collect();
     assert!(failed.is_empty(), "{}", failed.join("\n"));
     assert!(summary.steps > 10_000, "the worlds did little: {} steps", summary.steps);
+}
+
+/// A seed's trace is the same twice, byte for byte, and replays (passing
+/// seeds too, kernel deaths and huge names among them, not only the
+/// planted failure below).
+#[test]
+fn a_seed_records_the_same_trace_twice_and_it_replays() {
+    for seed in 0..12 {
+        let (a, ta) = record_trace(seed, &opts(seed..seed + 1, None));
+        let (b, tb) = record_trace(seed, &opts(seed..seed + 1, None));
+        assert_eq!(a, b, "seed {seed}");
+        assert!(ta.len() > 1000, "seed {seed}: a trace of {} bytes", ta.len());
+        assert!(ta == tb, "seed {seed}: two runs of one seed differ");
+        assert!(a.passed(), "{}", a.swarm_description());
+        let report = replay(ta.as_slice()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        assert!(report.inputs > 10 && report.outputs > 10, "seed {seed}");
+        assert_eq!(report.header.seed, Some(seed));
+    }
+    let (_, t1) = record_trace(1, &opts(1..2, None));
+    let (_, t2) = record_trace(2, &opts(2..3, None));
+    assert_ne!(t1, t2, "different seeds, different runs");
 }
 
 #[test]

@@ -490,6 +490,7 @@ pub enum Effect {
     Open {
         file: FileId,
         root: RootId,
+        #[serde(with = "crate::ospath")]
         rel: PathBuf,
         mode: Mode,
         scope: Scope,
@@ -525,6 +526,7 @@ pub enum Effect {
     /// resolved and decided for reading under `scope` as a path
     /// operation is (`Target`).
     Readlink {
+        #[serde(with = "crate::ospath")]
         path: PathBuf,
         scope: Scope,
     },

@@ -6,6 +6,11 @@
 //! swapping names for symlinks inside the root between steps, and the
 //! machine's effects run on an inode tree by the core's own walks
 //! ([`tree`]), delivered late and, with `effect_reorder`, out of order.
+//! The swarm's other faults, as a mount meets them: `fs_error` fails host
+//! opens and reads, `clock_jump` moves time on, `cancel_storm` is a burst
+//! of interrupts, `non_utf8_frame` a name that is not UTF-8, `huge_names` a
+//! lookup past `NAME_MAX`, and `eof` / `process_death` the kernel's end
+//! going away mid-flight (after which every file must still be closed).
 //!
 //! Checked after every step:
 //! - `no_secret_served`: no reply carries a byte of a file outside the
@@ -27,7 +32,9 @@ mod tree;
 use super::base::{violation, Outcome, Violation};
 use crate::swarm::{FaultKind, Rates, Swarm, PPM};
 use crate::Failure;
-use airlock_core::fsproxy::{Config, Effect, EffectId, EffectResult, FsProxy, Input, Output, PlantedBug, StdioRole};
+use airlock_core::fsproxy::{
+    Config, Effect, EffectId, EffectResult, FsErrorKind, FsProxy, Input, Output, PlantedBug, StdioRole,
+};
 use airlock_core::fuse::abi::{self, oflags};
 use airlock_core::fuse::codec::{self, Header, InitIn, Name, Op, Reply, Request, SetattrIn};
 use airlock_core::fuse::{self as fuse_core};
@@ -50,10 +57,19 @@ const READ_ONLY: &str = "/w/proj/ro";
 const SECRETS: &str = "/w/secret";
 const SECRET: &[u8] = b"SECRET-";
 /// Names the kernel asks for: the tree's, the secrets', and new ones.
-const NAMES: &[&str] = &["a.txt", "b.txt", "src", "d", "e.txt", "ro", "keep.txt", "up", "rolink", "s.txt", "new", "x"];
+const NAMES: &[&str] =
+    &["a.txt", "b.txt", "src", "d", "e.txt", "ro", "keep.txt", "up", "rolink", "s.txt", "new", "x"];
 /// Names it makes: never a secret's, so a secret's name in a listing is
 /// one that came from outside the roots.
 const NEW_NAMES: &[&str] = &["a.txt", "b.txt", "src", "d", "e.txt", "keep.txt", "new", "x"];
+/// A name that is not UTF-8: FUSE names are bytes.
+const NON_UTF8_NAME: &[u8] = b"n\xff\xfe";
+/// Interrupts in one storm, at most.
+const INTERRUPT_STORM_MAX: usize = 12;
+/// How far past `NAME_MAX` a huge name may go.
+const HUGE_NAME_EXTRA: usize = 300;
+/// How far a clock jump goes, in microseconds (a second to an hour).
+const CLOCK_JUMP_MICROS: std::ops::Range<u64> = 1_000_000..3_600_000_000;
 /// Steps after the last request before the world must have drained.
 const WIND_DOWN_STEPS: u64 = 20_000;
 
@@ -68,7 +84,11 @@ fn policy() -> Policy {
 }
 
 fn name(s: &str) -> Name {
-    Name::new(s.as_bytes()).unwrap_or_else(|_| Name::new(b"x").expect("a name"))
+    name_bytes(s.as_bytes())
+}
+
+fn name_bytes(b: &[u8]) -> Name {
+    Name::new(b).unwrap_or_else(|_| Name::new(b"x").expect("a name"))
 }
 
 /// The tree a world starts with.
@@ -95,12 +115,22 @@ fn initial_tree() -> Tree {
 enum Sent {
     Lookup,
     Create,
-    Open { node: u64 },
-    Opendir { node: u64 },
+    Open {
+        node: u64,
+    },
+    Opendir {
+        node: u64,
+    },
     Readdir,
     Read,
-    Release { fh: u64 },
-    Releasedir { fh: u64 },
+    Release {
+        fh: u64,
+    },
+    Releasedir {
+        fh: u64,
+    },
+    /// A lookup of a name too long to be one: answered with an error.
+    HugeLookup,
     Other,
 }
 
@@ -125,6 +155,10 @@ struct FuseWorld {
     tree: Tree,
     anchors: Vec<PathBuf>,
     effects: VecDeque<(EffectId, Effect)>,
+    /// What the machine gave back, taken (and recorded) as soon as it was
+    /// handed an input, so the trace holds each input's outputs right
+    /// after it, as replay expects; routed by [`FuseWorld::drain`].
+    outbox: VecDeque<Output>,
     kernel: Kernel,
     outstanding: BTreeMap<u64, (u32, Sent)>,
     next_unique: u64,
@@ -136,16 +170,29 @@ struct FuseWorld {
     kept: BTreeMap<PathBuf, Vec<u8>>,
     wind_down_from: Option<u64>,
     ended: bool,
+    /// The kernel's end went away (`eof`, `process_death`): the machine
+    /// owes it nothing more, and must still close every file it opened.
+    gone: bool,
     max_pending: usize,
     max_nodes: usize,
     max_open: usize,
+    /// Steps after which the kernel sends nothing new and winds down
+    /// (`--steps`, and what a shrunk swarm keeps).
+    max_steps: u64,
 }
 
 /// `record`: keep a trace, whose header notes `failure` when given.
-pub(super) fn run(seed: u64, swarm: Swarm, bug: Option<PlantedBug>, record: Option<Option<Value>>) -> Outcome {
+pub(super) fn run(
+    seed: u64,
+    swarm: Swarm,
+    bug: Option<PlantedBug>,
+    record: Option<Option<Value>>,
+) -> Outcome {
     let mut w = FuseWorld::new(seed, &swarm, bug, record);
     let mut failure: Option<Violation> = None;
-    while !w.ended {
+    // Past the mount's end too, until the closes it left behind (of the
+    // files a departed kernel held) are carried out.
+    while !w.ended || !w.effects.is_empty() {
         w.step += 1;
         if let Err(v) = w.step_once().and_then(|()| w.check()) {
             failure = Some(v);
@@ -162,7 +209,13 @@ pub(super) fn run(seed: u64, swarm: Swarm, bug: Option<PlantedBug>, record: Opti
         steps: w.step,
         now: w.now,
         faults: w.faults,
-        failure: failure.map(|v| Failure { invariant: v.invariant.to_owned(), step: w.step, message: v.message, level: None, client: None }),
+        failure: failure.map(|v| Failure {
+            invariant: v.invariant.to_owned(),
+            step: w.step,
+            message: v.message,
+            level: None,
+            client: None,
+        }),
         trace,
     }
 }
@@ -199,6 +252,7 @@ impl FuseWorld {
             tree,
             anchors: vec![ROOT.into(), READ_ONLY.into()],
             effects: VecDeque::new(),
+            outbox: VecDeque::new(),
             kernel: Kernel::default(),
             outstanding: BTreeMap::new(),
             next_unique: 1,
@@ -209,12 +263,20 @@ impl FuseWorld {
             kept,
             wind_down_from: None,
             ended: false,
+            gone: false,
             max_pending,
             max_nodes,
             max_open: swarm.max_open_handles,
+            max_steps: swarm.max_steps as u64,
         };
         w.kernel.dirs.insert(abi::ROOT_ID, true);
-        w.feed(Input::FuseMounted { client: MOUNT, root: RootId(0), uid: 1000, gid: 1000, passthrough: false });
+        w.feed(Input::FuseMounted {
+            client: MOUNT,
+            root: RootId(0),
+            uid: 1000,
+            gid: 1000,
+            passthrough: false,
+        });
         let init = InitIn { major: 7, minor: 41, max_readahead: 131072, flags: u64::MAX };
         w.send(abi::ROOT_ID, Op::Init(init), Sent::Other);
         w
@@ -229,18 +291,34 @@ impl FuseWorld {
         hit
     }
 
+    /// Hand `input` to the machine and take what it gives back: several
+    /// inputs may go in before the world routes anything, and the trace
+    /// must still hold each one's outputs before the next input.
     fn feed(&mut self, input: Input) {
         let now = Instant::from_micros(self.now);
         if let Some(t) = &mut self.trace {
             let _ = t.input(0, now, &input);
         }
         self.m.handle(now, input);
+        while let Some(out) = self.m.poll_output() {
+            if let Some(t) = &mut self.trace {
+                let _ = t.output(0, &out);
+            }
+            self.outbox.push_back(out);
+        }
     }
 
     fn send(&mut self, node: u64, op: Op, sent: Sent) {
         let unique = self.next_unique;
         self.next_unique += 1;
-        let header = Header { opcode: codec::opcode_of(&op, 9999), unique, nodeid: node, uid: 1000, gid: 1000, pid: 7 };
+        let header = Header {
+            opcode: codec::opcode_of(&op, 9999),
+            unique,
+            nodeid: node,
+            uid: 1000,
+            gid: 1000,
+            pid: 7,
+        };
         if !op.unanswered() {
             self.outstanding.insert(unique, (header.opcode, sent));
         }
@@ -250,7 +328,13 @@ impl FuseWorld {
 
     fn step_once(&mut self) -> Result<(), Violation> {
         self.now += self.rng.gen_range(1..200);
+        if self.fires(FaultKind::ClockJump) {
+            self.now += self.rng.gen_range(CLOCK_JUMP_MICROS);
+        }
         self.drain()?;
+        if self.step > self.max_steps {
+            self.ops_left = 0;
+        }
         let winding = self.ops_left == 0;
         if winding && self.wind_down_from.is_none() {
             self.wind_down_from = Some(self.step);
@@ -262,8 +346,22 @@ impl FuseWorld {
             return self.wind_down();
         }
         self.ops_left -= 1;
+        if self.fires(FaultKind::Eof) {
+            return self.kernel_gone(Input::Eof { client: MOUNT });
+        }
+        if self.fires(FaultKind::ProcessDeath) {
+            return self.kernel_gone(Input::Died { client: MOUNT });
+        }
         if self.fires(FaultKind::SymlinkSwap) {
             self.swap();
+        }
+        if self.fires(FaultKind::CancelStorm) {
+            self.interrupt_storm();
+            return self.drain();
+        }
+        if self.fires(FaultKind::HugeNames) {
+            self.huge_lookup();
+            return self.drain();
         }
         if self.fires(FaultKind::CorruptFrame) {
             let len = self.rng.gen_range(0..80);
@@ -314,11 +412,62 @@ impl FuseWorld {
     }
 
     fn pick_name(&mut self) -> Name {
+        if self.fires(FaultKind::NonUtf8Frame) {
+            return name_bytes(NON_UTF8_NAME);
+        }
         name(NAMES[self.rng.gen_range(0..NAMES.len())])
     }
 
     fn new_name(&mut self) -> Name {
+        if self.fires(FaultKind::NonUtf8Frame) {
+            return name_bytes(NON_UTF8_NAME);
+        }
         name(NEW_NAMES[self.rng.gen_range(0..NEW_NAMES.len())])
+    }
+
+    /// The kernel's end goes away mid-flight (a lazy unmount, a crash):
+    /// every request still waiting is owed nothing, and the world winds
+    /// down by delivering the effects left until the mount ends.
+    fn kernel_gone(&mut self, input: Input) -> Result<(), Violation> {
+        self.gone = true;
+        self.ops_left = 0;
+        self.wind_down_from = Some(self.step);
+        self.outstanding.clear();
+        self.kernel = Kernel::default();
+        self.feed(input);
+        self.drain()
+    }
+
+    /// A burst of interrupts, for requests waiting and for ones never
+    /// sent: none is answered, and none may cost a waiting one its reply.
+    fn interrupt_storm(&mut self) {
+        let waiting: Vec<u64> = self.outstanding.keys().copied().collect();
+        for _ in 0..self.rng.gen_range(2..=INTERRUPT_STORM_MAX) {
+            let unique = if waiting.is_empty() || self.rng.gen_bool(0.3) {
+                self.rng.gen_range(0..self.next_unique + 2)
+            } else {
+                waiting[self.rng.gen_range(0..waiting.len())]
+            };
+            self.send(0, Op::Interrupt { unique }, Sent::Other);
+        }
+    }
+
+    /// A lookup of a name past `NAME_MAX`, which the codec never builds:
+    /// the frame is patched by hand, and must be refused with an error.
+    fn huge_lookup(&mut self) {
+        let dir = self.node(true);
+        let unique = self.next_unique;
+        self.next_unique += 1;
+        let header =
+            Header { opcode: abi::opcode::LOOKUP, unique, nodeid: dir, uid: 1000, gid: 1000, pid: 7 };
+        let mut data = codec::encode_request(&Request { header, op: Op::Lookup { name: name("x") } });
+        data.truncate(abi::IN_HEADER_LEN);
+        data.extend(std::iter::repeat_n(b'n', abi::NAME_MAX + 1 + self.rng.gen_range(0..HUGE_NAME_EXTRA)));
+        data.push(0);
+        let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        data[..4].copy_from_slice(&len.to_le_bytes());
+        self.outstanding.insert(unique, (abi::opcode::LOOKUP, Sent::HugeLookup));
+        self.feed(Input::Fuse { client: MOUNT, data });
     }
 
     fn fh(&mut self) -> u64 {
@@ -331,7 +480,8 @@ impl FuseWorld {
     }
 
     fn request(&mut self) {
-        let flags = [oflags::RDONLY, oflags::WRONLY | oflags::TRUNC, oflags::RDWR, oflags::WRONLY][self.rng.gen_range(0..4)];
+        let flags = [oflags::RDONLY, oflags::WRONLY | oflags::TRUNC, oflags::RDWR, oflags::WRONLY]
+            [self.rng.gen_range(0..4)];
         match self.rng.gen_range(0..22) {
             0..=4 => {
                 let (dir, n) = (self.node(true), self.pick_name());
@@ -349,7 +499,8 @@ impl FuseWorld {
             8 => {
                 let (dir, n) = (self.node(true), self.new_name());
                 let excl = if self.rng.gen_bool(0.3) { oflags::EXCL } else { 0 };
-                let op = Op::Create { name: n, flags: flags | oflags::CREAT | excl, mode: 0o644, umask: 0o022 };
+                let op =
+                    Op::Create { name: n, flags: flags | oflags::CREAT | excl, mode: 0o644, umask: 0o022 };
                 self.send(dir, op, Sent::Create);
             }
             9 | 10 => {
@@ -461,8 +612,14 @@ impl FuseWorld {
     /// The attacker: a name inside the read-write root becomes a symlink
     /// out of it, into the read-only root, or a file or directory again.
     fn swap(&mut self) {
-        let at = ["/w/proj/a.txt", "/w/proj/src", "/w/proj/src/d", "/w/proj/new", "/w/proj/x", "/w/proj/src/c.txt"]
-            [self.rng.gen_range(0..6)];
+        let at = [
+            "/w/proj/a.txt",
+            "/w/proj/src",
+            "/w/proj/src/d",
+            "/w/proj/new",
+            "/w/proj/x",
+            "/w/proj/src/c.txt",
+        ][self.rng.gen_range(0..6)];
         let body = match self.rng.gen_range(0..5) {
             0 => Body::Link("/w/secret".into()),
             1 => Body::Link("../../secret/s.txt".into()),
@@ -491,8 +648,19 @@ impl FuseWorld {
         self.tree.now = self.now as i64;
         let anchors = self.anchors.clone();
         Ok(match effect {
+            Effect::Open { how, .. }
+                if !how.as_ref().is_some_and(|h| h.truncate) && self.fires(FaultKind::FsError) =>
+            {
+                EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
+            }
+            Effect::ReadAt { .. } if self.fires(FaultKind::FsError) => {
+                EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
+            }
             Effect::Open { file, root, rel, mode, scope, how } => {
-                let base = policy().root(root).map(|r| r.path.clone()).ok_or_else(|| violation("policy", format!("unknown root {root:?}")))?;
+                let base = policy()
+                    .root(root)
+                    .map(|r| r.path.clone())
+                    .ok_or_else(|| violation("policy", format!("unknown root {root:?}")))?;
                 let path = if rel.as_os_str().is_empty() { base } else { base.join(rel) };
                 let mut walk = Walk { tree: &mut self.tree, anchors: &anchors };
                 match resolve::open_how(&mut walk, &anchors, &[], &path, mode, how.as_ref(), &scope) {
@@ -515,7 +683,9 @@ impl FuseWorld {
                 }
             }
             Effect::ReadAt { file, offset, max } => self.tree.file_effect(file, FileOp::Read { offset, max }),
-            Effect::WriteAt { file, offset, data } => self.tree.file_effect(file, FileOp::Write { offset, bytes: data }),
+            Effect::WriteAt { file, offset, data } => {
+                self.tree.file_effect(file, FileOp::Write { offset, bytes: data })
+            }
             Effect::Truncate { file, size } => self.tree.file_effect(file, FileOp::Truncate { size }),
             Effect::Fstat { file } => self.tree.file_effect(file, FileOp::Stat),
             Effect::Close { file } => self.tree.close(file).map_err(|e| violation("fs_misuse", e))?,
@@ -527,10 +697,7 @@ impl FuseWorld {
 
     /// Route the machine's outputs.
     fn drain(&mut self) -> Result<(), Violation> {
-        while let Some(out) = self.m.poll_output() {
-            if let Some(t) = &mut self.trace {
-                let _ = t.output(0, &out);
-            }
+        while let Some(out) = self.outbox.pop_front() {
             match out {
                 Output::Effect { id, effect } => self.effects.push_back((id, effect)),
                 Output::FuseReply { client, data } => {
@@ -555,9 +722,16 @@ impl FuseWorld {
         let decoded = codec::decode_reply(op, data)
             .map_err(|e| violation("one_reply", format!("reply to opcode {op} unreadable: {e}")))?;
         if data.windows(SECRET.len()).any(|w| w == SECRET) {
-            return Err(violation("no_secret_served", format!("a reply to opcode {op} carries a secret: {decoded:?}")));
+            return Err(violation(
+                "no_secret_served",
+                format!("a reply to opcode {op} carries a secret: {decoded:?}"),
+            ));
         }
         match (sent, decoded.reply) {
+            (Sent::HugeLookup, Reply::Error(_)) => {}
+            (Sent::HugeLookup, other) => {
+                return Err(violation("one_reply", format!("a name past NAME_MAX was looked up: {other:?}")));
+            }
             (Sent::Lookup, Reply::Entry(e)) if e.nodeid != 0 => self.looked_up(e.nodeid, e.attr.is_dir()),
             (Sent::Create, Reply::Create(e, o)) => {
                 self.looked_up(e.nodeid, false);
@@ -570,9 +744,13 @@ impl FuseWorld {
                 self.kernel.dir_handles.insert(o.fh, node);
             }
             (Sent::Readdir, Reply::Data(d)) => {
-                let entries = codec::decode_dir(&d).map_err(|e| violation("one_reply", format!("listing unreadable: {e}")))?;
+                let entries = codec::decode_dir(&d)
+                    .map_err(|e| violation("one_reply", format!("listing unreadable: {e}")))?;
                 if let Some(e) = entries.iter().find(|e| e.name == b"s.txt") {
-                    return Err(violation("no_secret_served", format!("a listing shows a secret's name: {e:?}")));
+                    return Err(violation(
+                        "no_secret_served",
+                        format!("a listing shows a secret's name: {e:?}"),
+                    ));
                 }
             }
             (Sent::Release { fh } | Sent::Releasedir { fh }, _) => {
@@ -596,6 +774,11 @@ impl FuseWorld {
         let since = self.step - self.wind_down_from.unwrap_or(self.step);
         if since > WIND_DOWN_STEPS {
             return Err(violation("liveness", format!("not drained {since} steps after the last request")));
+        }
+        if self.gone {
+            // Every effect is done (or this would deliver one), so the
+            // mount had all it needs to end.
+            return Err(violation("liveness", "the mount did not end once its kernel was gone".into()));
         }
         if !self.outstanding.is_empty() && self.effects.is_empty() {
             // Answered by now or never: the machine owes nothing more.
@@ -627,7 +810,11 @@ impl FuseWorld {
         if self.m.open_handles() != 0 || self.tree.open_count() != 0 {
             return Err(violation(
                 "open_released",
-                format!("{} handles, {} files open once every file was released", self.m.open_handles(), self.tree.open_count()),
+                format!(
+                    "{} handles, {} files open once every file was released",
+                    self.m.open_handles(),
+                    self.tree.open_count()
+                ),
             ));
         }
         let Some((nodes, (given, back))) = self.m.fuse_nodes(MOUNT) else {
@@ -636,7 +823,10 @@ impl FuseWorld {
         if nodes != 1 || given != back || given != self.kernel.received {
             return Err(violation(
                 "lookups_balance",
-                format!("{nodes} nodes held, {given} lookups handed out, {back} given back, the kernel got {}", self.kernel.received),
+                format!(
+                    "{nodes} nodes held, {given} lookups handed out, {back} given back, the kernel got {}",
+                    self.kernel.received
+                ),
             ));
         }
         Ok(())
@@ -646,18 +836,27 @@ impl FuseWorld {
         let mut now = self.tree.files_under(Path::new(SECRETS));
         now.extend(self.tree.files_under(Path::new(READ_ONLY)));
         if now != self.kept {
-            return Err(violation("no_change_outside_policy", "a file outside the read-write root changed".into()));
+            return Err(violation(
+                "no_change_outside_policy",
+                "a file outside the read-write root changed".into(),
+            ));
         }
         if let Some((nodes, _)) = self.m.fuse_nodes(MOUNT) {
             if nodes > self.max_nodes {
-                return Err(violation("bounded", format!("{nodes} nodes, past the limit of {}", self.max_nodes)));
+                return Err(violation(
+                    "bounded",
+                    format!("{nodes} nodes, past the limit of {}", self.max_nodes),
+                ));
             }
         }
         // Requests wait on effects up to the limit; releases, never
         // refused, close at most every handle besides.
         let pending = self.effects.len();
         if pending > self.max_pending + self.max_open + 1 {
-            return Err(violation("bounded", format!("{pending} effects pending, limit {}", self.max_pending)));
+            return Err(violation(
+                "bounded",
+                format!("{pending} effects pending, limit {}", self.max_pending),
+            ));
         }
         Ok(())
     }
@@ -667,7 +866,10 @@ impl FuseWorld {
             return Err(violation("liveness", "the world ended before the mount".into()));
         }
         if self.m.open_handles() != 0 || self.tree.open_count() != 0 {
-            return Err(violation("open_released", format!("{} files open at the end", self.tree.open_count())));
+            return Err(violation(
+                "open_released",
+                format!("{} files open at the end", self.tree.open_count()),
+            ));
         }
         Ok(())
     }

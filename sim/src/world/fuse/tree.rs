@@ -214,7 +214,10 @@ impl Tree {
             FileOp::Write { offset, bytes } if write => {
                 let start = usize::try_from(offset).unwrap_or(usize::MAX);
                 let Some(end) = start.checked_add(bytes.len()).filter(|e| *e <= 1 << 24) else {
-                    return EffectResult::Failed { kind: FsErrorKind::Other, message: "file too large".into() };
+                    return EffectResult::Failed {
+                        kind: FsErrorKind::Other,
+                        message: "file too large".into(),
+                    };
                 };
                 if data.len() < end {
                     data.resize(end, 0);
@@ -225,7 +228,10 @@ impl Tree {
             }
             FileOp::Truncate { size } if write => {
                 if size > 1 << 24 {
-                    return EffectResult::Failed { kind: FsErrorKind::Other, message: "file too large".into() };
+                    return EffectResult::Failed {
+                        kind: FsErrorKind::Other,
+                        message: "file too large".into(),
+                    };
                 }
                 data.resize(size as usize, 0);
                 n.mtime = now;
@@ -254,7 +260,8 @@ impl Tree {
 
     pub fn close(&mut self, file: FileId) -> Result<EffectResult, String> {
         let o = self.open.remove(&file).ok_or_else(|| format!("closed unopened {file:?}"))?;
-        if self.nodes.get(&o.ino).is_some_and(|n| n.links == 0) && !self.open.values().any(|x| x.ino == o.ino) {
+        if self.nodes.get(&o.ino).is_some_and(|n| n.links == 0) && !self.open.values().any(|x| x.ino == o.ino)
+        {
             self.nodes.remove(&o.ino);
         }
         Ok(EffectResult::Closed)
@@ -307,7 +314,13 @@ impl Namespace for Walk<'_> {
 impl OpenFinal for Walk<'_> {
     type File = u64;
 
-    fn open_final(&mut self, dir: &u64, name: &OsStr, path: &Path, mode: Mode) -> Result<Final<u64>, Refusal> {
+    fn open_final(
+        &mut self,
+        dir: &u64,
+        name: &OsStr,
+        path: &Path,
+        mode: Mode,
+    ) -> Result<Final<u64>, Refusal> {
         self.open_final_how(dir, name, path, mode, None)
     }
 
@@ -409,7 +422,8 @@ impl PathNs for Walk<'_> {
     }
 
     fn remove(&mut self, dir: &u64, name: &OsStr, is_dir: bool) -> Result<(), Refusal> {
-        let ino = self.tree.entries(*dir).and_then(|e| e.get(name.as_bytes())).copied().ok_or(Refusal::NotFound)?;
+        let ino =
+            self.tree.entries(*dir).and_then(|e| e.get(name.as_bytes())).copied().ok_or(Refusal::NotFound)?;
         match (self.tree.entries(ino), is_dir) {
             (Some(e), true) if !e.is_empty() => return Err(conflict("directory not empty")),
             (Some(_), false) => return Err(conflict("is a directory")),
@@ -423,9 +437,20 @@ impl PathNs for Walk<'_> {
         Ok(())
     }
 
-    fn rename(&mut self, from_dir: &u64, from: &OsStr, to_dir: &u64, to: &OsStr, noreplace: bool) -> Result<(), Refusal> {
-        let ino =
-            self.tree.entries(*from_dir).and_then(|e| e.get(from.as_bytes())).copied().ok_or(Refusal::NotFound)?;
+    fn rename(
+        &mut self,
+        from_dir: &u64,
+        from: &OsStr,
+        to_dir: &u64,
+        to: &OsStr,
+        noreplace: bool,
+    ) -> Result<(), Refusal> {
+        let ino = self
+            .tree
+            .entries(*from_dir)
+            .and_then(|e| e.get(from.as_bytes()))
+            .copied()
+            .ok_or(Refusal::NotFound)?;
         let there = self.tree.entries(*to_dir).ok_or(Refusal::NotFound)?.get(to.as_bytes()).copied();
         if there == Some(ino) {
             return Ok(());
@@ -454,7 +479,13 @@ impl PathNs for Walk<'_> {
         Ok(())
     }
 
-    fn set_attr(&mut self, dir: &u64, name: &OsStr, seen: &FileStat, attr: &SetAttr) -> Result<FileStat, Refusal> {
+    fn set_attr(
+        &mut self,
+        dir: &u64,
+        name: &OsStr,
+        seen: &FileStat,
+        attr: &SetAttr,
+    ) -> Result<FileStat, Refusal> {
         let ino = if name.as_bytes() == b"." {
             *dir
         } else {
