@@ -349,7 +349,13 @@ impl HostFs {
     /// where they lead, and acted on relative to the directory decided on.
     pub fn path(&mut self, op: &PathOp, scope: &Scope) -> Result<PathDone, Refusal> {
         let mut caps = Caps { dirs: &self.dirs };
-        pathops::perform(&mut caps, &self.anchors, &[], scope, op)
+        let done = pathops::perform(&mut caps, &self.anchors, &[], scope, op);
+        // A guarded path the walk met: for the report and the audit log,
+        // as for an open.
+        if let Err(Refusal::Guarded { hit, .. }) = &done {
+            self.hits.push(hit.clone());
+        }
+        done
     }
 
     fn open(
