@@ -1120,6 +1120,59 @@ fn allowed_env_values_are_scrubbed_from_everything_the_tool_gets() {
     assert_eq!(got[5], Value::Null, "the variable itself is not in the tool's env");
 }
 
+/// An `--env-allow` value in any derived form a file may hold (percent-
+/// and JSON-escaped, hex, base64 at each alignment, UTF-16 either way) is
+/// scrubbed from `fs.read` and from what `fs.grep` searches and answers.
+#[test]
+fn every_encoded_form_of_an_allowed_value_is_scrubbed() {
+    use base64::Engine as _;
+    let secret = "sk-Test/+=42secret";
+    let b64 = |prefix: &str| {
+        base64::engine::general_purpose::STANDARD.encode([prefix.as_bytes(), secret.as_bytes()].concat())
+    };
+    let forms: Vec<String> = vec![
+        secret.bytes().map(|b| format!("%{b:02X}")).collect(),
+        secret.bytes().map(|b| format!("%{b:02x}")).collect(),
+        secret.chars().map(|c| format!("\\u{:04x}", c as u32)).collect(),
+        secret.replace('/', "\\/"),
+        secret.bytes().map(|b| format!("{b:02x}")).collect(),
+        secret.bytes().map(|b| format!("{b:02X}")).collect(),
+        b64(""),
+        b64("a"),
+        b64("ab"),
+    ];
+    let f = Fixture::new();
+    f.file("forms.txt", forms.iter().map(|l| format!("form {l} end\n")).collect::<String>());
+    let le: Vec<u8> = secret.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    let be: Vec<u8> = secret.encode_utf16().flat_map(u16::to_be_bytes).collect();
+    f.file("wide.bin", [le.as_slice(), b"|", be.as_slice()].concat());
+    let out = f.run_env(
+        &["--env-allow", "SK"],
+        &f.py("a = ok('fs.read', {'path': 'forms.txt'})['content']\n\
+             w = base64.b64decode(ok('fs.read', {'path': 'wide.bin'})['content'])\n\
+             g = ok('fs.grep', {'pattern': 'form', 'paths': ['forms.txt']})\n\
+             result(json.dumps([a, w.hex(), g]))"),
+        &[("SK", secret)],
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    let read = got[0].as_str().unwrap();
+    assert_eq!(read.lines().count(), forms.len(), "{read}");
+    for (line, form) in read.lines().zip(&forms) {
+        assert!(line.contains("[REDACTED]") && !line.contains(form.as_str()), "{form} read as {line}");
+    }
+    let wide = got[1].as_str().unwrap();
+    for raw in [&le, &be] {
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        assert!(!wide.contains(&hex), "UTF-16 survives: {wide}");
+    }
+    let grep = got[2].to_string();
+    assert_eq!(got[2]["matches"][0]["lines"].as_array().map(Vec::len), Some(forms.len()), "{grep}");
+    for form in &forms {
+        assert!(!grep.contains(form.as_str()), "{form} in {grep}");
+    }
+    assert!(!out.stdout().contains(secret));
+}
+
 #[test]
 fn the_record_holds_no_secret() {
     let f = Fixture::new();
