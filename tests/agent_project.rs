@@ -94,6 +94,20 @@ fn run(cwd: &Path, args: &[&str], path_env: Option<&str>) -> Output {
     airlock_in(cwd, &all, path_env)
 }
 
+/// `path` was opened through airlock (the served filesystem's door), as
+/// the audit log at `audit` says: a read the sandbox let past airlock
+/// would leave no line.
+fn assert_served_and_audited(audit: &Path, path: &Path, ctx: &str) {
+    let text = std::fs::read_to_string(audit).unwrap();
+    let want = path.display().to_string();
+    assert!(
+        text.lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .any(|l| l["op"] == "open" && l["allowed"] == true && l["path"].as_str() == Some(want.as_str())),
+        "{ctx}: no open of {want} in the audit log: {text}"
+    );
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -212,10 +226,10 @@ fn an_agent_in_a_venv_on_pyenv_runs_under_run_with_no_grant_typed() {
         assert_eq!(out.status.code(), Some(0), "{ctx}: {stdout}{stderr}");
         pyenv.assert_ran(&stdout, &project, in_venv, &ctx);
         assert!(stdout.contains("via airlock: 0 the data"), "{ctx}: {stdout}{stderr}");
-        assert!(
-            stdout.contains("direct: refused"),
-            "{ctx}: the rest of the root is reached directly: {stdout}"
-        );
+        // The rest of the root is served by airlock as a filesystem: the
+        // agent's plain `open` is answered, and audited, by airlock.
+        assert!(stdout.contains("direct: read"), "{ctx}: {stdout}{stderr}");
+        assert_served_and_audited(&audit, &real_project.join("data.txt"), &ctx);
         let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
         let grants = granted(&report);
         let agent = real_project.join("agent.py").display().to_string();
@@ -394,8 +408,9 @@ fn an_agent_granted_by_hand_is_listed_as_a_direct_read() {
     assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
     assert!(stdout.contains("via airlock: 0 the data"), "{stdout}{stderr}");
     // Only agent.py was granted: the rest of the root is still reached
-    // through airlock alone.
-    assert!(stdout.contains("direct: refused"), "{stdout}{stderr}");
+    // through airlock alone, served as a filesystem and audited.
+    assert!(stdout.contains("direct: read"), "{stdout}{stderr}");
+    assert_served_and_audited(&audit, &std::fs::canonicalize(project.join("data.txt")).unwrap(), "by hand");
     let agent = std::fs::canonicalize(project.join("agent.py")).unwrap();
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(report["sandbox"]["fs"], "confined", "{report}");
