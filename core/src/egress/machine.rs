@@ -492,12 +492,7 @@ impl Egress {
             Input::ClientBytes { conn, data } => self.client_bytes(conn, data),
             Input::ClientGone { conn } => {
                 if self.conns.get(&conn).is_some_and(|c| !matches!(c.phase, Phase::Tunnel)) {
-                    self.finish(
-                        conn,
-                        Rule::Unreachable { reason: "the client left".into() },
-                        None,
-                        End::ClientGone,
-                    );
+                    self.client_ended(conn);
                 }
             }
             Input::Resolved { conn, result } => self.resolved(conn, result),
@@ -590,7 +585,7 @@ impl Egress {
         *reading = 0;
         if take == 0 {
             // A read of nothing is the end of the client's bytes.
-            self.finish(id, Rule::Unreachable { reason: "the client left".into() }, None, End::ClientGone);
+            self.client_ended(id);
             return;
         }
         let before = buf.len();
@@ -599,6 +594,37 @@ impl Egress {
             Listener::Http => self.http_head(id, before),
             Listener::Socks => self.socks_head(id),
         }
+    }
+
+    /// The client's bytes ended before its request was served. A head is
+    /// read whole once more first: the cheap end-of-head check skips a
+    /// head that turns bad before its end, and the answer must not depend
+    /// on how the bytes were split.
+    fn client_ended(&mut self, id: ConnId) {
+        let max_head = self.config.max_head;
+        let bad = match self.conns.get(&id).map(|c| (&c.listener, &c.phase)) {
+            Some((Listener::Http, Phase::Head { buf, .. })) => match http::parse_request(buf, max_head) {
+                Parsed::Error(e) => Some(e),
+                _ => None,
+            },
+            _ => None,
+        };
+        match bad {
+            Some(e) => self.refuse_head(id, e),
+            None => {
+                self.finish(id, Rule::Unreachable { reason: "the client left".into() }, None, End::ClientGone)
+            }
+        }
+    }
+
+    /// A request head that cannot be served: `431` when too large, `400`
+    /// otherwise.
+    fn refuse_head(&mut self, id: ConnId, e: HeadError) {
+        let status = match e {
+            HeadError::TooLarge { .. } | HeadError::TooManyHeaders => 431,
+            _ => 400,
+        };
+        self.refuse(id, Rule::BadRequest { reason: e.to_string() }, Some(status));
     }
 
     fn http_head(&mut self, id: ConnId, before: usize) {
@@ -614,13 +640,7 @@ impl Egress {
         };
         match parsed {
             Parsed::Partial => self.grant_read(id),
-            Parsed::Error(e) => {
-                let status = match e {
-                    HeadError::TooLarge { .. } | HeadError::TooManyHeaders => 431,
-                    _ => 400,
-                };
-                self.refuse(id, Rule::BadRequest { reason: e.to_string() }, Some(status));
-            }
+            Parsed::Error(e) => self.refuse_head(id, e),
             Parsed::Done { value, consumed } => {
                 let early = buf.split_off(consumed);
                 c.early = early;

@@ -40,9 +40,44 @@ pub fn forms(secret: &[u8]) -> Forms {
             exact.push(url);
         }
     }
+    // Mixed forms, found whole as well as decoded: one whose first
+    // character is a hex digit left as it is can be swallowed by an escape
+    // cut short just before it (`%B` + `65o%00…`), and the decoding pass,
+    // reading that escape, then never sees the secret begin.
+    for upper in [false, true] {
+        exact.push(percent_component(secret, upper));
+    }
+    exact.push(json_slash(secret));
     exact.sort();
     exact.dedup();
     Forms { exact, any_case: vec![hex(secret)] }
+}
+
+/// `secret` as a URL component: unreserved bytes (`A-Z a-z 0-9 - . _ ~`)
+/// kept, every other byte `%XX`, in upper or lower case hex.
+pub fn percent_component(secret: &[u8], upper: bool) -> Vec<u8> {
+    let digits: &[u8; 16] = if upper { b"0123456789ABCDEF" } else { b"0123456789abcdef" };
+    let mut out = Vec::with_capacity(secret.len() * 3);
+    for &b in secret {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[b'%', digits[usize::from(b >> 4)], digits[usize::from(b & 15)]]);
+        }
+    }
+    out
+}
+
+/// `secret` with each `/` written `\/`, as JSON may.
+pub fn json_slash(secret: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(secret.len() * 2);
+    for &b in secret {
+        if b == b'/' {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out
 }
 
 /// Lowercase hex of `secret`'s bytes.
