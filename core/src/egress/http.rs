@@ -262,7 +262,8 @@ fn forward_head(
     out.extend_from_slice(b"\r\n");
     for h in headers {
         let lower = h.name.to_ascii_lowercase();
-        if HOP_BY_HOP.contains(&lower.as_str()) || named.contains(&lower) {
+        // Every `Proxy-*` header is for this hop alone, whatever its name.
+        if HOP_BY_HOP.contains(&lower.as_str()) || named.contains(&lower) || lower.starts_with("proxy-") {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());
