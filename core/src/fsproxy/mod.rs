@@ -2176,6 +2176,18 @@ impl FsProxy {
         if req.is_none() {
             return;
         }
+        self.settle(client, req, outcome, alive);
+    }
+
+    /// A file or path effect's request is answered: the client is free
+    /// again, and answered if it is still there, cleaned up if not.
+    fn settle(
+        &mut self,
+        client: ClientId,
+        req: Option<String>,
+        outcome: Result<Success, Failure>,
+        alive: bool,
+    ) {
         if let Some(c) = self.clients.get_mut(&client) {
             c.busy = false;
             c.busy_on_file = false;

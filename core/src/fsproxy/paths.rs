@@ -242,15 +242,6 @@ impl FsProxy {
             return;
         }
         let alive = self.clients.get(&client).is_some_and(|c| c.alive);
-        if let Some(c) = self.clients.get_mut(&client) {
-            c.busy = false;
-            c.busy_on_file = false;
-        }
-        if alive {
-            self.respond(client, req, outcome);
-            self.pump(client);
-        } else {
-            self.cleanup(client);
-        }
+        self.settle(client, req, outcome, alive);
     }
 }
