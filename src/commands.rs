@@ -443,7 +443,10 @@ pub fn run(
     let launch = crate::confine::args::check_run_command(&mut plan, &policy, argv)?;
     // What the guard covers in the trees the child reaches directly.
     let trees = crate::confine::args::direct_trees(&plan);
-    let found = crate::guardscan::scan(policy.guard(), &trees)?;
+    let mut found = crate::guardscan::scan(policy.guard(), &trees)?;
+    // Before the view is made, and kept until the session's end is read.
+    let namespaces = crate::confine::ns_mode(sandbox.require_namespaces)?;
+    let mut held = crate::holds::hold(policy.guard(), &trees, namespaces, &mut found)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
     let limits = sandbox.limits(&secrets.0)?;
     block_on(async {
@@ -533,6 +536,13 @@ pub fn run(
                 _ => Applied::default(),
             };
             airlock_core::sandbox::fuse::report(&mut in_force, fuse_plan, &stage, dir_roots, not_served);
+            let writable = trees.iter().any(|t| t.writable);
+            airlock_core::sandbox::report_holds(&mut in_force, writable, &stage);
+            if !stage.has(airlock_core::sandbox::Namespace::Mount) {
+                // Placeholders no mount holds are entries the child may
+                // remove and replace, or trip over: gone at once.
+                held = crate::holds::Held::default();
+            }
         }
         let egress_service = match (egress_config, listeners) {
             (Some(config), Some(listeners)) => {
@@ -582,14 +592,15 @@ pub fn run(
         if let Some(b) = in_force.bounds.as_mut() {
             b.hit = hit;
         }
-        let created = crate::guardscan::created(policy.guard(), &trees, &found.protected);
+        let created = held.made_past(crate::guardscan::created(policy.guard(), &trees, &found.protected));
         for p in &created {
             eprintln!(
                 "airlock: warning: the child created the protected path {} in a --sandbox-rw directory, \
-                 which a mount cannot stop; look at it before git, an editor or a shell runs it",
+                 where no placeholder could hold it; look at it before git, an editor or a shell runs it",
                 p.display()
             );
         }
+        drop(held);
         let direct = crate::report::Direct { covered: found.covers.clone(), protected_created: created };
         // Before the audit log closes: the proxies' last lines go there.
         let egress_report = match egress_service {

@@ -17,6 +17,7 @@ pub mod fdconfig;
 pub mod fscli;
 pub mod guardscan;
 pub mod heap;
+pub mod holds;
 pub mod hostfs;
 pub mod llm_cli;
 pub mod narrowcli;

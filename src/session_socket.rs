@@ -123,9 +123,7 @@ impl SessionSocket {
     /// removed first.
     pub fn create() -> anyhow::Result<SessionSocket> {
         let token = Token::random().context("reading the OS random number generator")?;
-        let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
-        let private = runtime.as_deref().map(|p| (p, is_private_dir(p)));
-        let base = socket_base(private, &std::env::temp_dir(), DIR_NAME_MAX + 1 + SOCKET_NAME.len());
+        let base = base();
         crate::confine::sweep::socket_dirs(&base);
         let dir = private_dir(&base)?;
         let path = dir.join(SOCKET_NAME);
@@ -176,6 +174,14 @@ impl Drop for SessionSocket {
             tracing::warn!("removing the session socket's directory {}: {e}", self.dir.display());
         }
     }
+}
+
+/// Where session sockets' directories go (and the ledgers of
+/// `crate::holds`): see `airlock_core::sandbox::sweep::socket_base`.
+pub fn base() -> PathBuf {
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+    let private = runtime.as_deref().map(|p| (p, is_private_dir(p)));
+    socket_base(private, &std::env::temp_dir(), DIR_NAME_MAX + 1 + SOCKET_NAME.len())
 }
 
 /// Whether `p` is a directory of the user's own that nobody else may

@@ -1,8 +1,9 @@
 //! The guard (protected paths, secret files, `--deny`) against the real
 //! binary under the default sandbox, at every door of `airlock run`: the
 //! proxy's opens and path operations, the grants that lift it, the
-//! report and the audit log, and the direct `--sandbox-rw` view of a git
-//! checkout (the served filesystem's door is tests/fuse.rs).
+//! report and the audit log (the direct `--sandbox-rw` view, and both
+//! users and modes, are tests/guard_who.rs; the served filesystem's door
+//! is tests/fuse.rs).
 
 mod common;
 
@@ -127,44 +128,6 @@ fn a_deny_glob_refuses_what_it_matches() {
     );
     assert_eq!(run.stdout(), "x\n", "stderr: {}", run.stderr());
     assert!(run.stderr().contains("--deny"), "{}", run.stderr());
-}
-
-/// A child given a git checkout directly (`--sandbox-rw`) commits as
-/// before, reads the secret files as empty, cannot change git's
-/// executable configuration, and a protected path it creates (which a
-/// mount cannot stop) is said on stderr and in the report.
-#[test]
-fn a_sandbox_rw_checkout_commits_but_its_configuration_stays_read_only() {
-    let d = checkout();
-    let repo = std::fs::canonicalize(d.path()).unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let config = std::fs::read(repo.join(".git/config")).unwrap();
-    let script = format!(
-        r#"cd '{}'
-        printf 'env:%s\n' "$(cat .env)"
-        printf '[core]\n\tfsmonitor = touch pwned\n' >> .git/config && echo WROTE-CONFIG
-        printf '#!/bin/sh\n' > .git/hooks/pre-commit && echo HOOKED
-        echo y > g.txt && git add g.txt && git -c user.email=t@example.com -c user.name=t commit -qm two && echo COMMITTED
-        mkdir -p .vscode && echo '{{}}' > .vscode/tasks.json
-        true"#,
-        repo.display()
-    );
-    let run = run_in(work.path(), &["--sandbox-rw", repo.to_str().unwrap()], &sh(&script));
-    assert_eq!(run.code(), Some(0), "{}", run.stderr());
-    assert_eq!(run.stdout(), "env:\nCOMMITTED\n", "stderr: {}", run.stderr());
-    assert_eq!(std::fs::read(repo.join(".git/config")).unwrap(), config);
-    assert!(!repo.join(".git/hooks/pre-commit").exists());
-    assert_eq!(git(&repo, &["log", "--format=%s"]), "two\ninit\n");
-    assert_eq!(std::fs::read_to_string(repo.join(".env")).unwrap(), "S=secret\n");
-    let covered = run.report["direct_covered"].to_string();
-    for part in ["\"mask\"", "env_file", "git_config", "git_hooks"] {
-        assert!(covered.contains(part), "{part}: {}", run.report);
-    }
-    let vscode = repo.join(".vscode").to_string_lossy().into_owned();
-    assert_eq!(run.report["protected_created"], serde_json::json!([vscode]), "{}", run.report);
-    assert!(run.stderr().contains("created the protected path"), "{}", run.stderr());
-    git(&repo, &["status", "--short"]);
-    assert!(!repo.join("pwned").exists());
 }
 
 /// Without a mount namespace nothing can be masked or kept read-only in a

@@ -479,9 +479,12 @@ fn fallback(
     status: &mut Option<std::fs::File>,
     joined: &[Bound],
 ) -> i32 {
-    // Without a mount view nothing can be masked or kept read-only.
-    if let Some(first) = plan.view.covers.first() {
-        let refusal = CoverRefusal::NoMountNamespace { first: first.clone(), count: plan.view.covers.len() };
+    // Without a mount view nothing can be masked or kept read-only. Holds
+    // are not refused: nothing of the host is hidden or changed by their
+    // absence, and the report lists them as not enforced.
+    let needed: Vec<&Cover> = plan.view.covers.iter().filter(|c| !matches!(c, Cover::Hold { .. })).collect();
+    if let Some(first) = needed.first() {
+        let refusal = CoverRefusal::NoMountNamespace { first: (*first).clone(), count: needed.len() };
         return refuse(status, refusal.to_string());
     }
     // SAFETY: a flag on our own process.
@@ -922,7 +925,7 @@ fn apply_covers(covers: &[Cover]) -> anyhow::Result<()> {
             anyhow::bail!("{} became a symlink while the view was made", c.path().display());
         }
         match c {
-            Cover::Mask { dir, .. } => {
+            Cover::Mask { dir, .. } | Cover::Hold { dir, .. } => {
                 let src = if *dir { empty_dir } else { empty_file };
                 mount(Some(src), &dst, None, libc::MS_BIND, None)?;
                 make_read_only(&dst)?;

@@ -1,6 +1,7 @@
-//! Leftovers of dead sessions, found and removed: socket directories
-//! (named by `airlock_core::sandbox::sweep`, which decides what is stale)
-//! and a tree removed whatever a child did to its modes.
+//! Leftovers of dead sessions, found and removed: socket directories and
+//! placeholder ledgers (`crate::holds`), named by
+//! `airlock_core::sandbox::sweep`, which decides what is stale; and a
+//! tree removed whatever a child did to its modes.
 
 use airlock_core::sandbox::sweep::{self, Owner};
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -21,7 +22,7 @@ pub fn running_start(pid: u32) -> Option<u64> {
 }
 
 /// Remove the socket directories in `base` that dead sessions of this
-/// user left (a SIGKILLed airlock cleans nothing up): named for an owner
+/// user left, and the placeholders their ledgers name (a SIGKILLed airlock cleans nothing up): named for an owner
 /// that no longer runs, or of the unowned older form with no one
 /// listening on the socket inside. Anything not the user's own directory
 /// is left alone. Errors are logged, never fatal.
@@ -43,6 +44,10 @@ pub fn socket_dirs(base: &Path) {
         let path = entry.path();
         match std::fs::symlink_metadata(&path) {
             Ok(m) if m.is_dir() && m.uid() == me => {}
+            Ok(m) if m.is_file() && m.uid() == me && crate::holds::is_ledger(text) => {
+                crate::holds::release_ledger(&path);
+                continue;
+            }
             _ => continue,
         }
         match remove_tree(&path) {

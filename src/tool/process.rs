@@ -83,11 +83,13 @@ impl Grants {
         }
     }
 
-    /// What the guard covers in the trees `ruleset` grants directly.
+    /// What the guard covers in the trees `ruleset` grants directly, with
+    /// the placeholders holding protected names absent from its writable
+    /// ones (kept as long as the process runs).
     fn covers(
         &self,
         ruleset: &airlock_core::sandbox::Ruleset,
-    ) -> anyhow::Result<Vec<airlock_core::sandbox::Cover>> {
+    ) -> anyhow::Result<(Vec<airlock_core::sandbox::Cover>, crate::holds::Held)> {
         use airlock_core::sandbox::Source;
         let trees: Vec<crate::guardscan::Tree> = ruleset
             .paths
@@ -98,7 +100,10 @@ impl Grants {
                 _ => None,
             })
             .collect();
-        Ok(crate::guardscan::scan(&self.guard, &trees)?.covers)
+        let mut found = crate::guardscan::scan(&self.guard, &trees)?;
+        let namespaces = crate::confine::ns_mode(self.require_namespaces)?;
+        let held = crate::holds::hold(&self.guard, &trees, namespaces, &mut found)?;
+        Ok((found.covers, held))
     }
 }
 
@@ -112,7 +117,7 @@ pub fn spawn_tool(
     grants: &Grants,
     policy: &airlock_core::vfs::ToolPolicy,
     env: &[(std::ffi::OsString, std::ffi::OsString)],
-) -> anyhow::Result<(tokio::process::Child, crate::confine::bounds::Groups)> {
+) -> anyhow::Result<(tokio::process::Child, (crate::confine::bounds::Groups, crate::holds::Held))> {
     use airlock_core::sandbox::StageStatus;
     if argv.is_empty() {
         anyhow::bail!("no command given");
@@ -144,7 +149,7 @@ pub fn spawn_tool(
         eprintln!("airlock: tool: granted read-only: {} ({})", g.path.display(), g.reason);
     }
     let argv = &started.argv[..];
-    let covers = grants.covers(&ruleset)?;
+    let (covers, held) = grants.covers(&ruleset)?;
     let namespaces = crate::confine::ns_mode(grants.require_namespaces)?;
     let req = crate::confine::Request { namespaces, covers, ..crate::confine::Request::new(ruleset, cwd) };
     let crate::confine::Started { mut cmd, pending, groups, .. } = crate::confine::start(req, argv)?;
@@ -160,7 +165,7 @@ pub fn spawn_tool(
     let mut child = cmd.spawn()?;
     drop(cmd);
     match pending.wait() {
-        Ok(StageStatus::Applied(_)) => Ok((child, groups)),
+        Ok(StageStatus::Applied(_)) => Ok((child, (groups, held))),
         Ok(StageStatus::Refused { message }) => {
             let _ = child.start_kill();
             anyhow::bail!("{message}")
@@ -211,7 +216,8 @@ pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpErro
             ruleset.grant_read_exec(real);
         }
     }
-    let covers = grants.covers(&ruleset).map_err(|e| starting(&e))?;
+    // The placeholders go when this run ends, however it ends.
+    let (covers, _held) = grants.covers(&ruleset).map_err(|e| starting(&e))?;
     let namespaces = crate::confine::ns_mode(grants.require_namespaces).map_err(|e| starting(&e))?;
     let argv: Vec<std::ffi::OsString> =
         std::iter::once(p.program.clone().into_os_string()).chain(p.args.iter().map(Into::into)).collect();

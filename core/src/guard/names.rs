@@ -198,6 +198,35 @@ pub fn secret(path: &[u8]) -> Option<Rule> {
     None
 }
 
+/// What a place a writable direct view holds empty must hold, each
+/// (path beneath the place, whether a directory): the protected names
+/// that place may be made to hold. Names that are files of JSON (agent
+/// configuration) are held as directories: an empty file there would
+/// show in `git status` and be added with the rest. `commondir` is left
+/// out: git refuses a repository whose `commondir` it cannot follow, so
+/// no placeholder can stand there (a created one is reported).
+pub fn held(git_dir: bool) -> Vec<(Vec<u8>, bool)> {
+    if git_dir {
+        let dirs = [&b"hooks"[..], b"modules", b"worktrees"].into_iter().map(|n| (n.to_vec(), true));
+        let files = GIT_CONFIG_FILES.iter().filter(|n| **n != b"commondir").map(|n| (n.to_vec(), false));
+        return dirs.chain(files).collect();
+    }
+    let mut out: Vec<(Vec<u8>, bool)> = std::iter::once(&b".git"[..])
+        .chain(EDITOR_DIRS.iter().copied())
+        .chain(AGENT_DIRS.iter().copied())
+        .chain(AGENT_FILES.iter().copied())
+        .map(|n| (n.to_vec(), true))
+        .collect();
+    out.extend(HOME_FILES.iter().map(|n| (n.to_vec(), false)));
+    for (dir, name) in HOME_NESTED {
+        match name {
+            Some(n) => out.push(([*dir, b"/", n].concat(), false)),
+            None => out.push((dir.to_vec(), true)),
+        }
+    }
+    out
+}
+
 /// A component naming a git directory: `.git`, or a bare repository's
 /// `NAME.git`.
 fn gitdir(name: &[u8]) -> bool {

@@ -13,10 +13,19 @@
 //!   the directory cannot be renamed away and replaced by another whose
 //!   `config` the process wrote.
 //!
-//! Covers need a mount namespace; without one a view with covers is
-//! refused, naming the first. A protected name created where none
-//! existed when the view was made is beyond a mount's reach: the shell
-//! looks for those when the session ends ([`created`]).
+//! - A protected name **absent** where a writable view is made is
+//!   **held**: at the top of each writable tree and of each work tree in
+//!   it, and in each git directory ([`hold_sites`], [`holds`]), the shell
+//!   makes an empty placeholder on disk and binds an empty read-only one
+//!   over it, so the name cannot be made; the placeholder goes when the
+//!   view does.
+//!
+//! Covers need a mount namespace; without one a view with covers other
+//! than holds is refused, naming the first (holds are then listed as not
+//! enforced). A protected name made deeper, in a directory the process
+//! created (or `commondir`, which no placeholder can stand for), is
+//! beyond a mount's reach: the shell looks for those when the session
+//! ends ([`created`]).
 
 use crate::guard::{Act, Class, Guard, Rule};
 use serde::{Deserialize, Serialize};
@@ -40,12 +49,19 @@ pub enum Cover {
     ReadOnly { path: PathBuf, rule: Rule },
     /// A git directory in a writable tree: bound over itself, writable.
     Pin { path: PathBuf },
+    /// A protected name absent from a writable tree: a placeholder made
+    /// there (an empty directory when `dir`, else an empty file) with an
+    /// empty read-only one bound over it.
+    Hold { path: PathBuf, dir: bool, rule: Rule },
 }
 
 impl Cover {
     pub fn path(&self) -> &Path {
         match self {
-            Cover::Mask { path, .. } | Cover::ReadOnly { path, .. } | Cover::Pin { path } => path,
+            Cover::Mask { path, .. }
+            | Cover::ReadOnly { path, .. }
+            | Cover::Pin { path }
+            | Cover::Hold { path, .. } => path,
         }
     }
 }
@@ -58,6 +74,9 @@ impl fmt::Display for Cover {
                 write!(f, "{} ({}) is read-only", path.display(), rule.describe())
             }
             Cover::Pin { path } => write!(f, "{} is pinned in place", path.display()),
+            Cover::Hold { path, rule, .. } => {
+                write!(f, "{} ({}) is held empty and read-only", path.display(), rule.describe())
+            }
         }
     }
 }
@@ -83,6 +102,77 @@ pub fn cover(guard: &Guard, path: &Path, is_dir: bool, writable: bool) -> (Optio
             }
         }
         _ => (None, is_dir),
+    }
+}
+
+/// What kind of place a placeholder goes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum HoldAt {
+    /// A writable tree's top, or a work tree's (a directory holding a git
+    /// directory or a `.git` file).
+    Top,
+    /// A git directory.
+    GitDir,
+}
+
+/// The places a writable view's placeholders go, from its writable trees
+/// (directories) and the covers found in them: each tree's top; each
+/// work tree's, the parent of a pinned git directory or of a `.git` file
+/// kept read-only; each pinned git directory. Deeper places are made by
+/// the process, after the view, where no mount reaches.
+pub fn hold_sites(writable_tops: &[PathBuf], covers: &[Cover]) -> Vec<(PathBuf, HoldAt)> {
+    let mut sites: Vec<(PathBuf, HoldAt)> = writable_tops.iter().map(|t| (t.clone(), HoldAt::Top)).collect();
+    for c in covers {
+        match c {
+            Cover::Pin { path } => {
+                sites.push((path.clone(), HoldAt::GitDir));
+                if let Some(parent) = path.parent() {
+                    sites.push((parent.to_path_buf(), HoldAt::Top));
+                }
+            }
+            Cover::ReadOnly { path, rule: Rule::GitDir } if path.file_name().is_some_and(|n| n == ".git") => {
+                if let Some(parent) = path.parent() {
+                    sites.push((parent.to_path_buf(), HoldAt::Top));
+                }
+            }
+            _ => {}
+        }
+    }
+    sites.sort();
+    sites.dedup();
+    sites
+}
+
+/// The placeholders the guard calls for at `site`: every name
+/// [`crate::guard::names::held`] lists there that the guard protects for
+/// creation (or, for a directory, whose content it protects) and no
+/// grant lifts (home start-up files only where `site` is
+/// a home). The shell makes those that are absent.
+pub fn holds(guard: &Guard, site: &Path, at: HoldAt) -> Vec<Cover> {
+    use std::os::unix::ffi::OsStrExt;
+    crate::guard::names::held(at == HoldAt::GitDir)
+        .into_iter()
+        .filter_map(|(rel, dir)| {
+            let path = site.join(std::ffi::OsStr::from_bytes(&rel));
+            let protected = |p: &Path, is_dir| match guard.check(p, Act::Create, is_dir) {
+                Err(hit) if hit.class == Class::Protected => Some(hit.rule),
+                _ => None,
+            };
+            // A directory is held when it is protected, or what it would
+            // hold is (`.config/autostart/*`).
+            let rule =
+                protected(&path, dir).or_else(|| dir.then(|| protected(&path.join("_"), false)).flatten())?;
+            Some(Cover::Hold { path, dir, rule })
+        })
+        .collect()
+}
+
+/// The report's account of holds, for a view with `writable` direct
+/// trees: without a mount namespace none is in force (none is made, or
+/// those made go at once), and `protected_create` joins `not_enforced`.
+pub fn report_holds(f: &mut super::InForce, writable: bool, applied: &super::Applied) {
+    if writable && !applied.has(super::Namespace::Mount) && !f.not_enforced.contains(&"protected_create") {
+        f.not_enforced.push("protected_create");
     }
 }
 
@@ -135,7 +225,9 @@ impl fmt::Display for CoverRefusal {
             CoverRefusal::NoMountNamespace { first, count } => {
                 let (path, flag) = match first {
                     Cover::Mask { path, .. } => (path, "--allow-secret"),
-                    Cover::ReadOnly { path, .. } | Cover::Pin { path } => (path, "--allow-protected"),
+                    Cover::ReadOnly { path, .. } | Cover::Pin { path } | Cover::Hold { path, .. } => {
+                        (path, "--allow-protected")
+                    }
                 };
                 write!(
                     f,
@@ -197,5 +289,62 @@ mod tests {
         assert_eq!(order[0], Cover::Pin { path: "/p/.git".into() });
         let made = created(&g, &["/p/.git/config".into()], &["/p/.git/config".into(), "/p/x/.vscode".into()]);
         assert_eq!(made, [PathBuf::from("/p/x/.vscode")]);
+    }
+
+    #[test]
+    fn absent_protected_names_are_held_at_each_top_and_git_directory() {
+        let g = Guard::new(Grants::default(), Grants::default(), None, []);
+        let covers = [
+            Cover::Pin { path: "/p/.git".into() },
+            Cover::Pin { path: "/p/vendor/lib/.git".into() },
+            Cover::ReadOnly { path: "/p/wt/.git".into(), rule: Rule::GitDir },
+            Cover::ReadOnly { path: "/p/.git/config".into(), rule: Rule::GitConfig },
+        ];
+        let sites = hold_sites(&["/p".into()], &covers);
+        assert_eq!(
+            sites,
+            [
+                ("/p".into(), HoldAt::Top),
+                ("/p/.git".into(), HoldAt::GitDir),
+                ("/p/vendor/lib".into(), HoldAt::Top),
+                ("/p/vendor/lib/.git".into(), HoldAt::GitDir),
+                ("/p/wt".into(), HoldAt::Top),
+            ]
+        );
+        let names = |site: &str, at| {
+            holds(&g, Path::new(site), at)
+                .into_iter()
+                .map(|c| match c {
+                    Cover::Hold { path, dir, .. } => (path.to_string_lossy().into_owned(), dir),
+                    other => panic!("{other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        let top = names("/p", HoldAt::Top);
+        for want in [".git", ".vscode", ".idea", ".claude", ".cursor", ".mcp.json"] {
+            assert!(top.contains(&(format!("/p/{want}"), true)), "{want}: {top:?}");
+        }
+        // Not a home: its start-up files are not protected there.
+        assert!(!top.iter().any(|(p, _)| p.ends_with(".bashrc")), "{top:?}");
+        let home = names("/home/u", HoldAt::Top);
+        assert!(home.contains(&("/home/u/.bashrc".into(), false)), "{home:?}");
+        assert!(home.contains(&("/home/u/.ssh/authorized_keys".into(), false)), "{home:?}");
+        assert!(home.contains(&("/home/u/.config/autostart".into(), true)), "{home:?}");
+        let git = names("/p/.git", HoldAt::GitDir);
+        assert_eq!(
+            git,
+            [
+                ("/p/.git/hooks".into(), true),
+                ("/p/.git/modules".into(), true),
+                ("/p/.git/worktrees".into(), true),
+                ("/p/.git/config".into(), false),
+                ("/p/.git/config.worktree".into(), false),
+            ]
+        );
+        // A grant lifts its path: nothing to hold there.
+        let granted = Guard::new(Grants::new(["/p/.vscode".into()]), Grants::default(), None, []);
+        assert!(!holds(&granted, Path::new("/p"), HoldAt::Top)
+            .iter()
+            .any(|c| c.path() == Path::new("/p/.vscode")));
     }
 }

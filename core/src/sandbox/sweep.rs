@@ -74,10 +74,91 @@ pub fn start_time(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The suffix of a session's hold ledger (a file beside the socket
+/// directories, named by [`name`]): the placeholders it made in writable
+/// trees (`super::guarded::Cover::Hold`), for a later airlock to remove
+/// when the session died without doing so.
+pub const LEDGER_SUFFIX: &str = "401d";
+
+/// Entries a ledger is read for at most (a view holds no more covers).
+pub const MAX_LEDGER_ENTRIES: usize = super::guarded::MAX_COVERS;
+
+/// A placeholder a session made: where, what, and the device and inode it
+/// had then, so that only that one is ever removed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placeholder {
+    pub path: PathBuf,
+    pub dir: bool,
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// A ledger's text: a line per placeholder, `DEV INO d|f HEXPATH`.
+pub fn ledger(entries: &[Placeholder]) -> Vec<u8> {
+    use std::fmt::Write;
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for e in entries {
+        let _ = write!(out, "{} {} {} ", e.dev, e.ino, if e.dir { 'd' } else { 'f' });
+        for b in e.path.as_os_str().as_bytes() {
+            let _ = write!(out, "{b:02x}");
+        }
+        out.push('\n');
+    }
+    out.into_bytes()
+}
+
+/// The placeholders a ledger names: its well-formed lines of absolute
+/// paths, at most [`MAX_LEDGER_ENTRIES`]; anything else is skipped.
+pub fn parse_ledger(text: &[u8]) -> Vec<Placeholder> {
+    use std::os::unix::ffi::OsStrExt;
+    let line = |l: &[u8]| -> Option<Placeholder> {
+        let l = std::str::from_utf8(l).ok()?;
+        let mut f = l.split(' ');
+        let (dev, ino, kind, hex) = (f.next()?, f.next()?, f.next()?, f.next()?);
+        if f.next().is_some() || hex.len() % 2 != 0 {
+            return None;
+        }
+        let dir = match kind {
+            "d" => true,
+            "f" => false,
+            _ => return None,
+        };
+        let bytes: Option<Vec<u8>> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect();
+        let path = PathBuf::from(std::ffi::OsStr::from_bytes(&bytes?));
+        if !path.is_absolute() {
+            return None;
+        }
+        Some(Placeholder { path, dir, dev: dev.parse().ok()?, ino: ino.parse().ok()? })
+    };
+    text.split(|b| *b == b'\n').filter_map(line).take(MAX_LEDGER_ENTRIES).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_ledger_reads_back_what_it_wrote_and_nothing_malformed() {
+        let entries = vec![
+            Placeholder { path: "/p/.vscode".into(), dir: true, dev: 2049, ino: 77 },
+            Placeholder { path: "/p/a b\nc".into(), dir: false, dev: 1, ino: 2 },
+        ];
+        assert_eq!(parse_ledger(&ledger(&entries)), entries);
+        assert_eq!(
+            parse_ledger(b"1 2 d 2f70\n1 2 x 2f70\n1 2 d 7\n1 2 d 7070\nx 2 d 2f70\n1 2 f 2f70 9"),
+            [Placeholder { path: "/p".into(), dir: true, dev: 1, ino: 2 }]
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_parse_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse_ledger(&bytes);
+        }
+    }
 
     #[test]
     fn a_stat_line_gives_its_start_time_whatever_the_name() {
