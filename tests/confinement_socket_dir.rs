@@ -41,6 +41,8 @@ fn dirs_of(base: &Path, pid: u32) -> Vec<PathBuf> {
         .unwrap()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        // Beside them, a session's placeholder ledger is a file.
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path())
         .collect()
 }

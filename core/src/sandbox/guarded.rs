@@ -341,6 +341,20 @@ mod tests {
                 ("/p/.git/config.worktree".into(), false),
             ]
         );
+        // Without a mount namespace, holds are said not to be in force.
+        let mut f = crate::sandbox::Plan::Unconfined { abi: 0 }.in_force();
+        report_holds(&mut f, false, &crate::sandbox::Applied::default());
+        assert!(!f.not_enforced.contains(&"protected_create"));
+        report_holds(&mut f, true, &crate::sandbox::Applied::default());
+        report_holds(&mut f, true, &crate::sandbox::Applied::default());
+        assert_eq!(f.not_enforced.iter().filter(|g| **g == "protected_create").count(), 1);
+        let mounted = crate::sandbox::Applied {
+            namespaces: vec![crate::sandbox::Namespace::Mount],
+            ..crate::sandbox::Applied::default()
+        };
+        let mut f = crate::sandbox::Plan::Unconfined { abi: 0 }.in_force();
+        report_holds(&mut f, true, &mounted);
+        assert!(!f.not_enforced.contains(&"protected_create"));
         // A grant lifts its path: nothing to hold there.
         let granted = Guard::new(Grants::new(["/p/.vscode".into()]), Grants::default(), None, []);
         assert!(!holds(&granted, Path::new("/p"), HoldAt::Top)
