@@ -30,6 +30,10 @@ def sconnect(path=None, token=None):
     s.sendall((os.environ["AIRLOCK_TOKEN"] if token is None else token).encode())
     return s
 def greeting(s):
+    # Neither an answer nor a close within 10 s is a hang, and fails.
+    import select
+    if not select.select([s], [], [], 10)[0]:
+        raise SystemExit("the session neither answered nor closed the connection within 10 s")
     try:
         return recv(s.fileno())
     except (EOFError, ConnectionResetError):
