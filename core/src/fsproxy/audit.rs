@@ -65,20 +65,30 @@ pub struct AuditRecord {
 }
 
 impl AuditRecord {
-    /// The record of a guarded path the walk of `client`'s request met.
-    pub fn guarded(client: ClientId, hit: &crate::guard::Hit) -> Self {
+    /// A record of `op` on `path` by `client`, allowed, with nothing else
+    /// said: the base the others are built on.
+    pub fn of(client: ClientId, op: AuditOp, path: Option<String>) -> Self {
         AuditRecord {
             client,
-            op: AuditOp::Guard,
-            path: Some(hit.path.to_string_lossy().into_owned()),
+            op,
+            path,
             to: None,
-            entries: None,
-            is_virtual: false,
             mode: None,
             handle: None,
             bytes: None,
-            allowed: hit.granted,
+            entries: None,
+            allowed: true,
             code: None,
+            reason: None,
+            is_virtual: false,
+            rule: None,
+        }
+    }
+
+    /// The record of a guarded path the walk of `client`'s request met.
+    pub fn guarded(client: ClientId, hit: &crate::guard::Hit) -> Self {
+        AuditRecord {
+            allowed: hit.granted,
             reason: Some(if hit.granted {
                 format!(
                     "{} ({}): lifted by {}",
@@ -90,6 +100,7 @@ impl AuditRecord {
                 hit.to_string()
             }),
             rule: Some(hit.rule),
+            ..AuditRecord::of(client, AuditOp::Guard, Some(hit.path.to_string_lossy().into_owned()))
         }
     }
 }
@@ -182,19 +193,12 @@ impl Audit {
             self.asked.remove(&key);
         }
         let mut record = AuditRecord {
-            client,
-            op: asked.op,
-            path: asked.path,
             to: asked.to,
             mode: asked.mode,
             handle: asked.handle,
-            bytes: None,
-            entries: None,
             allowed: outcome.is_ok(),
-            code: None,
-            reason: None,
             is_virtual: asked.is_virtual,
-            rule: None,
+            ..AuditRecord::of(client, asked.op, asked.path)
         };
         match outcome {
             Ok(Success::Opened { handle }) => {

@@ -382,19 +382,8 @@ impl FsProxy {
                     return Ok(());
                 }
                 self.fuse_audit(AuditRecord {
-                    is_virtual: false,
-                    rule: None,
-                    client,
-                    to: None,
-                    entries: None,
-                    op: AuditOp::Close,
-                    path,
-                    mode: None,
                     handle: Some(handle),
-                    bytes: None,
-                    allowed: true,
-                    code: None,
-                    reason: None,
+                    ..AuditRecord::of(client, AuditOp::Close, path)
                 });
                 self.fuse_effect(client, unique, Step::Release { handle }, Effect::Close { file });
             }
@@ -471,19 +460,11 @@ impl FsProxy {
         let refuse = |this: &mut FsProxy, e: i32, reason: String| {
             this.stats.bounds_refused += 1;
             this.fuse_audit(AuditRecord {
-                is_virtual: false,
-                rule: None,
-                client,
-                to: None,
-                entries: None,
-                op: AuditOp::Open,
-                path: Some(path.to_string_lossy().into_owned()),
                 mode: Some(mode),
-                handle: None,
-                bytes: None,
                 allowed: false,
                 code: Some(code_of(e)),
                 reason: Some(reason),
+                ..AuditRecord::of(client, AuditOp::Open, Some(path.to_string_lossy().into_owned()))
             });
             Err(e)
         };
@@ -645,38 +626,22 @@ impl FsProxy {
                 }
                 Step::Open { mode, path, .. } => {
                     self.fuse_audit(AuditRecord {
-                        is_virtual: false,
-                        rule: None,
-                        client,
-                        to: None,
-                        entries: None,
-                        op: AuditOp::Open,
-                        path: Some(path.to_string_lossy().into_owned()),
                         mode: Some(mode),
-                        handle: None,
-                        bytes: None,
                         allowed: false,
                         code: Some(code_of(e)),
                         reason: Some(message.clone()),
+                        ..AuditRecord::of(client, AuditOp::Open, Some(path.to_string_lossy().into_owned()))
                     });
                 }
                 Step::Read { handle } | Step::Write { handle } => {
                     let op = if matches!(step, Step::Read { .. }) { AuditOp::Read } else { AuditOp::Write };
                     let path = self.fuse_open_path(client, handle);
                     self.fuse_audit(AuditRecord {
-                        is_virtual: false,
-                        rule: None,
-                        client,
-                        to: None,
-                        entries: None,
-                        op,
-                        path,
-                        mode: None,
                         handle: Some(handle),
-                        bytes: None,
                         allowed: false,
                         code: Some(code_of(e)),
                         reason: Some(message.clone()),
+                        ..AuditRecord::of(client, op, path)
                     });
                 }
                 _ => {}
@@ -727,19 +692,9 @@ impl FsProxy {
                 let handle = self.table.insert(client, Slot { mode, target: Target::Host(file) });
                 self.stats.handles_opened += 1;
                 self.fuse_audit(AuditRecord {
-                    is_virtual: false,
-                    rule: None,
-                    client,
-                    to: None,
-                    entries: None,
-                    op: AuditOp::Open,
-                    path: Some(path.to_string_lossy().into_owned()),
                     mode: Some(mode),
                     handle: Some(handle),
-                    bytes: None,
-                    allowed: true,
-                    code: None,
-                    reason: None,
+                    ..AuditRecord::of(client, AuditOp::Open, Some(path.to_string_lossy().into_owned()))
                 });
                 if let Some(m) = self.fuse.get_mut(&client) {
                     m.opened.insert(handle, path);
@@ -771,38 +726,18 @@ impl FsProxy {
             (Step::Read { handle }, EffectResult::Data { data, .. }) => {
                 let path = self.fuse_open_path(client, handle);
                 self.fuse_audit(AuditRecord {
-                    is_virtual: false,
-                    rule: None,
-                    client,
-                    to: None,
-                    entries: None,
-                    op: AuditOp::Read,
-                    path,
-                    mode: None,
                     handle: Some(handle),
                     bytes: Some(data.len() as u64),
-                    allowed: true,
-                    code: None,
-                    reason: None,
+                    ..AuditRecord::of(client, AuditOp::Read, path)
                 });
                 self.fuse_reply(client, unique, Reply::Data(data));
             }
             (Step::Write { handle }, EffectResult::Written { written }) => {
                 let path = self.fuse_open_path(client, handle);
                 self.fuse_audit(AuditRecord {
-                    is_virtual: false,
-                    rule: None,
-                    client,
-                    to: None,
-                    entries: None,
-                    op: AuditOp::Write,
-                    path,
-                    mode: None,
                     handle: Some(handle),
                     bytes: Some(written),
-                    allowed: true,
-                    code: None,
-                    reason: None,
+                    ..AuditRecord::of(client, AuditOp::Write, path)
                 });
                 let size = u32::try_from(written).unwrap_or(u32::MAX);
                 self.fuse_reply(client, unique, Reply::Write { size });
