@@ -443,11 +443,9 @@ pub fn run(
     let launch = crate::confine::args::check_run_command(&mut plan, &policy, argv)?;
     // What the guard covers in the trees the child reaches directly.
     let trees = crate::confine::args::direct_trees(&plan);
-    let mut found = crate::guardscan::scan(policy.guard(), &trees)?;
     // Before the view is made, and kept until the session's end is read.
-    let namespaces = crate::confine::ns_mode(sandbox.require_namespaces)?;
-    let mut held = crate::holds::hold(policy.guard(), &trees, namespaces, &mut found)?;
     let require = sandbox.require_namespaces || secrets.0.require_namespaces;
+    let mut view = crate::guardscan::View::make(policy.guard(), trees, crate::confine::ns_mode(require)?)?;
     let limits = sandbox.limits(&secrets.0)?;
     block_on(async {
         let upstream = nested_upstream()?;
@@ -478,7 +476,7 @@ pub fn run(
         let mut request = sandbox.request(&plan, policy.cwd(), require, session_path.as_deref())?;
         if let Some(r) = request.as_mut() {
             r.limits = Some(limits);
-            r.covers = found.covers.clone();
+            r.covers = view.covers().to_vec();
         }
         if egress_config.is_some() {
             egress_request(request.as_mut(), &mut session_env)?;
@@ -536,12 +534,9 @@ pub fn run(
                 _ => Applied::default(),
             };
             airlock_core::sandbox::fuse::report(&mut in_force, fuse_plan, &stage, dir_roots, not_served);
-            let writable = trees.iter().any(|t| t.writable);
-            airlock_core::sandbox::report_holds(&mut in_force, writable, &stage);
+            airlock_core::sandbox::report_holds(&mut in_force, view.writable(), &stage);
             if !stage.has(airlock_core::sandbox::Namespace::Mount) {
-                // Placeholders no mount holds are entries the child may
-                // remove and replace, or trip over: gone at once.
-                held = crate::holds::Held::default();
+                view.unmounted();
             }
         }
         let egress_service = match (egress_config, listeners) {
@@ -592,16 +587,14 @@ pub fn run(
         if let Some(b) = in_force.bounds.as_mut() {
             b.hit = hit;
         }
-        let created = held.made_past(crate::guardscan::created(policy.guard(), &trees, &found.protected));
-        for p in &created {
-            eprintln!(
-                "airlock: warning: the child created the protected path {} in a --sandbox-rw directory, \
-                 where no placeholder could hold it; look at it before git, an editor or a shell runs it",
-                p.display()
-            );
-        }
-        drop(held);
-        let direct = crate::report::Direct { covered: found.covers.clone(), protected_created: created };
+        let covered = view.covers().to_vec();
+        // Every process of the session is gone: nothing races the renames.
+        let ended = view.end(policy.guard());
+        let direct = crate::report::Direct {
+            covered,
+            protected_created: ended.created,
+            protected_set_aside: ended.set_aside,
+        };
         // Before the audit log closes: the proxies' last lines go there.
         let egress_report = match egress_service {
             Some((config, service)) => {

@@ -6,7 +6,9 @@
 //! `MAX_GUARD_SCAN_ENTRIES` is refused, never half checked.
 
 use airlock_core::guard::{Act, Class, Guard};
-use airlock_core::sandbox::{cover, ordered, Cover, CoverRefusal, MAX_COVERS, MAX_GUARD_SCAN_ENTRIES};
+use airlock_core::sandbox::{
+    cover, ordered, Cover, CoverRefusal, NsMode, MAX_COVERS, MAX_GUARD_SCAN_ENTRIES,
+};
 use std::path::{Path, PathBuf};
 
 /// A tree (absolute, resolved) and whether it is granted for writing.
@@ -81,9 +83,75 @@ fn note(guard: &Guard, found: &mut Found, c: Option<Cover>, path: &Path, is_dir:
     }
 }
 
+/// The guard over one direct view, from before it is made to after its
+/// processes are gone: what it covers (the scan's covers and the
+/// placeholders' holds), and at the end what the processes made past
+/// them, renamed aside.
+#[derive(Debug)]
+pub struct View {
+    found: Found,
+    held: crate::holds::Held,
+    trees: Vec<Tree>,
+}
+
+/// What a view's end found.
+#[derive(Debug, Default)]
+pub struct Ended {
+    /// Protected paths made where nothing held them.
+    pub created: Vec<PathBuf>,
+    /// Those renamed aside, and to what.
+    pub set_aside: Vec<crate::holds::SetAside>,
+}
+
+impl View {
+    /// Scan `trees` and hold the protected names absent from the writable
+    /// ones (see `crate::holds::hold`).
+    pub fn make(guard: &Guard, trees: Vec<Tree>, namespaces: NsMode) -> anyhow::Result<View> {
+        let mut found = scan(guard, &trees)?;
+        let held = crate::holds::hold(guard, &trees, namespaces, &mut found)?;
+        Ok(View { found, held, trees })
+    }
+
+    /// The covers for the confinement request, in mount order.
+    pub fn covers(&self) -> &[Cover] {
+        &self.found.covers
+    }
+
+    /// Whether any tree is writable.
+    pub fn writable(&self) -> bool {
+        self.trees.iter().any(|t| t.writable)
+    }
+
+    /// The view was made without a mount namespace: placeholders no mount
+    /// holds are entries the process may remove and replace, or trip
+    /// over; they go at once.
+    pub fn unmounted(&mut self) {
+        self.held = crate::holds::Held::default();
+    }
+
+    /// Once every process of the view is gone: the protected paths made
+    /// past every placeholder, each said on stderr and renamed aside.
+    pub fn end(self, guard: &Guard) -> Ended {
+        let View { found, held, trees } = self;
+        let created = held.made_past(created(guard, &trees, &found.protected));
+        drop(held);
+        let set_aside = crate::holds::set_aside(&created);
+        for s in &set_aside {
+            eprintln!(
+                "airlock: warning: a confined process created the protected path {} in a --sandbox-rw \
+                 directory, where no placeholder could hold it; it is renamed to {}, where nothing runs \
+                 it: look at it before you move it back",
+                s.path.display(),
+                s.to.display()
+            );
+        }
+        Ended { created, set_aside }
+    }
+}
+
 /// Protected paths a writable view let the process create: present now,
 /// absent when the view was made, not granted.
-pub fn created(guard: &Guard, trees: &[Tree], before: &[PathBuf]) -> Vec<PathBuf> {
+fn created(guard: &Guard, trees: &[Tree], before: &[PathBuf]) -> Vec<PathBuf> {
     let writable: Vec<Tree> = trees.iter().filter(|t| t.writable).cloned().collect();
     match scan(guard, &writable) {
         Ok(after) => airlock_core::sandbox::created(guard, before, &after.protected),

@@ -4,6 +4,10 @@
 //! view holding them ends. A ledger beside the session sockets names
 //! them, so that the next airlock removes what a SIGKILLed one left.
 //!
+//! A protected path the process made where no placeholder held it (beneath
+//! a directory it made, or in a view without a mount namespace) is
+//! renamed aside at the session's end ([`set_aside`]).
+//!
 //! One airlock may make views side by side (the tool's `process.run`): a
 //! placeholder is counted per view and goes with the last. Two airlock
 //! processes on one tree do not share counts: the first to end removes
@@ -13,7 +17,9 @@
 use crate::guardscan::{Found, Tree};
 use airlock_core::guard::Guard;
 use airlock_core::sandbox::sweep::{self, Placeholder, LEDGER_SUFFIX, MAX_LEDGER_ENTRIES};
-use airlock_core::sandbox::{hold_sites, holds, ordered, Cover, CoverRefusal, NsMode, MAX_COVERS};
+use airlock_core::sandbox::{
+    hold_sites, holds, ordered, set_aside_name, set_aside_roots, Cover, CoverRefusal, NsMode, MAX_COVERS,
+};
 use std::collections::BTreeMap;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -149,6 +155,38 @@ pub fn release_ledger(path: &Path) {
 /// Whether a name in the sockets' base is a ledger.
 pub fn is_ledger(name: &str) -> bool {
     name.strip_suffix(LEDGER_SUFFIX).is_some_and(|n| n.ends_with('-'))
+}
+
+/// A protected path the process made past every placeholder, and the
+/// name it was renamed to at the session's end.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SetAside {
+    pub path: PathBuf,
+    pub to: PathBuf,
+}
+
+/// Rename each protected path in `created` (the shallowest of each
+/// subtree) to a name no rule protects (see
+/// `airlock_core::sandbox::set_aside_name`), never over an existing one:
+/// what the process left there is kept for the user to look at, and
+/// nothing runs it. Called once the process and all it started are gone.
+pub fn set_aside(created: &[PathBuf]) -> Vec<SetAside> {
+    let mut moved = Vec::new();
+    for path in set_aside_roots(created.to_vec()) {
+        if std::fs::symlink_metadata(&path).is_err() {
+            continue;
+        }
+        let Some(to) = set_aside_name(&path, |p| std::fs::symlink_metadata(p).is_ok()) else {
+            tracing::warn!("no free name to set {} aside", path.display());
+            continue;
+        };
+        let cwd = rustix::fs::CWD;
+        match rustix::fs::renameat_with(cwd, &path, cwd, &to, rustix::fs::RenameFlags::NOREPLACE) {
+            Ok(()) => moved.push(SetAside { path, to }),
+            Err(e) => tracing::warn!("setting {} aside: {e}", path.display()),
+        }
+    }
+    moved
 }
 
 fn ledger_path(base: &Path) -> PathBuf {

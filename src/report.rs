@@ -62,6 +62,9 @@ pub struct Direct {
     pub covered: Vec<Cover>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub protected_created: Vec<std::path::PathBuf>,
+    /// What of those was renamed aside, and to what.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub protected_set_aside: Vec<crate::holds::SetAside>,
 }
 
 /// What the broker did: its own counters (`submitted`, `started`,

@@ -125,7 +125,8 @@ const CREATE: &str = r#"
 /// In a direct `--sandbox-rw` checkout, git commits as before; the
 /// protected names that exist stay read-only and those that do not are
 /// held, so none can be made, except beneath a directory the child made,
-/// which the session's end reports. The placeholders go with the session.
+/// which the session's end reports and renames aside. The placeholders go
+/// with the session.
 /// Without a mount namespace such a view is refused outright.
 #[test]
 fn a_sandbox_rw_checkout_cannot_gain_executable_configuration_as_each_user_in_each_mode() {
@@ -151,8 +152,19 @@ fn a_sandbox_rw_checkout_cannot_gain_executable_configuration_as_each_user_in_ea
         assert_eq!(std::fs::read(f.project.join(".git/config")).unwrap(), config, "{c}");
         let covered = ran.report["direct_covered"].to_string();
         assert!(covered.contains("\"hold\""), "{c}: {}", ran.report);
-        let deep = f.project.join("deep/.vscode").to_string_lossy().into_owned();
+        // The one made beneath a directory the child made is renamed
+        // aside at the end, kept for the user, where nothing runs it.
+        let deep = f.project.join("deep/.vscode");
+        let aside = f.project.join("deep/.vscode.airlock-refused");
         assert_eq!(ran.report["protected_created"], serde_json::json!([deep]), "{c}: {}", ran.report);
+        assert_eq!(
+            ran.report["protected_set_aside"],
+            serde_json::json!([{"path": deep, "to": aside}]),
+            "{c}: {}",
+            ran.report
+        );
+        assert!(!deep.exists(), "{c}: deep/.vscode stays where an editor runs it");
+        assert_eq!(std::fs::read_to_string(aside.join("tasks.json")).unwrap(), "{}\n", "{c}");
         // The placeholders are gone, and git sees only what the child
         // wrote on purpose.
         for gone in [".vscode", ".claude", ".mcp.json", ".git/config.worktree", ".git/modules", ".cursor"] {
@@ -161,7 +173,7 @@ fn a_sandbox_rw_checkout_cannot_gain_executable_configuration_as_each_user_in_ea
         assert!(!f.project.join(".git/hooks/post-checkout").exists(), "{c}");
         let status = git(&f.project, &["status", "--short", "--untracked-files=all"]);
         let status: Vec<&str> = status.lines().filter(|l| !l.starts_with("?? report-")).collect();
-        assert_eq!(status, ["?? .env", "?? deep/.vscode/tasks.json"], "{c}");
+        assert_eq!(status, ["?? .env", "?? deep/.vscode.airlock-refused/tasks.json"], "{c}");
         assert!(!f.project.join("pwned").exists(), "{c}: git ran what the child wrote");
     }
 }
@@ -169,7 +181,8 @@ fn a_sandbox_rw_checkout_cannot_gain_executable_configuration_as_each_user_in_ea
 /// A plain directory (no repository) given writable: a repository, or
 /// an editor's or agent's configuration, cannot be started in it under
 /// namespaces; in the fallback, where no mount holds them, the report
-/// says so (`protected_create` not enforced) and names what was made.
+/// says so (`protected_create` not enforced), names what was made, and
+/// each is renamed aside at the end.
 #[test]
 fn a_plain_writable_tree_holds_its_absent_protected_names_as_each_user_in_each_mode() {
     for (mode, who) in cases() {
@@ -195,9 +208,16 @@ fn a_plain_writable_tree_holds_its_absent_protected_names_as_each_user_in_each_m
             Mode::Fallback => {
                 assert_eq!(ran.stdout(), "GIT-INIT\nVSCODE\nIDEA\nMCP\nPLAIN\n", "{c}: {}", ran.stderr());
                 assert!(gaps.contains("protected_create"), "{c}: {gaps}");
+                // What no mount could stop is renamed aside at the end.
                 for name in [".git", ".vscode", ".idea", ".mcp.json"] {
                     assert!(made.contains(&format!("/{name}\"")), "{c}: {name} not reported: {made}");
+                    assert!(!f.project.join(name).exists(), "{c}: {name} stays where it runs");
+                    assert!(
+                        f.project.join(format!("{name}.airlock-refused")).exists(),
+                        "{c}: {name} is lost"
+                    );
                 }
+                assert!(f.project.join(".git.airlock-refused/config").is_file(), "{c}");
                 assert!(ran.stderr().contains("created the protected path"), "{c}: {}", ran.stderr());
             }
         }

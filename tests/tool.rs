@@ -1297,6 +1297,30 @@ fn process_run_with_allow_cmd() {
     assert_eq!(got[5]["signal"], 9);
 }
 
+/// process.run reaches the project directly, as `--sandbox-rw` would: a
+/// protected name absent at the project's top is held (the run cannot
+/// make it), and one made beneath a directory the run made is renamed
+/// aside once the run is over, where no editor or agent runs it.
+#[test]
+fn process_run_cannot_leave_executable_configuration_in_the_project() {
+    let f = Fixture::new();
+    let out = f.run(
+        &["--allow-rw", ".", "--allow-cmd", "sh"],
+        &f.py(
+            "r = ok('process.run', {'program': 'sh', 'args': ['-c', \
+             'mkdir .vscode 2>/dev/null && echo TOP; mkdir -p deep/.claude && echo {} > deep/.claude/settings.json && echo DEEP']})\n\
+             result(json.dumps(r))",
+        ),
+    );
+    let got: Value = serde_json::from_str(&out.text()).unwrap();
+    assert_eq!(got["stdout"], "DEEP\n", "{got} {}", out.stderr());
+    let root = f.root();
+    assert!(!root.join(".vscode").exists(), "a placeholder stayed, or the run made .vscode");
+    assert!(!root.join("deep/.claude").exists(), "deep/.claude stays where an agent runs it");
+    assert!(root.join("deep/.claude.airlock-refused/settings.json").is_file(), "{}", out.stderr());
+    assert!(out.stderr().contains("renamed to"), "{}", out.stderr());
+}
+
 #[test]
 fn process_run_is_killed_with_its_group_on_op_timeout() {
     let f = Fixture::new();

@@ -56,7 +56,7 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
         None => None,
     };
     let program = argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
-    let (mut child, _kept) = process::spawn_tool(argv, &p.grants, &p.policy, &p.env)
+    let (mut child, (bounds, view)) = process::spawn_tool(argv, &p.grants, &p.policy, &p.env)
         .with_context(|| format!("starting {program}"))?;
     let group = GroupGuard::new(child.id());
 
@@ -169,6 +169,8 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
                     if !exited {
                         let _ = child.wait().await;
                     }
+                    drop(bounds);
+                    view.end(&p.grants.guard);
                     return Ok(exit_status);
                 }
             }

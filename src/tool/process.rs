@@ -83,13 +83,10 @@ impl Grants {
         }
     }
 
-    /// What the guard covers in the trees `ruleset` grants directly, with
-    /// the placeholders holding protected names absent from its writable
-    /// ones (kept as long as the process runs).
-    fn covers(
-        &self,
-        ruleset: &airlock_core::sandbox::Ruleset,
-    ) -> anyhow::Result<(Vec<airlock_core::sandbox::Cover>, crate::holds::Held)> {
+    /// The guard over the trees `ruleset` grants directly (see
+    /// `crate::guardscan::View`): kept as long as the process runs, and
+    /// ended once it and all it started are gone.
+    fn view(&self, ruleset: &airlock_core::sandbox::Ruleset) -> anyhow::Result<crate::guardscan::View> {
         use airlock_core::sandbox::Source;
         let trees: Vec<crate::guardscan::Tree> = ruleset
             .paths
@@ -100,10 +97,7 @@ impl Grants {
                 _ => None,
             })
             .collect();
-        let mut found = crate::guardscan::scan(&self.guard, &trees)?;
-        let namespaces = crate::confine::ns_mode(self.require_namespaces)?;
-        let held = crate::holds::hold(&self.guard, &trees, namespaces, &mut found)?;
-        Ok((found.covers, held))
+        crate::guardscan::View::make(&self.guard, trees, crate::confine::ns_mode(self.require_namespaces)?)
     }
 }
 
@@ -117,7 +111,7 @@ pub fn spawn_tool(
     grants: &Grants,
     policy: &airlock_core::vfs::ToolPolicy,
     env: &[(std::ffi::OsString, std::ffi::OsString)],
-) -> anyhow::Result<(tokio::process::Child, (crate::confine::bounds::Groups, crate::holds::Held))> {
+) -> anyhow::Result<(tokio::process::Child, (crate::confine::bounds::Groups, crate::guardscan::View))> {
     use airlock_core::sandbox::StageStatus;
     if argv.is_empty() {
         anyhow::bail!("no command given");
@@ -149,8 +143,9 @@ pub fn spawn_tool(
         eprintln!("airlock: tool: granted read-only: {} ({})", g.path.display(), g.reason);
     }
     let argv = &started.argv[..];
-    let (covers, held) = grants.covers(&ruleset)?;
+    let view = grants.view(&ruleset)?;
     let namespaces = crate::confine::ns_mode(grants.require_namespaces)?;
+    let covers = view.covers().to_vec();
     let req = crate::confine::Request { namespaces, covers, ..crate::confine::Request::new(ruleset, cwd) };
     let crate::confine::Started { mut cmd, pending, groups, .. } = crate::confine::start(req, argv)?;
     cmd.process_group(0)
@@ -165,7 +160,7 @@ pub fn spawn_tool(
     let mut child = cmd.spawn()?;
     drop(cmd);
     match pending.wait() {
-        Ok(StageStatus::Applied(_)) => Ok((child, (groups, held))),
+        Ok(StageStatus::Applied(_)) => Ok((child, (groups, view))),
         Ok(StageStatus::Refused { message }) => {
             let _ = child.start_kill();
             anyhow::bail!("{message}")
@@ -217,7 +212,8 @@ pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpErro
         }
     }
     // The placeholders go when this run ends, however it ends.
-    let (covers, _held) = grants.covers(&ruleset).map_err(|e| starting(&e))?;
+    let view = grants.view(&ruleset).map_err(|e| starting(&e))?;
+    let covers = view.covers().to_vec();
     let namespaces = crate::confine::ns_mode(grants.require_namespaces).map_err(|e| starting(&e))?;
     let argv: Vec<std::ffi::OsString> =
         std::iter::once(p.program.clone().into_os_string()).chain(p.args.iter().map(Into::into)).collect();
@@ -228,7 +224,7 @@ pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpErro
         ..crate::confine::Request::new(ruleset, p.cwd.clone())
     };
     // The groups are removed when this run ends, however it ends.
-    let crate::confine::Started { mut cmd, pending, groups: _groups, .. } =
+    let crate::confine::Started { mut cmd, pending, groups, .. } =
         crate::confine::start(req, &argv).map_err(|e| starting(&e))?;
     cmd.process_group(0)
         .env_clear()
@@ -272,6 +268,11 @@ pub async fn run(p: ProcessRun, grants: &Grants) -> Result<ProcessOutput, OpErro
     // guard then kills the group.
     let (status, stdout, stderr) =
         tokio::try_join!(waiting, bounded(out, max, "stdout"), bounded(err, max, "stderr"))?;
+    // The group and the cgroups gone, what the run made past every
+    // placeholder is renamed aside.
+    drop(guard);
+    drop(groups);
+    view.end(&grants.guard);
     Ok(output(stdout, stderr, status))
 }
 

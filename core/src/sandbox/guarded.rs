@@ -198,6 +198,44 @@ pub fn created(guard: &Guard, before: &[PathBuf], after: &[PathBuf]) -> Vec<Path
         .collect()
 }
 
+/// What a protected path the process made past every placeholder is
+/// renamed to at the session's end, so that nothing it left there runs on
+/// the host: `NAME.airlock-refused`, or with `-N` when that is taken
+/// (`taken` says which names exist). The new name is no protected one.
+pub const SET_ASIDE_SUFFIX: &str = ".airlock-refused";
+
+/// Candidates tried for a set-aside name at most.
+pub const MAX_SET_ASIDE_TRIES: usize = 64;
+
+/// The name to set `path` aside to, given which names are `taken`;
+/// `None` when every candidate is.
+pub fn set_aside_name(path: &Path, taken: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    let name = path.file_name()?.to_os_string();
+    (0..MAX_SET_ASIDE_TRIES)
+        .map(|n| {
+            let mut to = name.clone();
+            to.push(SET_ASIDE_SUFFIX);
+            if n > 0 {
+                to.push(format!("-{n}"));
+            }
+            path.with_file_name(to)
+        })
+        .find(|p| !taken(p))
+}
+
+/// The paths to set aside among `created`: the shallowest of each
+/// subtree (what lies beneath goes with it), in order.
+pub fn set_aside_roots(mut created: Vec<PathBuf>) -> Vec<PathBuf> {
+    created.sort_by_key(|p| (p.components().count(), p.clone()));
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for p in created {
+        if !roots.iter().any(|r| p.starts_with(r)) {
+            roots.push(p);
+        }
+    }
+    roots
+}
+
 /// Why a view's covers cannot be had.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CoverRefusal {
@@ -289,6 +327,27 @@ mod tests {
         assert_eq!(order[0], Cover::Pin { path: "/p/.git".into() });
         let made = created(&g, &["/p/.git/config".into()], &["/p/.git/config".into(), "/p/x/.vscode".into()]);
         assert_eq!(made, [PathBuf::from("/p/x/.vscode")]);
+    }
+
+    #[test]
+    fn what_is_made_past_every_placeholder_is_set_aside_under_a_name_no_rule_protects() {
+        let g = Guard::new(Grants::default(), Grants::default(), None, []);
+        let roots = set_aside_roots(vec![
+            "/p/deep/.git/config".into(),
+            "/p/deep/.git".into(),
+            "/p/deep/.git/hooks".into(),
+            "/p/a/.vscode".into(),
+        ]);
+        assert_eq!(roots, [PathBuf::from("/p/a/.vscode"), PathBuf::from("/p/deep/.git")]);
+        let to =
+            set_aside_name(Path::new("/p/deep/.git"), |p| p == Path::new("/p/deep/.git.airlock-refused"));
+        assert_eq!(to, Some(PathBuf::from("/p/deep/.git.airlock-refused-1")));
+        for made in ["/p/deep/.git", "/p/a/.vscode", "/p/.mcp.json", "/home/u/.bashrc", "/p/.git/hooks"] {
+            let to = set_aside_name(Path::new(made), |_| false).unwrap();
+            assert!(g.check(&to, Act::Create, true).is_ok(), "{}", to.display());
+            assert!(g.check(&to.join("config"), Act::Create, false).is_ok(), "{}", to.display());
+        }
+        assert_eq!(set_aside_name(Path::new("/p/.vscode"), |_| true), None);
     }
 
     #[test]
