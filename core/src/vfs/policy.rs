@@ -451,12 +451,20 @@ mod tests {
         // With --allow-host, both must allow.
         let p = net(&["http://127.0.0.1:8080/api"], &["127.0.0.1"], &[]);
         assert!(p.check_url("http://127.0.0.1:8080/api").is_ok());
-        assert!(p.check_url("http://127.0.0.1:8081/api").unwrap_err().message.contains("under no --allow-url"));
+        assert!(p
+            .check_url("http://127.0.0.1:8081/api")
+            .unwrap_err()
+            .message
+            .contains("under no --allow-url"));
         let p = net(&["http://127.0.0.1:8080/api"], &["example.com"], &[]);
         assert!(p.check_url("http://127.0.0.1:8080/api").unwrap_err().message.contains("no --allow-host"));
         // --deny-host refuses what a prefix allows.
         let p = net(&["http://127.0.0.1:8080/"], &[], &["127.0.0.0/8"]);
-        assert!(p.check_url("http://127.0.0.1:8080/").unwrap_err().message.contains("--deny-host 127.0.0.0/8"));
+        assert!(p
+            .check_url("http://127.0.0.1:8080/")
+            .unwrap_err()
+            .message
+            .contains("--deny-host 127.0.0.0/8"));
     }
 
     #[test]
