@@ -162,6 +162,18 @@ impl Service {
     }
 }
 
+impl Drop for Service {
+    /// A service dropped without [`Service::stop`] (its tool's driver torn
+    /// down mid-run) still ends its thread and every connection; nobody
+    /// waits for the counts.
+    fn drop(&mut self) {
+        if self.thread.take().is_some() {
+            let (tx, _) = oneshot::channel();
+            let _ = self.events.send(Event::Stop(tx));
+        }
+    }
+}
+
 async fn accept_loop(
     l: TcpListener,
     kind: Listener,
