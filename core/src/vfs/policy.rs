@@ -280,10 +280,10 @@ impl ToolPolicy {
     }
 
     /// A URL is normalized first ([`super::url::normalize`]: the form the
-    /// request is sent in); its host and port must then pass the host
-    /// patterns ([`Self::net_rules`], deny first) and, when there is any
-    /// `--allow-url`, the URL must also share a prefix's scheme, host and
-    /// port, its path extending the prefix's at a `/`. Userinfo and
+    /// request is sent in); when there is any `--allow-url`, it must share
+    /// a prefix's scheme, host and port, its path extending the prefix's
+    /// at a `/`; its host and port must then pass the host patterns
+    /// ([`Self::net_rules`], deny first). Userinfo and
     /// whatever a server could read two ways are refused.
     pub fn check_url(&self, url: &str) -> Result<CheckedUrl, OpError> {
         let u = super::url::normalize(url).map_err(|why| {
@@ -298,23 +298,21 @@ impl ToolPolicy {
                 "url {url:?} denied: no --allow-host or --allow-url allows any network access"
             )));
         }
+        // The prefixes first: a URL under none is refused in the words it
+        // always was (recorded traces hold them).
+        let under = |p: &UrlPrefix| {
+            p.scheme == u.scheme && p.host == u.host && p.port == u.port && path_extends(&u.path, &p.path)
+        };
+        if !self.urls.is_empty() && !self.urls.iter().any(under) {
+            return Err(OpError::denied(format!("url {url:?} denied: it is under no --allow-url prefix")));
+        }
         let bare = u.host.trim_start_matches('[').trim_end_matches(']');
         let host = parse_host(bare)
             .map_err(|e| OpError::denied(format!("url {url:?} denied: host {:?}: {e}", u.host)))?;
         if let Err(rule) = self.net.check_request(&host, u.port) {
             return Err(OpError::denied(format!("url {url:?} denied: {rule} (host {}:{})", u.host, u.port)));
         }
-        if self.urls.is_empty() {
-            return Ok(u);
-        }
-        let ok = self.urls.iter().any(|p| {
-            p.scheme == u.scheme && p.host == u.host && p.port == u.port && path_extends(&u.path, &p.path)
-        });
-        if ok {
-            Ok(u)
-        } else {
-            Err(OpError::denied(format!("url {url:?} denied: it is under no --allow-url prefix")))
-        }
+        Ok(u)
     }
 }
 
