@@ -1522,6 +1522,22 @@ fn http_goes_by_the_host_patterns_and_each_request_is_audited() {
     );
     assert!(got[3][1].as_str().unwrap().contains("--deny-host bad.test"), "{got:?}");
     let lines = audit_lines(&audit);
+    assert_eq!(lines.len(), 4, "one line per request: {lines:?}");
+    let refused: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["allowed"] == false)
+        .map(|l| (l["host"].as_str().unwrap(), l["rule"].as_str().unwrap()))
+        .collect();
+    let no_allow = |host: &str, port: &str| format!("no --allow-host pattern matches (host {host}:{port})");
+    assert_eq!(
+        refused,
+        [
+            ("forge.test", no_allow("forge.test", "1").as_str()),
+            ("other.test", no_allow("other.test", &port).as_str()),
+            ("bad.test", format!("--deny-host bad.test (host bad.test:{port})").as_str()),
+        ],
+        "{lines:?}"
+    );
     let reached: Vec<&Value> = lines.iter().filter(|l| l["allowed"] == true).collect();
     assert_eq!(reached.len(), 1, "{lines:?}");
     let l = reached[0];

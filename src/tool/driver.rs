@@ -225,6 +225,15 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
             _ = tokio::time::sleep_until(deadline.unwrap_or(base)), if deadline.is_some() => Input::Tick,
         };
         feed(&mut host, &mut recorder, now(), input);
+        let (refused, dropped) = host.take_net_refusals();
+        if let Some(a) = &audit {
+            for r in &refused {
+                super::http::audit_refusal(a, r);
+            }
+            if dropped > 0 {
+                eprintln!("airlock: tool: {dropped} refused http.* request(s) left out of --audit");
+            }
+        }
     }
 }
 

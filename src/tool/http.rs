@@ -11,7 +11,8 @@
 //! before connecting and the peer actually connected to after, so a name
 //! that resolves to a private address reaches it only when a pattern names
 //! that address, and DNS rebinding gets nothing. Each request is one line
-//! of `--audit` (`op: egress`, `proto: tool_http`).
+//! of `--audit` (`op: egress`, `proto: tool_http`), those the core refused
+//! before any connection too ([`audit_refusal`]).
 
 use crate::audit::AuditWriter;
 use crate::provider::chain;
@@ -180,6 +181,26 @@ struct Audited<'a> {
     up: u64,
     down: u64,
     duration_ms: u64,
+}
+
+/// The audit line of a request the policy refused before any connection
+/// (the core's `take_net_refusals`).
+pub fn audit_refusal(audit: &AuditWriter, r: &airlock_core::vfs::NetRefusal) {
+    let line = Audited {
+        proto: "tool_http",
+        method: if r.method == "http.post" { "POST" } else { "GET" },
+        url: &r.url,
+        host: r.host.clone(),
+        port: r.port,
+        addr: None,
+        allowed: false,
+        rule: r.rule.clone(),
+        answer: None,
+        up: 0,
+        down: 0,
+        duration_ms: 0,
+    };
+    audit.clone().egress(&line);
 }
 
 /// The refusal found in a client error's causes, if a rule refused it.
