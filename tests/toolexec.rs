@@ -1379,6 +1379,11 @@ fn allow_host_gives_tools_the_proxies_under_the_same_patterns() {
         fs::read_to_string(&audit).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(lines.iter().all(|l| l["op"] == "egress"), "{lines:?}");
+    // Three tools, three services, one numbering in the one log.
+    let mut conns: Vec<u64> = lines.iter().map(|l| l["conn"].as_u64().unwrap()).collect();
+    conns.sort();
+    conns.dedup();
+    assert_eq!(conns.len(), 3, "{lines:?}");
     let ok: Vec<_> = lines.iter().filter(|l| l["allowed"] == true).collect();
     assert_eq!(ok.len(), 1, "{lines:?}");
     assert_eq!(ok[0]["host"], "forge.test");

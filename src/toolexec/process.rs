@@ -33,6 +33,9 @@ pub struct ProcessRunner {
     /// `--allow-host`: every tool's proxies serve this config, each line
     /// to the `--audit` file.
     egress: Option<(airlock_core::egress::Config, Option<crate::audit::AuditWriter>)>,
+    /// The proxies' connection numbers, shared by every tool's service
+    /// (one audit log).
+    conn_ids: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Paths tools may reach beyond the defaults and the working directory
@@ -88,6 +91,7 @@ impl ProcessRunner {
                 describe: "sandbox: none (--no-sandbox): tools run unconfined".to_owned(),
                 programs: Default::default(),
                 egress: None,
+                conn_ids: Default::default(),
             });
         }
         let abi = crate::confine::landlock::detect_abi();
@@ -145,6 +149,7 @@ impl ProcessRunner {
             describe,
             programs,
             egress: None,
+            conn_ids: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1)),
         })
     }
 
@@ -321,8 +326,15 @@ impl ProcessRunner {
         }
         let proxies = match (&self.egress, listeners) {
             (Some((config, audit)), Some(listeners)) => {
-                match crate::egress::service::Service::start(config.clone(), listeners, audit.clone(), None) {
-                    Ok(s) => Some(s),
+                let started = crate::egress::service::Service::start_numbered(
+                    config.clone(),
+                    listeners,
+                    audit.clone(),
+                    None,
+                    self.conn_ids.clone(),
+                );
+                match started {
+                    Ok(s) => Some((s, config.clone())),
                     Err(e) => {
                         let _ = child.start_kill();
                         return Err(SpawnError::Other(format!("the egress proxies: {e:#}")));
@@ -397,7 +409,7 @@ pub struct Running {
     status: Option<ExitStatus>,
     /// `--allow-host`: the tool's proxies, stopped once it is reaped (its
     /// last connections' audit lines written first).
-    proxies: Option<crate::egress::service::Service>,
+    proxies: Option<(crate::egress::service::Service, airlock_core::egress::Config)>,
     /// The tool's cgroups, removed with it.
     _bounds: crate::confine::bounds::Groups,
 }
@@ -447,8 +459,13 @@ impl Running {
             }
         };
         self.status = Some(status);
-        if let Some(p) = self.proxies.take() {
-            p.stop().await;
+        if let Some((service, config)) = self.proxies.take() {
+            // A limit the tool's connections reached is said, as `run`
+            // says it (the tool was told: a 429, a cut tunnel).
+            let stopped = service.stop().await;
+            for m in crate::egress::limit_messages(&config, &stopped) {
+                eprintln!("{} (a tool's proxies)", m.replacen("airlock:", "airlock: toolexec:", 1));
+            }
         }
         status
     }
