@@ -32,7 +32,8 @@ impl AuditWriter {
 
     /// One line per proxy connection (`op: egress`): host, port, address,
     /// bytes each way, duration, the rule that decided, how it ended.
-    pub fn egress(&mut self, record: &airlock_core::egress::Record) {
+    /// `airlock tool` writes its `http.*` requests with the same fields.
+    pub fn egress<T: serde::Serialize>(&mut self, record: &T) {
         let mut value = serde_json::to_value(record).unwrap_or_default();
         if let Some(obj) = value.as_object_mut() {
             obj.insert("op".into(), "egress".into());

@@ -647,3 +647,148 @@ fn max_egress_bytes_reached_is_said() {
         );
     }
 }
+
+/// A directory served over HTTP by Python's `http.server` on the host's
+/// 127.0.0.1 (a local package index, a dumb-HTTP git forge), its request
+/// log kept; killed on drop.
+struct Forge {
+    child: std::process::Child,
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+impl Forge {
+    fn serve(root: &Path, log: &Path) -> Forge {
+        let script = "import functools, http.server, sys\n\
+                      h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])\n\
+                      s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), h)\n\
+                      print(s.server_port, flush=True)\n\
+                      s.serve_forever()\n";
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .arg(root)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("python3 runs");
+        let mut line = String::new();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        let port = line.trim().parse().unwrap_or_else(|_| panic!("the forge's port: {line:?}"));
+        Forge { child, port, log: log.to_path_buf() }
+    }
+
+    /// The request lines the server logged (`"GET /path HTTP/1.1"`).
+    fn requests(&self) -> Vec<String> {
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
+            .collect()
+    }
+}
+
+impl Drop for Forge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// On the host: a simple index (PEP 503) holding one handmade wheel, and
+/// a bare repository served the dumb way (`git update-server-info`).
+fn make_forge(root: &Path) {
+    let wheel = "import base64, hashlib, os, sys, zipfile\n\
+                 root = sys.argv[1]\n\
+                 files = {\n\
+                 \x20   'demo_pkg/__init__.py': 'VALUE = 42\\n',\n\
+                 \x20   'demo_pkg-1.0.dist-info/METADATA': 'Metadata-Version: 2.1\\nName: demo-pkg\\nVersion: 1.0\\n',\n\
+                 \x20   'demo_pkg-1.0.dist-info/WHEEL': 'Wheel-Version: 1.0\\nGenerator: airlock-tests\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n',\n\
+                 }\n\
+                 def digest(b):\n\
+                 \x20   return 'sha256=' + base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()\n\
+                 record = ''.join(f'{p},{digest(t.encode())},{len(t.encode())}\\n' for p, t in files.items())\n\
+                 files['demo_pkg-1.0.dist-info/RECORD'] = record + 'demo_pkg-1.0.dist-info/RECORD,,\\n'\n\
+                 os.makedirs(f'{root}/packages')\n\
+                 with zipfile.ZipFile(f'{root}/packages/demo_pkg-1.0-py3-none-any.whl', 'w') as z:\n\
+                 \x20   for p, t in files.items():\n\
+                 \x20       z.writestr(p, t)\n\
+                 os.makedirs(f'{root}/simple/demo-pkg')\n\
+                 with open(f'{root}/simple/index.html', 'w') as f:\n\
+                 \x20   f.write('<html><body><a href=\"demo-pkg/\">demo-pkg</a></body></html>\\n')\n\
+                 with open(f'{root}/simple/demo-pkg/index.html', 'w') as f:\n\
+                 \x20   f.write('<html><body><a href=\"../../packages/demo_pkg-1.0-py3-none-any.whl\">demo_pkg-1.0-py3-none-any.whl</a></body></html>\\n')\n";
+    let ok = Command::new("python3").args(["-c", wheel]).arg(root).status().unwrap();
+    assert!(ok.success(), "making the index");
+    let git = "set -e\n\
+               git init -q -b main \"$1/src\"\n\
+               cd \"$1/src\"\n\
+               echo 'hello from the forge' > README\n\
+               git add README\n\
+               git -c user.name=t -c user.email=t@t commit -qm first\n\
+               git clone -q --bare \"$1/src\" \"$1/repo.git\"\n\
+               cd \"$1/repo.git\"\n\
+               git update-server-info\n";
+    let ok = Command::new("sh").args(["-c", git, "sh"]).arg(root).status().unwrap();
+    assert!(ok.success(), "making the repository");
+}
+
+/// pip and git, unmodified, through the proxies: `pip install --target`
+/// from a local simple index and `git clone` from a dumb-HTTP repository
+/// reach the host's server by name when `--allow-host` allows it (the
+/// name and its loopback address), and get nothing at all, the server
+/// seeing no request, when the name is not allowed.
+#[test]
+fn pip_and_git_reach_a_local_index_and_forge_only_when_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("forge");
+    make_forge(&root);
+    let forge = Forge::serve(&root, &dir.path().join("forge.log"));
+    let port = forge.port;
+    let script = format!(
+        "python3 -m pip install -q --no-cache-dir --disable-pip-version-check --retries 0 --timeout 20 \
+         --index-url http://forge.test:{port}/simple/ --trusted-host forge.test --target /tmp/site demo-pkg \
+         >/tmp/pip.out 2>&1; echo \"pip=$?\"; \
+         PYTHONPATH=/tmp/site python3 -c 'import demo_pkg; print(\"value\", demo_pkg.VALUE)'; \
+         git -c http.lowSpeedTime=20 clone -q http://forge.test:{port}/repo.git /tmp/out >/tmp/git.out 2>&1; \
+         echo \"git=$?\"; cat /tmp/out/README; cat /tmp/pip.out /tmp/git.out >&2"
+    );
+    for mode in MODES {
+        let before = forge.requests().len();
+        let r = run(dir.path(), mode, &strs(&allow_forge(port)), &sh(&script));
+        if !r.ran() {
+            assert_eq!(forge.requests().len(), before, "the fallback reached the forge");
+            continue;
+        }
+        assert_eq!(r.stdout(), "pip=0\nvalue 42\ngit=0\nhello from the forge\n", "{}", r.stderr());
+        let got = forge.requests()[before..].to_vec();
+        assert!(got.iter().any(|l| l == "GET /simple/demo-pkg/ HTTP/1.1"), "{got:?}");
+        assert!(got.iter().any(|l| l == "GET /packages/demo_pkg-1.0-py3-none-any.whl HTTP/1.1"), "{got:?}");
+        assert!(
+            got.iter().any(|l| l == "GET /repo.git/info/refs?service=git-upload-pack HTTP/1.1"),
+            "{got:?}"
+        );
+        let reached: Vec<&Value> =
+            r.audit.iter().filter(|l| l["op"] == "egress" && l["allowed"] == true).collect();
+        assert!(reached.len() >= 3, "{:?}", r.audit);
+        assert!(reached.iter().all(|l| l["host"] == "forge.test"), "{reached:?}");
+
+        // The same, with only another name allowed: refused, and the
+        // forge sees nothing.
+        let before = forge.requests().len();
+        let args = ["--resolve", "forge.test=127.0.0.1", "--allow-host", "pypi.org"];
+        let r = run(dir.path(), mode, &args, &sh(&script));
+        let out = r.stdout();
+        assert!(out.starts_with("pip=1\n"), "{out}\n{}", r.stderr());
+        assert!(out.contains("git=128\n"), "{out}\n{}", r.stderr());
+        assert!(!out.contains("value 42") && !out.contains("hello from the forge"), "{out}");
+        assert_eq!(forge.requests()[before..], [] as [String; 0], "the forge was reached");
+        let refused: Vec<&Value> = r.audit.iter().filter(|l| l["op"] == "egress").collect();
+        assert!(!refused.is_empty(), "{:?}", r.audit);
+        assert!(
+            refused.iter().all(|l| l["allowed"] == false && l["rule"] == "no --allow-host pattern matches"),
+            "{refused:?}"
+        );
+    }
+}

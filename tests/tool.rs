@@ -1452,6 +1452,147 @@ fn http_get_and_post_against_a_local_server() {
     assert!(!out.stdout().contains("tok-abcdef"));
 }
 
+/// What `http.get` of each URL answered: `[status]` or `[code, message]`.
+fn http_answers(f: &Fixture, args: &[&str], urls: &[String]) -> Vec<Value> {
+    let out = f.run(
+        args,
+        &f.py(&format!(
+            "got = []\n\
+             for u in {urls:?}:\n\
+             \x20   r = call('http.get', {{'url': u}})\n\
+             \x20   got.append([r['result']['status']] if 'result' in r else [r['error']['code'], r['error']['message']])\n\
+             result(json.dumps(got))"
+        )),
+    );
+    serde_json::from_str(&out.text()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout()))
+}
+
+fn audit_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `http.*` goes by `run`'s host patterns: an allowed name reaches its
+/// server; another port, another name and a denied one are refused naming
+/// the rule and the host; a name resolving to loopback reaches it only
+/// when an `--allow-host` names the address; each request is audited.
+#[test]
+fn http_goes_by_the_host_patterns_and_each_request_is_audited() {
+    let f = Fixture::new();
+    let base = http_server();
+    let port = base.rsplit(':').next().unwrap().to_owned();
+    let audit = f.note("audit.jsonl");
+    let audit_arg = audit.display().to_string();
+
+    // localhost (looked up for real) is allowed by name, its address is not.
+    let lp = format!("localhost:{port}");
+    let got = http_answers(&f, &["--allow-host", &lp, "--audit", &audit_arg], &[format!("http://{lp}/echo")]);
+    assert_eq!(got[0][0], -32001, "{got:?}");
+    let msg = got[0][1].as_str().unwrap();
+    assert!(msg.contains(&format!("connecting to localhost:{port} refused: loopback address")), "{msg}");
+    assert!(msg.contains("not named by an --allow-host address or range"), "{msg}");
+    let lines = audit_lines(&audit);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["op"], "egress");
+    assert_eq!(lines[0]["proto"], "tool_http");
+    assert_eq!(lines[0]["allowed"], false);
+    assert_eq!(lines[0]["host"], "localhost");
+    assert!(lines[0]["rule"].as_str().unwrap().starts_with("loopback address"), "{lines:?}");
+
+    // With the address allowed too, the name reaches the server; the rest
+    // is refused by rule and host before any connection.
+    let fp = format!("forge.test:{port}");
+    let args = [
+        "--allow-host",
+        &fp,
+        "--allow-host",
+        "127.0.0.1",
+        "--allow-host",
+        "bad.test",
+        "--deny-host",
+        "bad.test",
+        "--resolve",
+        "forge.test=127.0.0.1",
+        "--resolve",
+        "other.test=127.0.0.1",
+        "--resolve",
+        "bad.test=127.0.0.1",
+        "--audit",
+        &audit_arg,
+    ];
+    let urls = [
+        format!("http://{fp}/echo"),
+        "http://forge.test:1/echo".to_owned(),
+        format!("http://other.test:{port}/echo"),
+        format!("http://bad.test:{port}/echo"),
+    ];
+    let got = http_answers(&f, &args, &urls);
+    assert_eq!(got[0], json!([200]), "{got:?}");
+    assert_eq!(got[1][0], -32001);
+    assert!(
+        got[1][1].as_str().unwrap().ends_with("no --allow-host pattern matches (host forge.test:1)"),
+        "{got:?}"
+    );
+    assert_eq!(got[2][0], -32001);
+    assert!(
+        got[2][1]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("no --allow-host pattern matches (host other.test:{port})")),
+        "{got:?}"
+    );
+    assert!(got[3][1].as_str().unwrap().contains("--deny-host bad.test"), "{got:?}");
+    let lines = audit_lines(&audit);
+    assert_eq!(lines.len(), 4, "one line per request: {lines:?}");
+    let refused: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|l| l["allowed"] == false)
+        .map(|l| (l["host"].as_str().unwrap(), l["rule"].as_str().unwrap()))
+        .collect();
+    let no_allow = |host: &str, port: &str| format!("no --allow-host pattern matches (host {host}:{port})");
+    assert_eq!(
+        refused,
+        [
+            ("forge.test", no_allow("forge.test", "1").as_str()),
+            ("other.test", no_allow("other.test", &port).as_str()),
+            ("bad.test", format!("--deny-host bad.test (host bad.test:{port})").as_str()),
+        ],
+        "{lines:?}"
+    );
+    let reached: Vec<&Value> = lines.iter().filter(|l| l["allowed"] == true).collect();
+    assert_eq!(reached.len(), 1, "{lines:?}");
+    let l = reached[0];
+    assert_eq!(l["host"], "forge.test");
+    assert_eq!(l["addr"], format!("127.0.0.1:{port}"));
+    assert_eq!(l["rule"], format!("--allow-host forge.test:{port}"));
+    assert_eq!(l["answer"], 200);
+    assert!(l["down"].as_u64().unwrap() > 0, "{l}");
+}
+
+/// `--allow-url` alone: its prefixes' hosts are the patterns, so a prefix
+/// naming `localhost` reaches no loopback address; with `--allow-host` a
+/// prefix narrows what the patterns allow.
+#[test]
+fn http_url_prefixes_go_by_the_address_check_and_narrow_the_patterns() {
+    let f = Fixture::new();
+    let base = http_server();
+    let port = base.rsplit(':').next().unwrap().to_owned();
+    let lp = format!("http://localhost:{port}/");
+    let got = http_answers(&f, &["--allow-url", &lp], &[format!("{lp}echo")]);
+    assert_eq!(got[0][0], -32001, "{got:?}");
+    assert!(got[0][1].as_str().unwrap().contains("loopback address"), "{got:?}");
+    let got = http_answers(
+        &f,
+        &["--allow-url", &lp, "--allow-host", "127.0.0.1", "--allow-host", "localhost"],
+        &[format!("{lp}echo"), format!("{base}/echo")],
+    );
+    assert_eq!(got[0], json!([200]), "{got:?}");
+    assert!(got[1][1].as_str().unwrap().contains("under no --allow-url prefix"), "{got:?}");
+}
+
 #[test]
 fn http_unset_allowed_var_is_32002() {
     let f = Fixture::new();

@@ -1305,3 +1305,125 @@ fn write_shims_writes_an_executable_shim_and_one_link_per_tool() {
     let st = Command::new("sh").arg("-n").arg(&shim).status().unwrap();
     assert!(st.success());
 }
+
+// ---------------------------------------------------------------- network by host name
+
+/// A tiny HTTP/1.0 server on the host's 127.0.0.1 answering every request
+/// with a body that names it; its port.
+fn forge_server() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = "hello from the forge\n";
+                let _ = write!(s, "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            });
+        }
+    });
+    port
+}
+
+/// `--allow-host` gives each tool `run`'s proxies: an allowed name reaches
+/// the host's server, another name or port is refused in words naming the
+/// rule and the host, a name resolving to loopback reaches it only when a
+/// pattern names the address, and each connection is an `--audit` line.
+#[test]
+fn allow_host_gives_tools_the_proxies_under_the_same_patterns() {
+    let w = Work::new();
+    let port = forge_server();
+    let fetch = w.tool("fetch", "exec curl -sS -i --max-time 20 \"$1\"");
+    let audit = w.path("audit.jsonl");
+    let forge = format!("forge.test:{port}");
+    let s = Server::start(
+        &w,
+        &[
+            "--tool",
+            &fetch,
+            "--allow-host",
+            &forge,
+            "--allow-host",
+            "127.0.0.1",
+            "--resolve",
+            "forge.test=127.0.0.1",
+            "--resolve",
+            "other.test=127.0.0.1",
+            "--audit",
+            audit.to_str().unwrap(),
+        ],
+    );
+    assert!(s.stderr().contains("network through airlock's proxies (--allow-host"), "{}", s.stderr());
+    let r = Req::new(&s, "fetch").arg(&format!("http://{forge}/pkg")).send();
+    assert!(r.text().starts_with("HTTP/1.0 200 OK"), "{}", r.text());
+    assert!(r.text().ends_with("hello from the forge\n"), "{}", r.text());
+    for (host, rule) in [
+        (format!("other.test:{port}"), "no --allow-host pattern matches"),
+        ("forge.test:1".to_owned(), "no --allow-host pattern matches"),
+    ] {
+        let r = Req::new(&s, "fetch").arg(&format!("http://{host}/")).send();
+        let t = r.text();
+        assert!(t.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{t}");
+        assert!(t.contains(&format!("X-Airlock-Refused: host={host}; rule=\"{rule}\"\r\n")), "{t}");
+    }
+    let lines: Vec<serde_json::Value> =
+        fs::read_to_string(&audit).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines.iter().all(|l| l["op"] == "egress"), "{lines:?}");
+    // Three tools, three services, one numbering in the one log.
+    let mut conns: Vec<u64> = lines.iter().map(|l| l["conn"].as_u64().unwrap()).collect();
+    conns.sort();
+    conns.dedup();
+    assert_eq!(conns.len(), 3, "{lines:?}");
+    let ok: Vec<_> = lines.iter().filter(|l| l["allowed"] == true).collect();
+    assert_eq!(ok.len(), 1, "{lines:?}");
+    assert_eq!(ok[0]["host"], "forge.test");
+    assert_eq!(ok[0]["addr"], format!("127.0.0.1:{port}"));
+    assert_eq!(ok[0]["rule"], format!("--allow-host {forge}"));
+    drop(s);
+
+    // The name alone: its loopback address is not named.
+    let lp = format!("localhost:{port}");
+    let s = Server::start(&w, &["--tool", &fetch, "--allow-host", &lp]);
+    let t = Req::new(&s, "fetch").arg(&format!("http://{lp}/")).send().text();
+    assert!(t.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{t}");
+    assert!(
+        t.contains("loopback address") && t.contains("not named by an --allow-host address or range"),
+        "{t}"
+    );
+}
+
+/// Without `--allow-host` a tool reaches nothing; `--allow-host` refuses
+/// to start beside `--tool-net` or `--no-sandbox`, naming the flags.
+#[test]
+fn allow_host_contradicts_tool_net_and_no_sandbox_and_is_needed_for_the_network() {
+    let w = Work::new();
+    let port = forge_server();
+    let fetch = w.tool("fetch", "exec curl -sS -i --max-time 20 \"$1\"");
+    let s = Server::start(&w, &["--tool", &fetch]);
+    let r = Req::new(&s, "fetch").arg(&format!("http://127.0.0.1:{port}/")).send();
+    assert!(!r.text().contains("hello from the forge"), "{}", r.text());
+    assert_ne!(r.trailer("X-Exit-Code"), Some("0"), "{}", r.text());
+    drop(s);
+    for (extra, says) in [("--tool-net", "--tool-net"), ("--no-sandbox", "--no-sandbox")] {
+        let out = Command::new(airlock())
+            .args(["toolexec", "serve", "--tool", &fetch, "--allow-host", "127.0.0.1", extra])
+            .current_dir(&w.dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--allow-host") && err.contains(says), "{err}");
+        assert!(out.stdout.is_empty(), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+}

@@ -42,6 +42,56 @@ pub struct EgressArgs {
     pub resolve: Vec<String>,
 }
 
+/// The host patterns alone, for `airlock tool` and `airlock toolexec
+/// serve`: the same flags, patterns and checks as `run`'s
+/// ([`EgressArgs`]), without its session limits where those commands
+/// have options of their own by those names.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct HostArgs {
+    /// Let the network reach PATTERN, as `airlock run --allow-host` does:
+    /// a name (pypi.org), a wildcard (*.githubusercontent.com), `*`, an IP
+    /// address or CIDR range, each optionally with :PORT. A loopback,
+    /// private, link-local or metadata address is reached only when a
+    /// pattern names that address or range itself.
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    pub allow_host: Vec<String>,
+    /// Refuse PATTERN even where an --allow-host pattern matches (checked
+    /// first; an address or range refuses every name resolving into it).
+    #[arg(long = "deny-host", value_name = "PATTERN")]
+    pub deny_host: Vec<String>,
+    /// Answer NAME with ADDR (one or more, comma-separated) instead of
+    /// looking it up, like curl's --resolve; the addresses are checked as
+    /// any lookup's are.
+    #[arg(long = "resolve", value_name = "NAME=ADDR[,ADDR]")]
+    pub resolve: Vec<String>,
+}
+
+impl HostArgs {
+    /// The egress config these flags make (the limits at their defaults),
+    /// or `None` without an `--allow-host`.
+    pub fn config(&self) -> anyhow::Result<Option<Config>> {
+        EgressArgs {
+            allow_host: self.allow_host.clone(),
+            deny_host: self.deny_host.clone(),
+            resolve: self.resolve.clone(),
+            ..EgressArgs::default()
+        }
+        .config(None)
+    }
+
+    /// The `--resolve` answers alone (checked as [`Self::config`] does).
+    pub fn hosts(&self) -> anyhow::Result<BTreeMap<String, Vec<IpAddr>>> {
+        let mut out = BTreeMap::new();
+        for entry in &self.resolve {
+            let (name, addrs) = entry.split_once('=').context("--resolve wants NAME=ADDR[,ADDR]")?;
+            let addrs: Vec<String> = addrs.split(',').map(str::to_owned).collect();
+            let (name, addrs) = resolve_entry(name, &addrs)?;
+            out.insert(name, addrs);
+        }
+        Ok(out)
+    }
+}
+
 /// `[egress]` in the config file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -99,6 +100,19 @@ impl Service {
         audit: Option<AuditWriter>,
         record: Option<PathBuf>,
     ) -> anyhow::Result<Service> {
+        Service::start_numbered(config, listeners, audit, record, Arc::new(AtomicU64::new(1)))
+    }
+
+    /// [`Service::start`], numbering connections from `next`: services
+    /// that share one audit log (`toolexec serve`'s, one per tool) share
+    /// it, so no two connections there have one number.
+    pub fn start_numbered(
+        config: Config,
+        listeners: Listeners,
+        audit: Option<AuditWriter>,
+        record: Option<PathBuf>,
+        next: Arc<AtomicU64>,
+    ) -> anyhow::Result<Service> {
         let recorder = match &record {
             Some(path) => {
                 let file = std::fs::File::create(path)
@@ -124,7 +138,6 @@ impl Service {
             rt.block_on(async move {
                 let Listeners { http, socks } = listeners;
                 let mut accepts = Vec::new();
-                let next = Arc::new(std::sync::atomic::AtomicU64::new(1));
                 for (l, kind) in [(http, Listener::Http), (socks, Listener::Socks)] {
                     match TcpListener::from_std(l) {
                         Ok(l) => accepts.push(tokio::spawn(accept_loop(l, kind, next.clone(), tx.clone()))),
@@ -162,12 +175,19 @@ impl Service {
     }
 }
 
-async fn accept_loop(
-    l: TcpListener,
-    kind: Listener,
-    next: Arc<std::sync::atomic::AtomicU64>,
-    events: Events,
-) {
+impl Drop for Service {
+    /// A service dropped without [`Service::stop`] (its tool's driver torn
+    /// down mid-run) still ends its thread and every connection; nobody
+    /// waits for the counts.
+    fn drop(&mut self) {
+        if self.thread.take().is_some() {
+            let (tx, _) = oneshot::channel();
+            let _ = self.events.send(Event::Stop(tx));
+        }
+    }
+}
+
+async fn accept_loop(l: TcpListener, kind: Listener, next: Arc<AtomicU64>, events: Events) {
     loop {
         match l.accept().await {
             Ok((stream, _)) => {

@@ -50,7 +50,15 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
     let files = CapFiles::open(&p.project).with_context(|| format!("opening {}", p.project.display()))?;
-    let http = Arc::new(HttpClient::new()?);
+    let audit = match &p.audit {
+        Some(path) => Some(crate::audit::AuditWriter::new(
+            path,
+            crate::outfile::OutFile::create(path, None)
+                .with_context(|| format!("--audit {}", path.display()))?,
+        )),
+        None => None,
+    };
+    let http = Arc::new(HttpClient::new(p.net.clone(), audit.clone())?);
     let mut recorder = match &p.record {
         Some(path) => Some(Recorder::create(path, &p.policy)?),
         None => None,
@@ -164,6 +172,9 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
                     drop(so);
                     effects.abort_all();
                     writer.abort();
+                    if let Some(a) = audit {
+                        a.finish();
+                    }
                     // Nothing of the tool's outlives airlock.
                     drop(group);
                     if !exited {
@@ -216,6 +227,15 @@ pub async fn run(p: Prepared, argv: &[OsString]) -> anyhow::Result<i32> {
             _ = tokio::time::sleep_until(deadline.unwrap_or(base)), if deadline.is_some() => Input::Tick,
         };
         feed(&mut host, &mut recorder, now(), input);
+        let (refused, dropped) = host.take_net_refusals();
+        if let Some(a) = &audit {
+            for r in &refused {
+                super::http::audit_refusal(a, r);
+            }
+            if dropped > 0 {
+                eprintln!("airlock: tool: {dropped} refused http.* request(s) left out of --audit");
+            }
+        }
     }
 }
 

@@ -45,9 +45,18 @@ pub struct ToolArgs {
     /// A program process.run may start: a bare name (resolved on PATH now) or an absolute path.
     #[arg(long = "allow-cmd", value_name = "PROG")]
     pub allow_cmd: Vec<String>,
-    /// A URL prefix http.get and http.post may reach.
+    /// A URL prefix http.get and http.post may reach. With --allow-host,
+    /// a further narrowing: a URL must pass both.
     #[arg(long = "allow-url", value_name = "PREFIX")]
     pub allow_url: Vec<String>,
+    /// `--allow-host`, `--deny-host`, `--resolve`: the hosts http.get and
+    /// http.post may reach, as `airlock run`'s child may.
+    #[command(flatten)]
+    pub hosts: crate::egress::HostArgs,
+    /// Write one JSON line per http.* request to FILE (`op: egress`): host,
+    /// port, the address connected to, the rule that decided, bytes.
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
     /// A variable usable as ${VAR} in HTTP headers and process.run envs; its value is scrubbed.
     #[arg(long = "env-allow", value_name = "VAR")]
     pub env_allow: Vec<String>,
@@ -131,6 +140,10 @@ pub(crate) struct Prepared {
     /// What `policy` was built from, for a trace's header.
     pub policy_config: PolicyConfig,
     pub record: Option<PathBuf>,
+    /// `--audit FILE`.
+    pub audit: Option<PathBuf>,
+    /// What http.* may reach.
+    pub net: http::Net,
     /// What the tool and its processes reach directly.
     pub grants: process::Grants,
     /// The tool's environment (the environment policy's).
@@ -170,6 +183,8 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         deny: a.deny.clone(),
         allow_cmd,
         allow_url: a.allow_url.clone(),
+        allow_host: a.hosts.allow_host.clone(),
+        deny_host: a.hosts.deny_host.clone(),
         env_allow: a.env_allow.iter().map(|v| (v.clone(), take_secret(v))).collect(),
         path_env,
         allow_protected: a.allow_protected.clone(),
@@ -177,6 +192,10 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         homes: homes(),
     };
     let policy = ToolPolicy::new(&policy_config)?;
+    let net = http::Net {
+        rules: std::sync::Arc::new(policy.net_rules().clone()),
+        hosts: std::sync::Arc::new(a.hosts.hosts()?),
+    };
     let grants = process::Grants {
         require_namespaces: a.require_namespaces,
         read_only: canonical_all(&a.sandbox_ro, "--sandbox-ro")?,
@@ -190,7 +209,17 @@ fn prepare(a: &ToolArgs) -> anyhow::Result<Prepared> {
         guard: policy.gate().guard().clone(),
     };
     let env = tool_env(a)?;
-    Ok(Prepared { env, project, config, policy, policy_config, record: a.record.clone(), grants })
+    Ok(Prepared {
+        env,
+        project,
+        config,
+        policy,
+        policy_config,
+        record: a.record.clone(),
+        audit: a.audit.clone(),
+        net,
+        grants,
+    })
 }
 
 /// The tool's environment: the core set (`--env-clear` is the tool's

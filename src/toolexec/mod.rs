@@ -28,7 +28,7 @@ use clap::Subcommand;
 #[derive(Debug, Subcommand)]
 pub enum ToolexecCommand {
     /// Serve allow-listed tools over HTTP (v1 buffered, v2 streaming).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run TOOL on the host through a ToolExec server (Rust v2 client).
     Shim(shim::ShimArgs),
     /// Write the POSIX curl shim and one link per tool into DIR.

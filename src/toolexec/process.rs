@@ -3,7 +3,10 @@
 //! environment policy leaves (never the token), confined by airlock's one confinement (`crate::confine`:
 //! namespaces where available, seccomp, no capabilities, Landlock with the
 //! work dir read-write; nothing inherited beyond stdio) unless
-//! `--no-sandbox`.
+//! `--no-sandbox`. With `--allow-host`, each tool's network namespace
+//! holds the egress proxies `airlock run`'s child gets, served for as long
+//! as the tool runs by a service of its own (`crate::egress::service`)
+//! under the same patterns.
 
 use super::service::{Runner, ToolOutput, ToolProcess};
 use airlock_core::sandbox::StageStatus;
@@ -27,6 +30,12 @@ pub struct ProcessRunner {
     /// granted, or why not): what to run and the variables to set, or the
     /// refusal every spawn of it answers.
     programs: std::collections::BTreeMap<String, Result<crate::confine::program::Launch, String>>,
+    /// `--allow-host`: every tool's proxies serve this config, each line
+    /// to the `--audit` file.
+    egress: Option<(airlock_core::egress::Config, Option<crate::audit::AuditWriter>)>,
+    /// The proxies' connection numbers, shared by every tool's service
+    /// (one audit log).
+    conn_ids: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Paths tools may reach beyond the defaults and the working directory
@@ -81,6 +90,8 @@ impl ProcessRunner {
                 sandbox: None,
                 describe: "sandbox: none (--no-sandbox): tools run unconfined".to_owned(),
                 programs: Default::default(),
+                egress: None,
+                conn_ids: Default::default(),
             });
         }
         let abi = crate::confine::landlock::detect_abi();
@@ -137,7 +148,41 @@ impl ProcessRunner {
             sandbox: Some(sandbox),
             describe,
             programs,
+            egress: None,
+            conn_ids: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1)),
         })
+    }
+
+    /// `--allow-host`: each tool reaches the network through the egress
+    /// proxies alone, as `config` allows; `audit` gets one line per
+    /// connection. Refused (naming the flags) when tools run unconfined or
+    /// with the whole network.
+    pub fn with_egress(
+        mut self,
+        config: airlock_core::egress::Config,
+        audit: Option<crate::audit::AuditWriter>,
+    ) -> anyhow::Result<Self> {
+        match &self.sandbox {
+            None => anyhow::bail!(
+                "--allow-host works through each tool's network namespace; with --no-sandbox tools have \
+                 the host's whole network and nothing to allow"
+            ),
+            Some(sb) if sb.net => anyhow::bail!(
+                "--allow-host and --tool-net contradict each other: --tool-net gives tools the host's whole network"
+            ),
+            Some(sb) if sb.mode == airlock_core::sandbox::NsMode::Off => anyhow::bail!(
+                "--allow-host needs a network namespace for each tool, and {}=1 switches namespaces off",
+                crate::confine::NO_NAMESPACES_ENV
+            ),
+            Some(_) => {}
+        }
+        let patterns = config.rules.allow.iter().map(ToString::to_string).collect::<Vec<_>>().join(" ");
+        self.describe = self.describe.replace(
+            "network denied",
+            &format!("network through airlock's proxies (--allow-host {patterns})"),
+        );
+        self.egress = Some((config, audit));
+        Ok(self)
     }
 
     /// Start every tool with `env` and nothing else of airlock's
@@ -192,6 +237,7 @@ impl ProcessRunner {
                 let req = crate::confine::Request {
                     namespaces: sb.mode,
                     net: sb.net,
+                    egress: self.egress.is_some(),
                     ..crate::confine::Request::new(sb.ruleset.clone(), real.clone())
                 };
                 let s = crate::confine::start(req, &argv).map_err(|e| SpawnError::Other(format!("{e:#}")))?;
@@ -204,10 +250,12 @@ impl ProcessRunner {
                 (cmd, None)
             }
         };
+        let proxy_env = if self.egress.is_some() { crate::egress::child_env() } else { Vec::new() };
         cmd.current_dir(&real)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .envs(extra_env.iter().map(|(k, v)| (k, v)))
+            .envs(proxy_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(wr))
             .stderr(Stdio::from(wr2))
@@ -247,7 +295,14 @@ impl ProcessRunner {
             Err(e) => return Err(other(e)),
         };
         let mut child = child;
-        match pending.map(crate::confine::Pending::wait).transpose() {
+        let mut listeners = None;
+        let status = pending.map(crate::confine::Pending::wait_with_listeners).transpose().map(|s| {
+            s.map(|(status, l)| {
+                listeners = l;
+                status
+            })
+        });
+        match status {
             Ok(None | Some(StageStatus::Applied(_))) => {}
             Ok(Some(StageStatus::ExecFailed { errno })) => {
                 let _ = child.start_kill();
@@ -269,9 +324,37 @@ impl ProcessRunner {
                 return Err(SpawnError::Other(format!("{e:#}")));
             }
         }
+        let proxies = match (&self.egress, listeners) {
+            (Some((config, audit)), Some(listeners)) => {
+                let started = crate::egress::service::Service::start_numbered(
+                    config.clone(),
+                    listeners,
+                    audit.clone(),
+                    None,
+                    self.conn_ids.clone(),
+                );
+                match started {
+                    Ok(s) => Some((s, config.clone())),
+                    Err(e) => {
+                        let _ = child.start_kill();
+                        return Err(SpawnError::Other(format!("the egress proxies: {e:#}")));
+                    }
+                }
+            }
+            (Some(_), None) => {
+                let _ = child.start_kill();
+                return Err(SpawnError::Other(
+                    "--allow-host: the confinement handed over no proxy listeners".into(),
+                ));
+            }
+            (None, _) => None,
+        };
         let pgid = child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32));
         let pipe = pipe::Receiver::from_owned_fd(rd).map_err(other)?;
-        Ok((Running { child, pgid, status: None, _bounds: groups }, OutputPipe { pipe, buf: Vec::new() }))
+        Ok((
+            Running { child, pgid, status: None, proxies, _bounds: groups },
+            OutputPipe { pipe, buf: Vec::new() },
+        ))
     }
 }
 
@@ -324,6 +407,9 @@ pub struct Running {
     child: tokio::process::Child,
     pgid: Option<rustix::process::Pid>,
     status: Option<ExitStatus>,
+    /// `--allow-host`: the tool's proxies, stopped once it is reaped (its
+    /// last connections' audit lines written first).
+    proxies: Option<(crate::egress::service::Service, airlock_core::egress::Config)>,
     /// The tool's cgroups, removed with it.
     _bounds: crate::confine::bounds::Groups,
 }
@@ -373,6 +459,14 @@ impl Running {
             }
         };
         self.status = Some(status);
+        if let Some((service, config)) = self.proxies.take() {
+            // A limit the tool's connections reached is said, as `run`
+            // says it (the tool was told: a 429, a cut tunnel).
+            let stopped = service.stop().await;
+            for m in crate::egress::limit_messages(&config, &stopped) {
+                eprintln!("{} (a tool's proxies)", m.replacen("airlock:", "airlock: toolexec:", 1));
+            }
+        }
         status
     }
 

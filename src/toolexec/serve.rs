@@ -55,9 +55,19 @@ pub struct ServeArgs {
     /// Allow listening on non-loopback addresses.
     #[arg(long)]
     pub allow_remote: bool,
-    /// Let tools use the network (denied by the sandbox otherwise).
+    /// Let tools use the host's whole network (denied by the sandbox
+    /// otherwise). Contradicts --allow-host.
     #[arg(long)]
     pub tool_net: bool,
+    /// `--allow-host`, `--deny-host`, `--resolve`: each tool reaches these
+    /// hosts through airlock's HTTP and SOCKS5 proxies in its own network
+    /// namespace, as `airlock run`'s child does.
+    #[command(flatten)]
+    pub hosts: crate::egress::HostArgs,
+    /// With --allow-host: write one JSON line per proxy connection of any
+    /// tool to FILE (`op: egress`).
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
     /// Run tools unconfined.
     #[arg(long)]
     pub no_sandbox: bool,
@@ -133,6 +143,23 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<i32> {
         &config.tools,
     )?
     .with_env(env.keep);
+    let runner = match args.hosts.config()? {
+        Some(net) => {
+            let audit = match &args.audit {
+                Some(path) => Some(crate::audit::AuditWriter::new(
+                    path,
+                    crate::outfile::OutFile::create(path, None)
+                        .with_context(|| format!("--audit {}", path.display()))?,
+                )),
+                None => None,
+            };
+            runner.with_egress(net, audit)?
+        }
+        None if args.audit.is_some() => {
+            anyhow::bail!("--audit records the proxies' connections: it needs an --allow-host")
+        }
+        None => runner,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     runtime.block_on(run(args, config, runner, generated))
 }

@@ -3,7 +3,8 @@
 //! handed to airlock over a socket the stage inherits), Landlock lets the
 //! child connect to those two ports and no other, and the mount view holds
 //! the system's CA certificates (TLS through a CONNECT tunnel is the
-//! child's own, end to end, and needs them).
+//! child's own, end to end, and needs them) and the files naming the OS
+//! release (network clients put it in their User-Agent: pip fails without).
 
 use super::{Confinement, Grant, Mount, NetRight, PathRule, Ruleset, Source};
 use serde::{Deserialize, Serialize};
@@ -13,6 +14,14 @@ use std::path::PathBuf;
 /// missing ones are skipped. `/usr/share/ca-certificates` and the like are
 /// under `/usr` already.
 pub const CA_PATHS: &[&str] = &["/etc/ssl", "/etc/pki", "/etc/ca-certificates"];
+
+/// The files naming the OS release, read (never written) by network
+/// clients for their User-Agent: pip's (its vendored `distro`) stops with
+/// a `PermissionError` when `/etc/debian_version` exists but cannot be
+/// read. Missing ones are skipped. `/etc/os-release` is not here: it is a
+/// link into `/usr` (readable already), and the view's `/etc` holds the
+/// link, so binding it again fails.
+pub const OS_RELEASE_PATHS: &[&str] = &["/etc/debian_version", "/etc/lsb-release"];
 
 /// The proxy listeners a confinement's PID 1 creates.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,7 +55,7 @@ impl Confinement {
         self.ruleset.grant_connect_port(listen.socks_port);
         let abi = self.ruleset.abi;
         let at = self.view.mounts.iter().position(|m| matches!(m, Mount::Tmpfs { .. })).unwrap_or(0);
-        for (i, p) in CA_PATHS.iter().enumerate() {
+        for (i, p) in CA_PATHS.iter().chain(OS_RELEASE_PATHS).enumerate() {
             let path = PathBuf::from(p);
             self.view
                 .mounts

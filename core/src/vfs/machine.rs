@@ -181,6 +181,31 @@ pub struct Host {
     kept_line_bytes: usize,
     /// Only with `PlantedBug::ToolUncountedBuffer`.
     read_ahead: Vec<u8>,
+    /// `http.*` requests the policy refused, not yet taken by the shell
+    /// (at most [`MAX_NET_REFUSALS_HELD`]), and how many more were dropped.
+    net_refused: Vec<NetRefusal>,
+    net_refused_dropped: u64,
+}
+
+/// Refused `http.*` requests held for the shell between two inputs; past
+/// it they are counted, not kept (one input refuses at most one request,
+/// so a shell that drains after each input never reaches it).
+pub const MAX_NET_REFUSALS_HELD: usize = 256;
+/// The longest URL a refusal record keeps, in bytes.
+pub const MAX_AUDITED_URL: usize = 2048;
+
+/// An `http.*` request the policy refused before any connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NetRefusal {
+    /// `http.get` or `http.post`.
+    pub method: String,
+    /// As the tool wrote it (cut at [`MAX_AUDITED_URL`] bytes).
+    pub url: String,
+    /// Normalized, when the URL could be read.
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    /// Why: the rule that refused it, in the words the tool got.
+    pub rule: String,
 }
 
 impl Host {
@@ -224,6 +249,8 @@ impl Host {
             line_len: 0,
             kept_line_bytes: 0,
             read_ahead: Vec::new(),
+            net_refused: Vec::new(),
+            net_refused_dropped: 0,
         };
         let init = json!({
             "tool": {
@@ -308,6 +335,36 @@ impl Host {
 
     pub fn poll_output(&mut self) -> Option<Output> {
         self.out.pop_front()
+    }
+
+    /// The `http.*` requests the policy refused since the last call, for
+    /// the shell's audit log (`--audit`): the shell drains them after each
+    /// input. Not outputs: a trace's outputs are what the tool and its
+    /// effects saw, and replaying one needs no audit log.
+    pub fn take_net_refusals(&mut self) -> (Vec<NetRefusal>, u64) {
+        (std::mem::take(&mut self.net_refused), std::mem::take(&mut self.net_refused_dropped))
+    }
+
+    pub(crate) fn note_net_refusal(&mut self, method: &str, url: &str, message: &str) {
+        if self.net_refused.len() >= MAX_NET_REFUSALS_HELD {
+            self.net_refused_dropped += 1;
+            return;
+        }
+        let mut cut = url.len().min(MAX_AUDITED_URL);
+        while !url.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let checked = super::url::normalize(url).ok();
+        // The reason alone: the message's "url \"…\" denied: " names the URL,
+        // which the record holds.
+        let reason = message.split_once(" denied: ").map_or(message, |(_, r)| r);
+        self.net_refused.push(NetRefusal {
+            method: method.to_owned(),
+            url: url[..cut].to_owned(),
+            host: checked.as_ref().map(|u| u.host.clone()),
+            port: checked.as_ref().map(|u| u.port),
+            rule: reason.to_owned(),
+        });
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -916,7 +973,16 @@ impl Host {
             }
             "http.get" | "http.post" => {
                 // Sent as decided: the normalized form, never the text.
-                let url = self.policy.check_url(p.str("url")?).map_err(rpc)?.to_string();
+                let text = p.str("url")?;
+                let url = match self.policy.check_url(text) {
+                    Ok(u) => u.to_string(),
+                    Err(e) => {
+                        if e.code == OpError::denied("").code {
+                            self.note_net_refusal(method, text, &e.message);
+                        }
+                        return Err(rpc(e));
+                    }
+                };
                 let mut headers = Vec::new();
                 if let Some(hs) = p.opt("headers") {
                     let hs =

@@ -61,7 +61,9 @@ pub use files::{
     DirEntry, EntryKind, FsOp, FsReply, Gate, GrepFile, GrepLine, GrepQuery, GrepResult, Metadata,
     ProjectFiles, ProjectPath,
 };
-pub use machine::{Host, Input, Output, Signal, UserSignal};
+pub use machine::{
+    Host, Input, NetRefusal, Output, Signal, UserSignal, MAX_AUDITED_URL, MAX_NET_REFUSALS_HELD,
+};
 pub use outcome::{Outcome, OutcomeKind, ToolExit};
 pub use policy::{PolicyConfig, PolicyError, ToolPolicy};
 

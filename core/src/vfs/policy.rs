@@ -1,6 +1,8 @@
 //! The tool's access policy: project roots, the guard (protected paths,
 //! secret files, deny globs: `crate::guard`, the rule every door shares),
-//! commands, URL prefixes and environment variables.
+//! commands, the network (`--allow-host`/`--deny-host` patterns, the
+//! egress core's, narrowed by `--allow-url` prefixes) and environment
+//! variables.
 //!
 //! File decisions are made twice: on the path as the tool wrote it
 //! ([`ToolPolicy::project_path`] then [`Gate::check`]), and by the backend
@@ -13,6 +15,7 @@ use super::scrub::Scrubber;
 use super::url::path_extends;
 pub use super::url::CheckedUrl;
 use super::MIN_SECRET_LEN;
+use crate::egress::{parse_host, Pattern, Rules};
 use crate::guard::{DenySet, Grants, Guard};
 use crate::policy::{normalize, Access};
 use crate::scope::{Rule, Scope};
@@ -48,6 +51,13 @@ pub struct PolicyConfig {
     pub allow_cmd: Vec<(String, PathBuf)>,
     /// `--allow-url`: URL prefixes.
     pub allow_url: Vec<String>,
+    /// `--allow-host`: the egress patterns (`crate::egress::Pattern`), as
+    /// `airlock run` reads them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_host: Vec<String>,
+    /// `--deny-host`: checked first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_host: Vec<String>,
     /// `--env-allow`: each variable with airlock's value of it, if set.
     pub env_allow: Vec<(String, Option<String>)>,
     /// The `PATH` `process.run` children get.
@@ -71,6 +81,12 @@ pub enum PolicyError {
         prefix: String,
         why: String,
     },
+    /// An `--allow-host` or `--deny-host` pattern that does not parse.
+    BadHostPattern {
+        flag: &'static str,
+        pattern: String,
+        why: String,
+    },
     ProjectNotAbsolute(PathBuf),
 }
 
@@ -83,6 +99,7 @@ impl fmt::Display for PolicyError {
             }
             PolicyError::BadDeny { glob, why } => write!(f, "--deny {glob:?}: {why}"),
             PolicyError::BadUrlPrefix { prefix, why } => write!(f, "--allow-url {prefix:?}: {why}"),
+            PolicyError::BadHostPattern { flag, pattern, why } => write!(f, "{flag} {pattern:?}: {why}"),
             PolicyError::ProjectNotAbsolute(p) => write!(f, "project root {} is not absolute", p.display()),
         }
     }
@@ -105,6 +122,10 @@ pub struct ToolPolicy {
     gate: Gate,
     commands: Vec<(String, PathBuf)>,
     urls: Vec<UrlPrefix>,
+    /// The host patterns every request goes by (see [`net_rules`]).
+    ///
+    /// [`net_rules`]: ToolPolicy::net_rules
+    net: Rules,
     env: Vec<(String, Option<String>)>,
     path_env: String,
 }
@@ -161,11 +182,13 @@ impl ToolPolicy {
         for u in &cfg.allow_url {
             urls.push(parse_prefix(u)?);
         }
+        let net = net_rules(cfg, &urls)?;
         let scrubber = Scrubber::new(cfg.env_allow.iter().filter_map(|(_, v)| v.as_deref()), MIN_SECRET_LEN);
         Ok(ToolPolicy {
             gate: Gate::new(project, scope, guard, scrubber),
             commands: cfg.allow_cmd.clone(),
             urls,
+            net,
             env: cfg.env_allow.clone(),
             path_env: cfg.path_env.clone(),
         })
@@ -245,10 +268,23 @@ impl ToolPolicy {
         Ok(out)
     }
 
+    /// The host patterns `http.*` goes by, as `airlock run`'s proxies do:
+    /// `--allow-host` and `--deny-host`; with no `--allow-host`, each
+    /// `--allow-url` prefix's `host:port` (so a prefix naming an address
+    /// names it for the address check too, and one naming `localhost`
+    /// reaches no loopback address unless an `--allow-host` names it).
+    /// The shell checks every address it connects to against these
+    /// ([`Rules::check_address`]).
+    pub fn net_rules(&self) -> &Rules {
+        &self.net
+    }
+
     /// A URL is normalized first ([`super::url::normalize`]: the form the
-    /// request is sent in), then must share an `--allow-url` prefix's
-    /// scheme, host and port, its path extending the prefix's at a `/`.
-    /// Userinfo and whatever a server could read two ways are refused.
+    /// request is sent in); when there is any `--allow-url`, it must share
+    /// a prefix's scheme, host and port, its path extending the prefix's
+    /// at a `/`; its host and port must then pass the host patterns
+    /// ([`Self::net_rules`], deny first). Userinfo and
+    /// whatever a server could read two ways are refused.
     pub fn check_url(&self, url: &str) -> Result<CheckedUrl, OpError> {
         let u = super::url::normalize(url).map_err(|why| {
             if why.is_policy() {
@@ -257,20 +293,55 @@ impl ToolPolicy {
                 OpError::invalid(format!("url {url:?}: {why}"))
             }
         })?;
-        if self.urls.is_empty() {
+        if self.net.is_off() {
             return Err(OpError::denied(format!(
-                "url {url:?} denied: no --allow-url allows any network access"
+                "url {url:?} denied: no --allow-host or --allow-url allows any network access"
             )));
         }
-        let ok = self.urls.iter().any(|p| {
+        // The prefixes first: a URL under none is refused in the words it
+        // always was (recorded traces hold them).
+        let under = |p: &UrlPrefix| {
             p.scheme == u.scheme && p.host == u.host && p.port == u.port && path_extends(&u.path, &p.path)
-        });
-        if ok {
-            Ok(u)
-        } else {
-            Err(OpError::denied(format!("url {url:?} denied: it is under no --allow-url prefix")))
+        };
+        if !self.urls.is_empty() && !self.urls.iter().any(under) {
+            return Err(OpError::denied(format!("url {url:?} denied: it is under no --allow-url prefix")));
+        }
+        let bare = u.host.trim_start_matches('[').trim_end_matches(']');
+        let host = parse_host(bare)
+            .map_err(|e| OpError::denied(format!("url {url:?} denied: host {:?}: {e}", u.host)))?;
+        if let Err(rule) = self.net.check_request(&host, u.port) {
+            return Err(OpError::denied(format!("url {url:?} denied: {rule} (host {}:{})", u.host, u.port)));
+        }
+        Ok(u)
+    }
+}
+
+/// The rules of [`ToolPolicy::net_rules`].
+fn net_rules(cfg: &PolicyConfig, urls: &[UrlPrefix]) -> Result<Rules, PolicyError> {
+    let parse = |flag: &'static str, texts: &[String]| -> Result<Vec<Pattern>, PolicyError> {
+        texts
+            .iter()
+            .map(|t| {
+                t.parse::<Pattern>().map_err(|e| PolicyError::BadHostPattern {
+                    flag,
+                    pattern: t.clone(),
+                    why: e.to_string(),
+                })
+            })
+            .collect()
+    };
+    let mut allow = parse("--allow-host", &cfg.allow_host)?;
+    if allow.is_empty() {
+        for p in urls {
+            let text = format!("{}:{}", p.host, p.port);
+            let pattern = text.parse::<Pattern>().map_err(|e| PolicyError::BadUrlPrefix {
+                prefix: p.text.clone(),
+                why: format!("its host {text:?} is no host pattern: {e}"),
+            })?;
+            allow.push(pattern);
         }
     }
+    Ok(Rules { allow, deny: parse("--deny-host", &cfg.deny_host)? })
 }
 
 fn root_rel(project: &Path, root: &str) -> Option<PathBuf> {
@@ -324,6 +395,74 @@ mod tests {
         assert!(ToolPolicy::new(&c).is_err());
         c.allow = vec!["/p/sub".into()];
         assert!(ToolPolicy::new(&c).is_ok());
+    }
+
+    fn net(allow_url: &[&str], allow_host: &[&str], deny_host: &[&str]) -> ToolPolicy {
+        let strs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        ToolPolicy::new(&PolicyConfig {
+            project: "/p".into(),
+            allow_url: strs(allow_url),
+            allow_host: strs(allow_host),
+            deny_host: strs(deny_host),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn host_patterns_decide_as_run_does() {
+        let p = net(&[], &["*.example.com", "127.0.0.1:8080"], &["secret.example.com"]);
+        assert!(p.check_url("https://api.example.com/anything").is_ok());
+        assert!(p.check_url("http://127.0.0.1:8080/x").is_ok());
+        let e = p.check_url("https://secret.example.com/").unwrap_err();
+        assert_eq!(e.code, OpError::denied("").code);
+        assert!(e.message.contains("--deny-host secret.example.com"), "{}", e.message);
+        assert!(e.message.contains("(host secret.example.com:443)"), "{}", e.message);
+        let e = p.check_url("http://127.0.0.1:8081/").unwrap_err();
+        assert!(e.message.contains("no --allow-host pattern matches (host 127.0.0.1:8081)"), "{}", e.message);
+        // The host as resolvers read it: case.
+        assert!(p.check_url("https://API.Example.com/v1").is_ok());
+        // The address check is the shell's, on what it connects to, with these rules.
+        let lo = "127.0.0.1".parse().unwrap();
+        assert!(p.net_rules().check_address(lo, 8080).is_ok());
+        assert!(p.net_rules().check_address(lo, 8081).is_err());
+        let e = net(&[], &[], &[]).check_url("https://example.com/").unwrap_err();
+        assert!(e.message.contains("no --allow-host or --allow-url allows any network access"));
+        let bad = ToolPolicy::new(&PolicyConfig {
+            project: "/p".into(),
+            deny_host: vec!["a.*.com".into()],
+            ..Default::default()
+        });
+        assert!(matches!(bad, Err(PolicyError::BadHostPattern { flag: "--deny-host", .. })));
+    }
+
+    #[test]
+    fn url_prefixes_narrow_the_host_patterns() {
+        // Alone, a prefix's host and port are the pattern: a prefix naming
+        // an address names it for the address check too.
+        let p = net(&["http://127.0.0.1:8080/api", "http://localhost:9/"], &[], &[]);
+        let lo = "127.0.0.1".parse().unwrap();
+        assert!(p.net_rules().check_address(lo, 8080).is_ok());
+        assert!(p.net_rules().check_address(lo, 9).is_err());
+        assert!(p.check_url("http://127.0.0.1:8080/api/x").is_ok());
+        assert!(p.check_url("http://127.0.0.1:8080/other").is_err());
+        // With --allow-host, both must allow.
+        let p = net(&["http://127.0.0.1:8080/api"], &["127.0.0.1"], &[]);
+        assert!(p.check_url("http://127.0.0.1:8080/api").is_ok());
+        assert!(p
+            .check_url("http://127.0.0.1:8081/api")
+            .unwrap_err()
+            .message
+            .contains("under no --allow-url"));
+        let p = net(&["http://127.0.0.1:8080/api"], &["example.com"], &[]);
+        assert!(p.check_url("http://127.0.0.1:8080/api").unwrap_err().message.contains("no --allow-host"));
+        // --deny-host refuses what a prefix allows.
+        let p = net(&["http://127.0.0.1:8080/"], &[], &["127.0.0.0/8"]);
+        assert!(p
+            .check_url("http://127.0.0.1:8080/")
+            .unwrap_err()
+            .message
+            .contains("--deny-host 127.0.0.0/8"));
     }
 
     #[test]

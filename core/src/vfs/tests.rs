@@ -851,3 +851,41 @@ fn http_goes_to_the_url_as_allowed() {
     let Some((_, Effect::Http(r))) = s.held.first() else { panic!("no http effect: {}", s.last()) };
     assert_eq!(r.url, "http://127.0.0.1:9/api/b");
 }
+
+#[test]
+fn refused_http_requests_are_held_for_the_audit_log_and_bounded() {
+    let mut pcfg = policy_cfg();
+    pcfg.allow_host = vec!["127.0.0.1:9".into(), "example.com".into()];
+    pcfg.deny_host = vec!["example.com".into()];
+    let mut s = Session::new(Config::new("t"), pcfg, files());
+    s.req(1, "http.get", json!({"url": "http://127.0.0.1:9/api/x"}));
+    s.req(2, "http.post", json!({"url": "https://example.com/api"}));
+    s.req(3, "http.get", json!({"url": "http://127.0.0.1:9/other"}));
+    s.req(4, "fs.read", json!({"path": ".env"}));
+    let (refused, dropped) = s.host.take_net_refusals();
+    assert_eq!(dropped, 0);
+    let refusal = |method: &str, url: &str, host: &str, port: u16| NetRefusal {
+        method: method.into(),
+        url: url.into(),
+        host: Some(host.into()),
+        port: Some(port),
+        rule: "it is under no --allow-url prefix".into(),
+    };
+    assert_eq!(
+        refused,
+        [
+            refusal("http.post", "https://example.com/api", "example.com", 443),
+            refusal("http.get", "http://127.0.0.1:9/other", "127.0.0.1", 9),
+        ]
+    );
+    assert_eq!(s.host.take_net_refusals(), (vec![], 0), "taken once");
+    let long = format!("http://127.0.0.1:9/{}é", "x".repeat(MAX_AUDITED_URL - 20));
+    for _ in 0..MAX_NET_REFUSALS_HELD + 3 {
+        s.host.note_net_refusal("http.get", &long, "url \"…\" denied: it is under no --allow-url prefix");
+    }
+    let (refused, dropped) = s.host.take_net_refusals();
+    assert_eq!((refused.len(), dropped), (MAX_NET_REFUSALS_HELD, 3));
+    // Cut at a character's boundary (the `é` straddles the limit).
+    assert!(refused.iter().all(|r| r.url.len() == MAX_AUDITED_URL - 1), "{}", refused[0].url.len());
+    assert_eq!(refused[0].rule, "it is under no --allow-url prefix");
+}

@@ -117,7 +117,10 @@ fn programs_and_urls_without_any_allowance_are_denied_saying_so() {
     let e = p.check_program("git").unwrap_err();
     assert_eq!(e.message, "process.run of \"git\" denied: no --allow-cmd allows any program");
     let e = p.check_url("http://127.0.0.1/").unwrap_err();
-    assert_eq!(e.message, "url \"http://127.0.0.1/\" denied: no --allow-url allows any network access");
+    assert_eq!(
+        e.message,
+        "url \"http://127.0.0.1/\" denied: no --allow-host or --allow-url allows any network access"
+    );
 }
 
 #[test]
