@@ -141,9 +141,27 @@ fn a_sandbox_rw_checkout_cannot_gain_executable_configuration_as_each_user_in_ea
         let ran = run(&f, mode, &["--sandbox-rw", f.project.to_str().unwrap()], &script);
         let c = ctx(mode, who);
         if mode == Mode::Fallback {
+            // Nothing could mask `.env` or keep git's configuration
+            // read-only: refused, naming the flag that accepts it.
             assert_eq!(ran.output.status.code(), Some(125), "{c}: {}", ran.stderr());
             assert!(ran.stderr().contains("takes a mount namespace"), "{c}: {}", ran.stderr());
+            assert!(ran.stderr().contains("pass --allow-"), "{c}: {}", ran.stderr());
             assert_eq!(ran.stdout(), "", "{c}");
+            // Accepted on purpose, git works as before.
+            let git_dir = f.project.join(".git");
+            let commit = "echo z > h.txt && git add h.txt && git -c user.email=t@example.com -c user.name=t \
+                          commit -qm three && echo COMMITTED";
+            let args = [
+                "--sandbox-rw",
+                f.project.to_str().unwrap(),
+                "--allow-protected",
+                git_dir.to_str().unwrap(),
+                "--allow-secret",
+                ".env",
+            ];
+            let ran = run(&f, mode, &args, commit);
+            assert_eq!(ran.stdout(), "COMMITTED\n", "{c}: {}", ran.stderr());
+            assert_eq!(git(&f.project, &["log", "-1", "--format=%s"]), "three\n", "{c}");
             continue;
         }
         assert_eq!(ran.output.status.code(), Some(0), "{c}: {}", ran.stderr());
