@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 #[derive(Clone)]
 pub struct AuditWriter {
     inner: std::sync::Arc<std::sync::Mutex<Inner>>,
+    /// Fields every line of this clone carries (`toolexec serve`: the
+    /// tool whose proxies wrote it).
+    fields: Vec<(&'static str, serde_json::Value)>,
 }
 
 struct Inner {
@@ -27,7 +30,14 @@ struct Inner {
 impl AuditWriter {
     pub fn new(path: &Path, out: OutFile) -> Self {
         let inner = Inner { path: path.to_path_buf(), out: Some(out), line: Vec::with_capacity(256) };
-        AuditWriter { inner: std::sync::Arc::new(std::sync::Mutex::new(inner)) }
+        AuditWriter { inner: std::sync::Arc::new(std::sync::Mutex::new(inner)), fields: Vec::new() }
+    }
+
+    /// A clone whose every line also says `key: value`.
+    pub fn with(&self, key: &'static str, value: impl Into<serde_json::Value>) -> AuditWriter {
+        let mut w = self.clone();
+        w.fields.push((key, value.into()));
+        w
     }
 
     /// One line per proxy connection (`op: egress`): host, port, address,
@@ -78,6 +88,9 @@ impl AuditWriter {
         let Some(out) = &mut inner.out else { return };
         if let Some(obj) = value.as_object_mut() {
             obj.insert("ts".into(), crate::telemetry::rfc3339(std::time::SystemTime::now()).into());
+            for (k, v) in &self.fields {
+                obj.insert((*k).into(), v.clone());
+            }
         }
         inner.line.clear();
         let res = serde_json::to_writer(&mut inner.line, &value)

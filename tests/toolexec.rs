@@ -1379,6 +1379,8 @@ fn allow_host_gives_tools_the_proxies_under_the_same_patterns() {
         fs::read_to_string(&audit).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 3, "{lines:?}");
     assert!(lines.iter().all(|l| l["op"] == "egress"), "{lines:?}");
+    // Each line names the tool whose proxies wrote it.
+    assert!(lines.iter().all(|l| l["tool"] == "fetch"), "{lines:?}");
     // Three tools, three services, one numbering in the one log.
     let mut conns: Vec<u64> = lines.iter().map(|l| l["conn"].as_u64().unwrap()).collect();
     conns.sort();

@@ -329,7 +329,7 @@ impl ProcessRunner {
                 let started = crate::egress::service::Service::start_numbered(
                     config.clone(),
                     listeners,
-                    audit.clone(),
+                    audit.as_ref().map(|a| a.with("tool", req.tool.clone())),
                     None,
                     self.conn_ids.clone(),
                 );
