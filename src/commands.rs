@@ -130,9 +130,9 @@ pub struct ServeArgs {
     /// asks airlock).
     #[arg(long, value_name = "MS", default_value_t = airlock_core::fuse::DEFAULT_CACHE_MS)]
     pub fuse_cache_ms: u64,
-    /// Serve every read and write of the served filesystems through
-    /// airlock, never handing the kernel the opened host file to read and
-    /// write directly (passthrough, used where airlock may: as root). Opens
+    /// Do not ask the kernel for passthrough on the served filesystems
+    /// (its reading opened host files directly; asked for where airlock
+    /// may, as root, though no open uses it yet, docs/decisions.md). Opens
     /// are decided and audited either way.
     #[arg(long)]
     pub no_fuse_passthrough: bool,
