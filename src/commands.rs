@@ -124,6 +124,18 @@ pub struct ServeArgs {
     /// provider calls.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DESCRIPTOR_RESERVE)]
     pub descriptor_reserve: usize,
+    /// How long the kernel may keep a served filesystem's lookups and
+    /// attributes, in milliseconds: a change made on the host behind the
+    /// mount's back shows within this long (0: every lookup and `stat`
+    /// asks airlock).
+    #[arg(long, value_name = "MS", default_value_t = airlock_core::fuse::DEFAULT_CACHE_MS)]
+    pub fuse_cache_ms: u64,
+    /// Do not ask the kernel for passthrough on the served filesystems
+    /// (its reading opened host files directly; asked for where airlock
+    /// may, as root, though no open uses it yet, docs/decisions.md). Opens
+    /// are decided and audited either way.
+    #[arg(long)]
+    pub no_fuse_passthrough: bool,
     #[command(flatten)]
     pub fds: crate::fdcli::FdArgs,
 }
@@ -175,6 +187,8 @@ impl ServeArgs {
         config.descriptor_reserve = self.descriptor_reserve;
         config.isolate_fds = self.fds.isolation(upstream)?;
         config.audit = self.audit.is_some();
+        config.fuse.cache_ms = self.fuse_cache_ms;
+        config.fuse.passthrough = !self.no_fuse_passthrough;
         Ok(config)
     }
 }

@@ -505,3 +505,24 @@ fn an_unreachable_fuse_device_falls_back_to_the_proxy_alone() {
         "report: {report}"
     );
 }
+
+/// The kernel keeps a directory's listing across opens (`FOPEN_CACHE_DIR`),
+/// never past a change: one made through the mount shows at the next
+/// listing, and one made behind the mount's back (through the proxy, as
+/// another program on the host would) once the directory's attributes are
+/// asked again, at once with `--fuse-cache-ms 0`.
+#[test]
+fn a_kept_listing_shows_every_change_through_the_mount_and_behind_it() {
+    let p = Project::new(None);
+    p.write("d/a.txt", b"a\n");
+    let through = "ls d; echo -; ls d; echo -; touch d/b.txt; ls d; echo -; rm d/a.txt; ls d";
+    let ran = p.run(&["--allow-rw", "."], &["sh", "-c", through]);
+    ran.ok().assert_clean();
+    assert_eq!(ran.stdout(), "a.txt\n-\na.txt\n-\na.txt\nb.txt\n-\nb.txt\n", "stderr: {}", ran.stderr());
+    let behind = "ls d; echo -; ls d; echo -; echo c | \"$AIRLOCK\" fs write d/c.txt; ls d; echo -; \
+                  \"$AIRLOCK\" fs remove d/b.txt; ls d";
+    let ran = p.run(&["--allow-rw", ".", "--fuse-cache-ms", "0"], &["sh", "-c", behind]);
+    ran.ok().assert_clean();
+    assert_eq!(ran.stdout(), "b.txt\n-\nb.txt\n-\nb.txt\nc.txt\n-\nc.txt\n", "stderr: {}", ran.stderr());
+    assert_eq!(ran.served(), [p.dir.to_string_lossy().into_owned()], "report: {}", ran.report);
+}

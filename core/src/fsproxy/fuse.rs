@@ -401,7 +401,11 @@ impl FsProxy {
                     return Err(errno::EMFILE);
                 }
                 let fh = m.open_dir(node);
-                self.fuse_reply(client, unique, Reply::Open(OpenOut { fh, open_flags: 0, backing_id: 0 }));
+                // The opendir is still asked here each time; a listing the
+                // kernel kept is read without asking again (a `git status`
+                // lists every directory of the checkout each run).
+                let open_flags = fopen::CACHE_DIR | fopen::KEEP_CACHE;
+                self.fuse_reply(client, unique, Reply::Open(OpenOut { fh, open_flags, backing_id: 0 }));
             }
             Op::Readdir { plus: true, .. } => return Err(errno::ENOSYS),
             Op::Readdir { fh, offset, size, plus: false } => {

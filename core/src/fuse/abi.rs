@@ -71,6 +71,10 @@ pub mod init {
 /// `fuse_open_out.open_flags`.
 pub mod fopen {
     pub const KEEP_CACHE: u32 = 1 << 1;
+    /// A directory's listing kept by the kernel (with `KEEP_CACHE`, across
+    /// opens) until the directory changes: through the mount at once, on
+    /// the host once its attributes are asked again (`--fuse-cache-ms`).
+    pub const CACHE_DIR: u32 = 1 << 3;
     pub const PASSTHROUGH: u32 = 1 << 7;
 }
 
