@@ -341,7 +341,16 @@ impl HostFs {
             Effect::DrawSecret => {
                 failed(FsErrorKind::Other, "a secret is drawn by the session, not the host files")
             }
+            Effect::Backing { .. } | Effect::Unback { .. } => {
+                failed(FsErrorKind::Other, "a backing file is registered by the session, with its mount")
+            }
         }
+    }
+
+    /// The open `file`'s descriptor (to register it as a backing file).
+    pub fn fd(&self, file: FileId) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.files.get(&file).map(|f| f.as_fd())
     }
 
     /// Carry out a path operation under `scope`: its paths (absolute,

@@ -28,6 +28,19 @@ pub fn mount_client(index: u32) -> ClientId {
 /// Room for the largest request beyond its data (headers, names).
 const REQUEST_OVERHEAD: usize = 64 << 10;
 
+/// `struct fuse_backing_map` (linux/fuse.h).
+#[repr(C)]
+struct BackingMap {
+    fd: i32,
+    flags: u32,
+    padding: u64,
+}
+
+/// `_IOW(229, 1, struct fuse_backing_map)`.
+const FUSE_DEV_IOC_BACKING_OPEN: libc::Ioctl = 0x4010_e501 as libc::Ioctl;
+/// `_IOW(229, 2, uint32_t)`.
+const FUSE_DEV_IOC_BACKING_CLOSE: libc::Ioctl = 0x4004_e502 as libc::Ioctl;
+
 /// One mount's device, being served.
 pub struct Device {
     fd: Arc<AsyncFd<OwnedFd>>,
@@ -91,6 +104,32 @@ impl Device {
     /// The device's descriptor (for registering backing files).
     pub fn raw(&self) -> std::os::fd::RawFd {
         self.fd.get_ref().as_raw_fd()
+    }
+
+    /// Register `file` as a backing file of this mount
+    /// (`FUSE_DEV_IOC_BACKING_OPEN`): the kernel then reads it itself for
+    /// an open answered with its id. Needs `CAP_SYS_ADMIN` in the initial
+    /// user namespace.
+    pub fn register_backing(&self, file: std::os::fd::BorrowedFd<'_>) -> std::io::Result<u32> {
+        let map = BackingMap { fd: file.as_raw_fd(), flags: 0, padding: 0 };
+        // SAFETY: the ioctl reads the map we own, whose layout is the
+        // kernel's `struct fuse_backing_map`, and returns an id or -1.
+        let r = unsafe { libc::ioctl(self.raw(), FUSE_DEV_IOC_BACKING_OPEN, &map) };
+        match u32::try_from(r) {
+            Ok(id) if id > 0 => Ok(id),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+
+    /// Drop registration `id` (`FUSE_DEV_IOC_BACKING_CLOSE`); the kernel's
+    /// open files keep what they use.
+    pub fn drop_backing(&self, id: u32) -> std::io::Result<()> {
+        // SAFETY: the ioctl reads the id we own.
+        let r = unsafe { libc::ioctl(self.raw(), FUSE_DEV_IOC_BACKING_CLOSE, &id) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {

@@ -910,6 +910,34 @@ impl Session {
                     });
                     None
                 }
+                Effect::Backing { client, file } => {
+                    let result = match (self.devices.get(&client), self.host.fd(file)) {
+                        (Some(dev), Some(fd)) => match dev.register_backing(fd) {
+                            Ok(id) => EffectResult::Backing { id },
+                            Err(e) => {
+                                EffectResult::Failed { kind: FsErrorKind::Other, message: e.to_string() }
+                            }
+                        },
+                        _ => EffectResult::Failed {
+                            kind: FsErrorKind::Other,
+                            message: "no mount or no open file to back".into(),
+                        },
+                    };
+                    Some(Input::EffectDone { id, result })
+                }
+                Effect::Unback { client, id: backing } => {
+                    let result = match self.devices.get(&client).map(|d| d.drop_backing(backing)) {
+                        Some(Ok(())) => EffectResult::Done,
+                        Some(Err(e)) => {
+                            EffectResult::Failed { kind: FsErrorKind::Other, message: e.to_string() }
+                        }
+                        None => EffectResult::Failed {
+                            kind: FsErrorKind::Other,
+                            message: "the mount is gone".into(),
+                        },
+                    };
+                    Some(Input::EffectDone { id, result })
+                }
                 Effect::DrawSecret => {
                     let result = match crate::session_socket::draw_secret() {
                         Ok(secret) => EffectResult::Secret { secret },

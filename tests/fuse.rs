@@ -389,6 +389,62 @@ fn a_read_only_root_is_read_not_written() {
     assert!(refused[0]["reason"].as_str().unwrap_or_default().contains("read-only"), "{:?}", refused[0]);
 }
 
+/// Reads of a file no open could write are the kernel's own (passthrough)
+/// where airlock may register backing files (root), every open of the
+/// file sharing one registration (two at once, then a third), and served
+/// otherwise (an unprivileged user): the same bytes either way, and every
+/// open still decided and audited.
+fn check_passthrough(owner: Option<(u32, u32)>) {
+    let p = Project::new(owner);
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    p.write("big.bin", &data);
+    let script = "import hashlib\n\
+                  a = open('big.bin', 'rb'); b = open('big.bin', 'rb')\n\
+                  print(hashlib.sha256(a.read()).hexdigest(), hashlib.sha256(b.read()).hexdigest())\n\
+                  a.close(); b.close()\n\
+                  with open('big.bin', 'rb') as c: print(hashlib.sha256(c.read()).hexdigest())\n";
+    let ran = p.run(&["--allow", "."], &["python3", "-c", script]);
+    ran.ok().assert_clean();
+    let want = sha256_hex(&data);
+    assert_eq!(ran.stdout(), format!("{want} {want}\n{want}\n"), "stderr: {}", ran.stderr());
+    let through = ran.report["fuse"]["passthrough"].as_u64().unwrap_or(0);
+    if owner.is_none() {
+        assert_eq!(through, 3, "{}", ran.report);
+        // Three opens, and no read of 3 MB asked of airlock.
+        assert!(ran.report["fuse"]["requests"].as_u64().unwrap_or(u64::MAX) < 40, "{}", ran.report);
+    } else {
+        assert_eq!(through, 0, "{}", ran.report);
+    }
+    let opens = ran.opened().iter().filter(|(path, ok)| path.ends_with("big.bin") && *ok).count();
+    assert_eq!(opens, 3, "{:?}", ran.audit);
+}
+
+/// The hex SHA-256 of `data`, as the child's Python prints it.
+fn sha256_hex(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut c = Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib,sys; sys.stdout.write(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin.take().unwrap().write_all(data).unwrap();
+    String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap()
+}
+
+#[test]
+fn a_read_only_file_is_passed_through_to_the_kernel_as_root() {
+    check_passthrough(None);
+}
+
+#[test]
+fn a_read_only_file_is_served_to_an_unprivileged_user() {
+    check_passthrough(Some(NOBODY));
+}
+
 /// The guard holds at the mount as at the protocol: `.env` and its kin are
 /// absent from listings and refused by name, `.git/config` is read but
 /// never changed, and each refusal is counted with its rule.

@@ -86,6 +86,9 @@ impl MemFs {
                     None => unreachable!("64 hex digits are a secret"),
                 }
             }
+            Effect::Backing { .. } | Effect::Unback { .. } => {
+                panic!("a backing file asked for where no mount was made: {effect:?}")
+            }
             Effect::Open { file, root, rel, mode, .. } => {
                 assert!(!self.open.contains_key(file), "{file:?} opened twice");
                 assert!(

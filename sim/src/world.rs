@@ -731,7 +731,9 @@ impl World {
                     | Effect::WriteAt { .. }
                     | Effect::Fstat { .. }
                     | Effect::Truncate { .. }
-                    | Effect::Readlink { .. } => {
+                    | Effect::Readlink { .. }
+                    | Effect::Backing { .. }
+                    | Effect::Unback { .. } => {
                         return Err(violation(
                             "policy",
                             format!("level {level} asked for a mount's effect, and no mount was made"),
@@ -910,7 +912,9 @@ impl World {
             | Effect::WriteAt { .. }
             | Effect::Fstat { .. }
             | Effect::Truncate { .. }
-            | Effect::Readlink { .. } => {
+            | Effect::Readlink { .. }
+            | Effect::Backing { .. }
+            | Effect::Unback { .. } => {
                 return Err(violation("policy", "a mount's effect in a world without mounts".into()))
             }
         };

@@ -245,7 +245,8 @@ impl FsProxy {
             | EffectResult::Listed { .. }
             | EffectResult::Done
             | EffectResult::Target { .. }
-            | EffectResult::Secret { .. }) => FileResult::Failed {
+            | EffectResult::Secret { .. }
+            | EffectResult::Backing { .. }) => FileResult::Failed {
                 kind: FsErrorKind::Other,
                 message: format!("unexpected effect result: {other:?}"),
             },

@@ -19,7 +19,7 @@ use crate::fuse::abi::{self, errno, fattr, fopen, oflags};
 use crate::fuse::codec::{
     self, DirBuf, DirEntry, EntryOut, Name, Op, OpenOut, Reply, Request, SetattrIn, Statfs,
 };
-use crate::fuse::mount::{self, Mount, DIR_HANDLE_BASE};
+use crate::fuse::mount::{self, Backing, Mount, DIR_HANDLE_BASE};
 use crate::handles::{ClientId, Handle};
 use crate::pathops::{Kind, PathOp, SetAttr, Time};
 use crate::policy::{bytes, RootId};
@@ -70,6 +70,13 @@ enum Step {
         mode: Mode,
         path: PathBuf,
         created: Option<(u64, Name)>,
+        /// The node, when its reads may go by the kernel (passthrough).
+        through: Option<u64>,
+    },
+    /// A read-only open, its host file being registered for its node.
+    Backed {
+        handle: Handle,
+        node: u64,
     },
     /// The new file, looked at, to answer the create.
     Created {
@@ -341,7 +348,14 @@ impl FsProxy {
             Op::Open { flags } => {
                 let path = m.path_of(node).ok_or(errno::ENOENT)?;
                 let (mode, how) = open_mode(flags, None);
-                self.fuse_open(client, unique, path, mode, how, None)?;
+                // Passthrough where no open of the node could ever write:
+                // the kernel takes every open of a node it passes through
+                // the same way.
+                let through = (mode == Mode::Read
+                    && m.agreed.is_some_and(|a| a.passthrough())
+                    && !self.own_scope.permits(&path, true))
+                .then_some(node);
+                self.fuse_open(client, unique, path, (mode, how), None, through)?;
             }
             Op::Create { name, flags, mode, umask } => {
                 let path = m.child_path(node, &name).ok_or(errno::ENOENT)?;
@@ -349,8 +363,8 @@ impl FsProxy {
                     self.stats.bounds_refused += 1;
                     return Err(errno::ENFILE);
                 }
-                let (open, how) = open_mode(flags, Some(mode & !umask & 0o7777));
-                self.fuse_open(client, unique, path, open, how, Some((node, name)))?;
+                let opening = open_mode(flags, Some(mode & !umask & 0o7777));
+                self.fuse_open(client, unique, path, opening, Some((node, name)), None)?;
             }
             Op::Read { fh, offset, size } => {
                 let (handle, file) = self.fuse_file(client, fh).ok_or(errno::EBADF)?;
@@ -375,6 +389,7 @@ impl FsProxy {
             Op::Release { fh } => {
                 let (handle, file) = self.fuse_file(client, fh).ok_or(errno::EBADF)?;
                 let path = self.fuse_open_path(client, handle);
+                self.fuse_unthrough(client, handle);
                 let _ = self.table.remove(client, handle);
                 self.stats.handles_closed += 1;
                 if self.config.planted_bug == Some(super::PlantedBug::FuseReleaseKeepsFile) {
@@ -457,9 +472,9 @@ impl FsProxy {
         client: ClientId,
         unique: u64,
         path: PathBuf,
-        mode: Mode,
-        how: OpenHow,
+        (mode, how): (Mode, OpenHow),
         created: Option<(u64, Name)>,
+        through: Option<u64>,
     ) -> Result<(), i32> {
         let refuse = |this: &mut FsProxy, e: i32, reason: String| {
             this.stats.bounds_refused += 1;
@@ -489,7 +504,7 @@ impl FsProxy {
         self.next_file += 1;
         let scope = self.own_scope.clone();
         let effect = Effect::Open { file, root, rel, mode, scope, how: Some(how) };
-        self.fuse_effect(client, unique, Step::Open { file, mode, path, created }, effect);
+        self.fuse_effect(client, unique, Step::Open { file, mode, path, created, through }, effect);
         Ok(())
     }
 
@@ -586,6 +601,11 @@ impl FsProxy {
                 let cleanup = Pending { client, req: None, waiting: Waiting::Cleanup };
                 self.effect(cleanup, Effect::Close { file: *file });
             }
+            // A registration no open will use.
+            if let (Step::Backed { .. }, EffectResult::Backing { id }) = (&step, &result) {
+                let cleanup = Pending { client, req: None, waiting: Waiting::Cleanup };
+                self.effect(cleanup, Effect::Unback { client, id: *id });
+            }
             self.fuse_finish(client);
             return;
         }
@@ -595,6 +615,9 @@ impl FsProxy {
                 m.opened.remove(&handle);
             }
             return self.fuse_reply(client, unique, Reply::Empty);
+        }
+        if let Step::Backed { handle, node } = step {
+            return self.fuse_backed(client, unique, handle, node, result);
         }
         // A create that fails after its open leaves a handle the kernel
         // never learns of: closed here, or it would be held for good.
@@ -692,7 +715,7 @@ impl FsProxy {
                 m.nodes.renamed(parent, &name, newdir, &newname);
                 self.fuse_reply(client, unique, Reply::Empty);
             }
-            (Step::Open { file, mode, path, created }, EffectResult::Opened) => {
+            (Step::Open { file, mode, path, created, through }, EffectResult::Opened) => {
                 let handle = self.table.insert(client, Slot { mode, target: Target::Host(file) });
                 self.stats.handles_opened += 1;
                 self.fuse_audit(AuditRecord {
@@ -702,6 +725,10 @@ impl FsProxy {
                 });
                 if let Some(m) = self.fuse.get_mut(&client) {
                     m.opened.insert(handle, path);
+                }
+                if let Some(node) = through {
+                    self.fuse_through(client, unique, handle, file, node);
+                    return Ok(());
                 }
                 match created {
                     None => {
@@ -801,6 +828,86 @@ impl FsProxy {
     }
 
     /// Close `handle`, which the kernel never got.
+    /// A read-only open of `node` by the kernel itself: with the node's
+    /// registration, once there is one (the first open registers its file).
+    fn fuse_through(&mut self, client: ClientId, unique: u64, handle: Handle, file: FileId, node: u64) {
+        let Some(m) = self.fuse.get_mut(&client) else { return };
+        match m.backing.get_mut(&node) {
+            None => {
+                m.backing.insert(node, Backing::Registering { waiting: Vec::new() });
+                let step = Step::Backed { handle, node };
+                self.fuse_effect(client, unique, step, Effect::Backing { client, file });
+            }
+            Some(Backing::Registering { waiting }) => waiting.push((unique, handle)),
+            Some(Backing::Ready { id, opens }) => {
+                *opens += 1;
+                let id = *id;
+                m.through.insert(handle, node);
+                self.stats.fuse.passthrough += 1;
+                self.fuse_reply(client, unique, Reply::Open(through_out(handle, id)));
+            }
+        }
+    }
+
+    /// The node's registration came back: every open waiting on it is
+    /// answered, passed through, or served when it failed.
+    fn fuse_backed(
+        &mut self,
+        client: ClientId,
+        unique: u64,
+        handle: Handle,
+        node: u64,
+        result: EffectResult,
+    ) {
+        let Some(m) = self.fuse.get_mut(&client) else { return };
+        let waiting = match m.backing.remove(&node) {
+            Some(Backing::Registering { waiting }) => waiting,
+            _ => Vec::new(),
+        };
+        let opens: Vec<(u64, Handle)> = std::iter::once((unique, handle)).chain(waiting).collect();
+        match result {
+            EffectResult::Backing { id } if id > 0 && i32::try_from(id).is_ok() => {
+                m.backing.insert(node, Backing::Ready { id, opens: opens.len() });
+                for (_, h) in &opens {
+                    m.through.insert(*h, node);
+                }
+                self.stats.fuse.passthrough += opens.len() as u64;
+                for (u, h) in opens {
+                    self.fuse_reply(client, u, Reply::Open(through_out(h, id)));
+                }
+            }
+            other => {
+                if let EffectResult::Backing { id } = other {
+                    let cleanup = Pending { client, req: None, waiting: Waiting::Cleanup };
+                    self.effect(cleanup, Effect::Unback { client, id });
+                }
+                for (u, h) in opens {
+                    let out = OpenOut { fh: h.get(), open_flags: fopen::KEEP_CACHE, backing_id: 0 };
+                    self.fuse_reply(client, u, Reply::Open(out));
+                }
+            }
+        }
+    }
+
+    /// `handle` is released: its node's registration goes with the last
+    /// open that used it.
+    fn fuse_unthrough(&mut self, client: ClientId, handle: Handle) {
+        let Some(m) = self.fuse.get_mut(&client) else { return };
+        let Some(node) = m.through.remove(&handle) else { return };
+        let last = match m.backing.get_mut(&node) {
+            Some(Backing::Ready { id, opens }) => {
+                *opens = opens.saturating_sub(1);
+                (*opens == 0).then_some(*id)
+            }
+            _ => None,
+        };
+        if let Some(id) = last {
+            m.backing.remove(&node);
+            let cleanup = Pending { client, req: None, waiting: Waiting::Cleanup };
+            self.effect(cleanup, Effect::Unback { client, id });
+        }
+    }
+
     fn fuse_drop(&mut self, client: ClientId, handle: Handle) {
         if let Some(m) = self.fuse.get_mut(&client) {
             m.opened.remove(&handle);
@@ -831,6 +938,14 @@ impl FsProxy {
         if !m.gone || m.pending > 0 {
             return;
         }
+        let ids: Vec<u32> = m
+            .backing
+            .values()
+            .filter_map(|b| match b {
+                Backing::Ready { id, .. } => Some(*id),
+                Backing::Registering { .. } => None,
+            })
+            .collect();
         for (_, slot) in self.table.drain_owner(client) {
             self.stats.handles_closed += 1;
             self.stats.handles_cleaned_up += 1;
@@ -838,9 +953,20 @@ impl FsProxy {
                 self.effect(Pending { client, req: None, waiting: Waiting::Cleanup }, Effect::Close { file });
             }
         }
+        for id in ids {
+            self.effect(
+                Pending { client, req: None, waiting: Waiting::Cleanup },
+                Effect::Unback { client, id },
+            );
+        }
         self.fuse.remove(&client);
         self.outputs.push_back(Output::Close { client });
     }
+}
+
+/// An open the kernel passes through to registration `id`.
+fn through_out(handle: Handle, id: u32) -> OpenOut {
+    OpenOut { fh: handle.get(), open_flags: fopen::PASSTHROUGH, backing_id: i32::try_from(id).unwrap_or(0) }
 }
 
 /// The proxy mode and the open's particulars for open flags `flags`

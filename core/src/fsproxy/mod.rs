@@ -562,6 +562,19 @@ pub enum Effect {
         op: PathOp,
         scope: Scope,
     },
+    /// Register the open `file` as a backing file with the kernel of
+    /// served mount `client` (passthrough): answered with `Backing`, or
+    /// `Failed` (the open is then served).
+    Backing {
+        client: ClientId,
+        file: FileId,
+    },
+    /// Drop the registration `id` of mount `client` (the kernel's open
+    /// file keeps the backing file): answered with `Done` or `Failed`.
+    Unback {
+        client: ClientId,
+        id: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -612,6 +625,10 @@ pub enum EffectResult {
     /// A fresh secret (`Effect::DrawSecret`).
     Secret {
         secret: Secret,
+    },
+    /// A backing file's registration (`Effect::Backing`).
+    Backing {
+        id: u32,
     },
 }
 
@@ -690,6 +707,10 @@ pub struct FuseStats {
     /// Requests the codec could not read.
     pub rejected: u64,
     pub interrupts: u64,
+    /// Opens whose reads the kernel makes from the host file itself
+    /// (passthrough), unseen by airlock after the open.
+    #[serde(default)]
+    pub passthrough: u64,
     /// Replies that were errors, by errno.
     pub errors: BTreeMap<i32, u64>,
 }

@@ -42,6 +42,18 @@ pub struct DirHandle {
     pub done: bool,
 }
 
+/// A node's passthrough: every open of a node shares one registration of
+/// a backing file (the kernel refuses a second while one is in use, and
+/// any open of the node that is not passthrough), kept while any is open.
+#[derive(Debug)]
+pub enum Backing {
+    /// Being registered with the first open's file; later opens of the
+    /// node wait for it (request, handle).
+    Registering { waiting: Vec<(u64, crate::handles::Handle)> },
+    /// Registered as `id`, used by `opens` open files.
+    Ready { id: u32, opens: usize },
+}
+
 #[derive(Debug)]
 pub struct Mount {
     pub root: RootId,
@@ -63,6 +75,10 @@ pub struct Mount {
     pub valid: Valid,
     /// The shell can register backing files (passthrough).
     pub can_passthrough: bool,
+    /// Passthrough by node.
+    pub backing: BTreeMap<u64, Backing>,
+    /// The node of each file handle opened for passthrough.
+    pub through: BTreeMap<crate::handles::Handle, u64>,
 }
 
 impl Mount {
@@ -84,6 +100,8 @@ impl Mount {
             dirs: BTreeMap::new(),
             next_dir: DIR_HANDLE_BASE,
             opened: BTreeMap::new(),
+            backing: BTreeMap::new(),
+            through: BTreeMap::new(),
             pending: 0,
             gone: false,
             valid: Valid::from_millis(config.cache_ms),

@@ -23,9 +23,11 @@
 //!   limits.
 //!
 //! And at the end, once the kernel gave back everything it held:
-//! `open_released` (no handle in the table, no file open on the tree) and
-//! `lookups_balance` (the node table holds the root alone, and counted as
-//! many lookups given back as it handed out, as many as the kernel got).
+//! `open_released` (no handle in the table, no file open on the tree, no
+//! backing file registered: passthrough is agreed, and a registration
+//! fails as an injected error may), and `lookups_balance` (the node table
+//! holds the root alone, and counted as many lookups given back as it
+//! handed out, as many as the kernel got).
 
 mod tree;
 
@@ -33,7 +35,8 @@ use super::base::{violation, Outcome, Violation};
 use crate::swarm::{FaultKind, Rates, Swarm, PPM};
 use crate::Failure;
 use airlock_core::fsproxy::{
-    Config, Effect, EffectId, EffectResult, FsErrorKind, FsProxy, Input, Output, PlantedBug, StdioRole,
+    Config, Effect, EffectId, EffectResult, FileId, FsErrorKind, FsProxy, Input, Output, PlantedBug,
+    StdioRole,
 };
 use airlock_core::fuse::abi::{self, oflags};
 use airlock_core::fuse::codec::{self, Header, InitIn, Name, Op, Reply, Request, SetattrIn};
@@ -160,6 +163,10 @@ struct FuseWorld {
     /// after it, as replay expects; routed by [`FuseWorld::drain`].
     outbox: VecDeque<Output>,
     kernel: Kernel,
+    /// Backing files registered (passthrough) and not yet dropped, each
+    /// with the file it stands for.
+    backing: BTreeMap<u32, FileId>,
+    next_backing: u32,
     outstanding: BTreeMap<u64, (u32, Sent)>,
     next_unique: u64,
     ops_left: usize,
@@ -254,6 +261,8 @@ impl FuseWorld {
             effects: VecDeque::new(),
             outbox: VecDeque::new(),
             kernel: Kernel::default(),
+            backing: BTreeMap::new(),
+            next_backing: 1,
             outstanding: BTreeMap::new(),
             next_unique: 1,
             ops_left: swarm.ops_per_client * swarm.clients.max(1),
@@ -275,7 +284,7 @@ impl FuseWorld {
             root: RootId(0),
             uid: 1000,
             gid: 1000,
-            passthrough: false,
+            passthrough: true,
         });
         let init = InitIn { major: 7, minor: 41, max_readahead: 131072, flags: u64::MAX };
         w.send(abi::ROOT_ID, Op::Init(init), Sent::Other);
@@ -689,6 +698,28 @@ impl FuseWorld {
             Effect::Truncate { file, size } => self.tree.file_effect(file, FileOp::Truncate { size }),
             Effect::Fstat { file } => self.tree.file_effect(file, FileOp::Stat),
             Effect::Close { file } => self.tree.close(file).map_err(|e| violation("fs_misuse", e))?,
+            Effect::Backing { file, .. } => {
+                if self.fires(FaultKind::FsError) {
+                    EffectResult::Failed { kind: FsErrorKind::Other, message: "injected I/O error".into() }
+                } else if let EffectResult::Failed { message, .. } = self.tree.file_effect(file, FileOp::Stat)
+                {
+                    return Err(violation(
+                        "fs_misuse",
+                        format!("a backing file for {file:?}, not open: {message}"),
+                    ));
+                } else {
+                    let id = self.next_backing;
+                    self.next_backing += 1;
+                    self.backing.insert(id, file);
+                    EffectResult::Backing { id }
+                }
+            }
+            Effect::Unback { id, .. } => match self.backing.remove(&id) {
+                Some(_) => EffectResult::Done,
+                None => {
+                    return Err(violation("fs_misuse", format!("backing id {id} dropped, never registered")))
+                }
+            },
             other => {
                 return Err(violation("policy", format!("a mount asked for {other:?}")));
             }
@@ -864,6 +895,12 @@ impl FuseWorld {
     fn check_end(&self) -> Result<(), Violation> {
         if !self.ended {
             return Err(violation("liveness", "the world ended before the mount".into()));
+        }
+        if !self.backing.is_empty() {
+            return Err(violation(
+                "open_released",
+                format!("backing files still registered: {:?}", self.backing),
+            ));
         }
         if self.m.open_handles() != 0 || self.tree.open_count() != 0 {
             return Err(violation(
