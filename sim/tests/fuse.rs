@@ -94,3 +94,22 @@ fn a_released_file_left_open_is_found_and_shrunk() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Passthrough's registrations: one kept after its node's last release is
+/// found (`open_released`, checked once the kernel gave back every file)
+/// and shrunk.
+#[test]
+fn a_backing_registration_kept_after_its_last_release_is_found_and_shrunk() {
+    let bug = PlantedBug::FuseBackingKept;
+    let o = opts(0..1, None);
+    let res = (0..300)
+        .map(|seed| run_seed_with_bug(seed, &o, bug))
+        .find(|r| !r.passed())
+        .unwrap_or_else(|| panic!("{bug:?} goes unnoticed for 300 fuse seeds"));
+    let failure = res.failure.clone().unwrap();
+    assert_eq!(failure.invariant, "open_released", "{}", res.swarm_description());
+    assert!(failure.message.contains("backing"), "{}", res.swarm_description());
+    let shrunk = res.shrunk.clone().unwrap();
+    assert!(shrunk.ops_per_client <= res.swarm.ops_per_client, "{}", res.swarm_description());
+}
+

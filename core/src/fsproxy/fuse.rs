@@ -901,6 +901,9 @@ impl FsProxy {
             }
             _ => None,
         };
+        if self.config.planted_bug == Some(super::PlantedBug::FuseBackingKept) {
+            return;
+        }
         if let Some(id) = last {
             m.backing.remove(&node);
             let cleanup = Pending { client, req: None, waiting: Waiting::Cleanup };

@@ -232,6 +232,9 @@ pub enum PlantedBug {
     /// Served filesystem: a released file's handle leaves the table, but
     /// its host file is never closed.
     FuseReleaseKeepsFile,
+    /// Served filesystem: a node's backing registration is never dropped
+    /// when its last passthrough open is released.
+    FuseBackingKept,
     /// VFS host: file decisions on the path as written only; the resolved
     /// path is never checked.
     ToolLexicalOnly,

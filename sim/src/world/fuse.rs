@@ -838,6 +838,12 @@ impl FuseWorld {
 
     /// Everything the kernel held is given back: nothing may be left.
     fn check_released(&self) -> Result<(), Violation> {
+        if !self.backing.is_empty() {
+            return Err(violation(
+                "open_released",
+                format!("backing files still registered once every file was released: {:?}", self.backing),
+            ));
+        }
         if self.m.open_handles() != 0 || self.tree.open_count() != 0 {
             return Err(violation(
                 "open_released",
