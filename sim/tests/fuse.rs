@@ -112,4 +112,3 @@ fn a_backing_registration_kept_after_its_last_release_is_found_and_shrunk() {
     let shrunk = res.shrunk.clone().unwrap();
     assert!(shrunk.ops_per_client <= res.swarm.ops_per_client, "{}", res.swarm_description());
 }
-
