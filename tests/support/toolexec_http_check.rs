@@ -249,9 +249,14 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub fn forms_request(input: &[u8]) -> bool {
     // HTTP/2's connection preface is not an HTTP/1 request: hyper closes
     // the connection without an answer an HTTP/2 client would misread,
-    // after the empty lines an HTTP/1 parser skips before a request too.
+    // after the empty lines an HTTP/1 parser skips before a request too,
+    // and after a lone CR as well (hyper finds the preface past it).
     let mut head = input;
-    while let Some(rest) = head.strip_prefix(b"\r\n").or_else(|| head.strip_prefix(b"\n")) {
+    while let Some(rest) = head
+        .strip_prefix(b"\r\n")
+        .or_else(|| head.strip_prefix(b"\n"))
+        .or_else(|| head.strip_prefix(b"\r"))
+    {
         head = rest;
     }
     if head.starts_with(H2_PREFACE) {
