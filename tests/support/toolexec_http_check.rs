@@ -252,10 +252,8 @@ pub fn forms_request(input: &[u8]) -> bool {
     // after the empty lines an HTTP/1 parser skips before a request too,
     // and after a lone CR as well (hyper finds the preface past it).
     let mut head = input;
-    while let Some(rest) = head
-        .strip_prefix(b"\r\n")
-        .or_else(|| head.strip_prefix(b"\n"))
-        .or_else(|| head.strip_prefix(b"\r"))
+    while let Some(rest) =
+        head.strip_prefix(b"\r\n").or_else(|| head.strip_prefix(b"\n")).or_else(|| head.strip_prefix(b"\r"))
     {
         head = rest;
     }
