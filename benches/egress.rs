@@ -16,7 +16,7 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// The driver: `OP N` on each line of its stdin, one JSON answer a line.
@@ -122,41 +122,30 @@ fn serve() -> u16 {
     port
 }
 
-/// A driver process: the host's own, or `airlock run`'s child.
-struct Driver {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+#[path = "support/driver.rs"]
+mod driver;
+use driver::Driver;
+
+fn ready(cmd: Command) -> Driver {
+    let (d, ready) = Driver::start(cmd);
+    assert!(ready.get("ready").is_some(), "{ready}");
+    d
 }
 
-impl Driver {
-    fn start(mut cmd: Command) -> Driver {
-        let mut child = cmd
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env_remove("AIRLOCK_FD")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the driver starts");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut d = Driver { child, stdin, stdout };
-        let ready = d.answer();
-        assert!(ready.get("ready").is_some(), "{ready}");
-        d
-    }
+/// The bench's two drivers: the host's own, and `airlock run`'s child.
+mod side {
+    use super::*;
 
-    fn direct(port: u16) -> Driver {
+    pub fn direct(port: u16) -> Driver {
         let mut cmd = Command::new("/usr/bin/python3");
         cmd.args(["-c", DRIVER, "direct", "127.0.0.1", &port.to_string()]);
         for v in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"] {
             cmd.env_remove(v);
         }
-        Driver::start(cmd)
+        ready(cmd)
     }
 
-    fn tunnel(port: u16) -> Driver {
+    pub fn tunnel(port: u16) -> Driver {
         let dir = std::env::temp_dir();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock"));
         cmd.current_dir(dir)
@@ -169,49 +158,32 @@ impl Driver {
             // client has none.
             .args(["--max-cpu", "200"])
             .args(["--", "/usr/bin/python3", "-c", DRIVER, "proxy", "127.0.0.1", &port.to_string()]);
-        Driver::start(cmd)
+        ready(cmd)
     }
 
-    fn answer(&mut self) -> serde_json::Value {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("the driver's answer");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("driver said {line:?}: {e}"))
-    }
-
-    fn time(&mut self, op: &str, n: u64) -> Duration {
-        let stdin = self.stdin.as_mut().expect("open");
-        writeln!(stdin, "{op} {n}").expect("the driver reads");
-        stdin.flush().expect("the driver reads");
-        let a = self.answer();
+    pub fn time(d: &mut Driver, op: &str, n: u64) -> Duration {
+        let a = d.ask(&format!("{op} {n}"));
         Duration::from_secs_f64(a["secs"].as_f64().unwrap_or_else(|| panic!("{op}: {a}")))
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        // The driver ends at the end of its input (and airlock with it).
-        drop(self.stdin.take());
-        let _ = self.child.wait();
     }
 }
 
 fn egress(c: &mut Criterion) {
     let size: u64 = if measuring() { 100 << 20 } else { 1 << 20 };
     let port = serve();
-    let mut drivers = [("direct", Driver::direct(port)), ("tunnel", Driver::tunnel(port))];
+    let mut drivers = [("direct", side::direct(port)), ("tunnel", side::tunnel(port))];
     let mut g = c.benchmark_group(format!("egress_bulk_{}MiB", size >> 20));
     g.sample_size(10);
     g.throughput(Throughput::Bytes(size));
     for (name, d) in drivers.iter_mut() {
         g.bench_function(*name, |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| d.time("bulk", size)).sum::<Duration>())
+            b.iter_custom(|iters| (0..iters).map(|_| side::time(d, "bulk", size)).sum::<Duration>())
         });
     }
     g.finish();
     let mut g = c.benchmark_group("egress_first_byte");
     g.sample_size(20);
     for (name, d) in drivers.iter_mut() {
-        g.bench_function(*name, |b| b.iter_custom(|iters| d.time("first_byte", iters)));
+        g.bench_function(*name, |b| b.iter_custom(|iters| side::time(d, "first_byte", iters)));
     }
     g.finish();
 }

@@ -25,9 +25,8 @@
 //! runs each routine once.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// The child's driver: `OP SIDE N` on each line of its stdin, one JSON
@@ -98,65 +97,38 @@ fn measuring() -> bool {
     args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test")
 }
 
+#[path = "support/driver.rs"]
+mod driver;
+use driver::Driver;
+
 /// One `airlock run` and its driver.
-struct Session {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-}
+struct Session(Driver);
 
 impl Session {
     /// `airlock run FLAGS --allow served --sandbox-ro direct` in `dir`.
     fn start(dir: &Path, flags: &[&str]) -> Session {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
-            .current_dir(dir)
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock"));
+        cmd.current_dir(dir)
             .arg("run")
             .args(flags)
             .args(["--allow", "served", "--sandbox-ro", "direct", "--", "/usr/bin/python3", "-c", DRIVER])
             .arg(dir.join("served"))
-            .arg(dir.join("direct"))
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env_remove("AIRLOCK_FD")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("airlock starts");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut s = Session { child, stdin, stdout };
-        let ready = s.answer();
+            .arg(dir.join("direct"));
+        let (d, ready) = Driver::start(cmd);
         assert_eq!(ready["ready"]["served"], "fuse", "not served as a filesystem: {ready}");
         assert_ne!(ready["ready"]["direct"], "fuse", "the direct copy is served: {ready}");
-        s
-    }
-
-    fn answer(&mut self) -> serde_json::Value {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).expect("the driver's answer");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("driver said {line:?}: {e}"))
+        Session(d)
     }
 
     /// The time the driver took for `n` of `op` on `side`; `size`, when
     /// given, the bytes each must have read.
     fn time(&mut self, op: &str, side: &str, n: u64, size: Option<u64>) -> Duration {
-        let stdin = self.stdin.as_mut().expect("open");
-        writeln!(stdin, "{op} {side} {n}").expect("the driver reads");
-        stdin.flush().expect("the driver reads");
-        let a = self.answer();
+        let a = self.0.ask(&format!("{op} {side} {n}"));
         let secs = a["secs"].as_f64().unwrap_or_else(|| panic!("{op} {side}: {a}"));
         if let Some(size) = size {
             assert_eq!(a["size"].as_u64(), Some(size), "{op} {side}: {a}");
         }
         Duration::from_secs_f64(secs)
-    }
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        // The driver ends at the end of its input, and airlock with it.
-        drop(self.stdin.take());
-        let _ = self.child.wait();
     }
 }
 
