@@ -56,14 +56,7 @@ impl Server {
                 let h = h.clone();
                 std::thread::spawn(move || {
                     s.set_read_timeout(Some(SERVER_TIMEOUT)).unwrap();
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
+                    let head = common::read_head(&mut s);
                     let body = Server::body_of(port);
                     let answer = format!(
                         "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
@@ -73,6 +66,7 @@ impl Server {
                     let _ = s.shutdown(Shutdown::Write);
                     // Whatever else comes is counted too.
                     let mut bytes_in = head.len() as u64;
+                    let mut buf = [0u8; 4096];
                     while let Ok(n @ 1..) = s.read(&mut buf) {
                         bytes_in += n as u64;
                     }

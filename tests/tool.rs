@@ -1700,14 +1700,7 @@ fn decoding_server(seen: std::sync::mpsc::Sender<String>) -> String {
     let addr = listener.local_addr().unwrap();
     std::thread::spawn(move || {
         for mut s in listener.incoming().flatten() {
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => req.extend_from_slice(&buf[..n]),
-                }
-            }
+            let req = common::read_head(&mut s);
             let head = String::from_utf8_lossy(&req).into_owned();
             let target = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
             let path = target.split('?').next().unwrap_or("/");

@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
@@ -1318,14 +1320,7 @@ fn forge_server() -> u16 {
             let Ok(mut s) = s else { continue };
             std::thread::spawn(move || {
                 s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
+                common::read_head(&mut s);
                 let body = "hello from the forge\n";
                 let _ = write!(s, "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
             });

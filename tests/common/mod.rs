@@ -144,3 +144,17 @@ fn unique() -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::Relaxed)
 }
+
+/// What a test server reads of a request: up to the end of its head (or
+/// the peer's end, or a read error such as the socket's timeout).
+pub fn read_head(s: &mut impl std::io::Read) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    head
+}
