@@ -189,8 +189,9 @@ fn check_host(host: &str) -> Result<String, UrlError> {
         }
         return Ok(host);
     }
-    let labels: Vec<&str> = host.split('.').collect();
-    if labels.iter().any(|l| l.is_empty()) {
+    // Labels are walked, never collected: a host of many dots costs no
+    // slice per label.
+    if host.split('.').any(str::is_empty) {
         return Err(refused(format!("host {host:?} has an empty label")));
     }
     if !host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
@@ -198,12 +199,12 @@ fn check_host(host: &str) -> Result<String, UrlError> {
     }
     // WHATWG parsers and resolvers read a numeric last label as an IPv4
     // address in decimal, octal or hex, in one to four parts.
-    let last = labels[labels.len() - 1];
+    let last = host.rsplit('.').next().unwrap_or_default();
     let numeric = last.bytes().all(|b| b.is_ascii_digit())
         || (last.starts_with("0x") && last[2..].bytes().all(|b| b.is_ascii_hexdigit()));
     if numeric {
-        let canonical = labels.len() == 4
-            && labels.iter().all(|l| {
+        let canonical = host.split('.').count() == 4
+            && host.split('.').all(|l| {
                 l.bytes().all(|b| b.is_ascii_digit())
                     && (l.len() == 1 || !l.starts_with('0'))
                     && l.parse::<u8>().is_ok()
