@@ -11,9 +11,12 @@
 //! - percent-encoded (either case) or JSON-escaped after any run of
 //!   backslashes, in whole or in part, nested: the text is read as decoded
 //!   [`units`] and the secret matched on the decoded bytes, with a span
-//!   back in the text. This pass runs only on text holding `%` or `\`.
+//!   back in the text; once reading any run before an escape as that
+//!   escape, and, for a secret holding `\` or `"`, once per JSON depth up
+//!   to [`units::MAX_JSON_DEPTH`], where the backslashes it holds count.
+//!   This pass runs only on text holding `%` or `\`.
 //!
-//! Both passes are linear in the text; memory is the automata (a few times
+//! Both passes are linear in the text (the second once per reading); memory is the automata (a few times
 //! the secrets' total length, built once) plus the spans found. Spans are
 //! merged and replaced whole by the caller's marker.
 
@@ -39,6 +42,9 @@ pub struct SecretSet {
     decoded: Option<aho_corasick::nfa::contiguous::NFA>,
     /// Longest secret, in bytes.
     max_len: usize,
+    /// Whether a secret holds a backslash or a quote: only then do the
+    /// JSON depths read its own bytes otherwise than any depth does.
+    depths: bool,
 }
 
 fn automaton(patterns: &[Vec<u8>], any_case: bool) -> Option<AhoCorasick> {
@@ -86,6 +92,7 @@ impl SecretSet {
             any_case: automaton(&any_case, true),
             decoded,
             max_len: plain.iter().map(Vec::len).max().unwrap_or(0),
+            depths: plain.iter().flatten().any(|b| matches!(b, b'\\' | b'"')),
         }
     }
 
@@ -121,20 +128,25 @@ impl SecretSet {
         data: &[u8],
         out: &mut Vec<Range<usize>>,
     ) {
-        let Ok(mut sid) = nfa.start_state(Anchored::No) else { return };
-        units::spans(
-            data,
-            self.max_len,
-            |b, lens| {
-                sid = nfa.next_state(Anchored::No, sid, b);
-                if nfa.is_match(sid) {
-                    for i in 0..nfa.match_len(sid) {
-                        lens.push(nfa.pattern_len(nfa.match_pattern(sid, i)));
+        let Ok(start) = nfa.start_state(Anchored::No) else { return };
+        let readings = units::Reading::all().take(if self.depths { usize::MAX } else { 1 });
+        for reading in readings {
+            let mut sid = start;
+            units::spans(
+                data,
+                reading,
+                self.max_len,
+                |b, lens| {
+                    sid = nfa.next_state(Anchored::No, sid, b);
+                    if nfa.is_match(sid) {
+                        for i in 0..nfa.match_len(sid) {
+                            lens.push(nfa.pattern_len(nfa.match_pattern(sid, i)));
+                        }
                     }
-                }
-            },
-            out,
-        );
+                },
+                out,
+            );
+        }
     }
 
     /// Whether `data` holds a secret in any form.

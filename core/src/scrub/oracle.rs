@@ -17,7 +17,8 @@ pub enum Enc {
     PctComponent,
     JsonU,
     JsonUUpper,
-    /// Every other character `\u`-escaped, inside JSON held in a string.
+    /// Every other character `\u`-escaped, the rest as JSON writes it,
+    /// inside JSON held in a string.
     JsonNested,
     JsonSlash,
     HexLower,
@@ -89,7 +90,11 @@ pub fn encode(secret: &str, enc: Enc, pad: u8) -> Vec<u8> {
                         inner.push_str(&format!("\\u{u:04x}"));
                     }
                 } else {
-                    inner.push(c);
+                    // JSON string text itself: a backslash or quote the
+                    // secret holds is escaped, so every JSON decoder reads
+                    // the secret back.
+                    let quoted = serde_json::to_string(&c.to_string()).unwrap_or_default();
+                    inner.push_str(&quoted[1..quoted.len().saturating_sub(1).max(1)]);
                 }
             }
             // JSON text holding that string, as a string of an outer JSON.

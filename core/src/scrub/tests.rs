@@ -46,6 +46,21 @@ fn a_secret_split_by_escapes_and_mixed_encodings_is_one_span() {
     }
 }
 
+#[test]
+fn a_secret_holding_backslashes_is_found_however_deep_json_holds_it() {
+    let secret = r#"C:\new\tok"en\/x"#;
+    let set = SecretSet::new([secret]);
+    let (mut text, mut empty) = (secret.to_string(), String::new());
+    for depth in 1..=units::MAX_JSON_DEPTH {
+        text = serde_json::to_string(&text).expect("a string");
+        empty = serde_json::to_string(&empty).expect("a string");
+        // The quotes of each depth stay, around one marker.
+        let (open, close) = empty.split_at(empty.len() / 2);
+        let out = set.replace(text.as_bytes(), MARK);
+        assert_eq!(&*out, &[open.as_bytes(), MARK, close.as_bytes()].concat()[..], "depth {depth}: {text}");
+    }
+}
+
 proptest! {
     /// Any secret, planted in any encoding among filler that no encoding
     /// uses: nothing of it can be read afterwards, and the filler stays.

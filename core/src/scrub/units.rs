@@ -10,34 +10,106 @@ use std::ops::Range;
 /// Longest UTF-8 encoding of a character.
 pub const MAX_UNIT_BYTES: usize = 4;
 
-/// The unit of `text` starting at `i` (`i < text.len()`): the bytes it
-/// decodes to (in `out`, its length returned) and where it ends.
-pub fn next(text: &[u8], i: usize, out: &mut [u8; MAX_UNIT_BYTES]) -> (usize, usize) {
-    match text[i] {
-        b'%' => {
-            if let (Some(&h), Some(&l)) = (text.get(i + 1), text.get(i + 2)) {
-                if let (Some(h), Some(l)) = (hex_val(h), hex_val(l)) {
-                    out[0] = (h << 4) | l;
-                    return (1, i + 3);
-                }
-            }
-            out[0] = b'%';
-            (1, i + 1)
-        }
-        b'\\' => backslash(text, i, out),
-        b => {
-            out[0] = b;
-            (1, i + 1)
+/// Deepest JSON nesting read exactly ([`Reading::Depth`]): a secret held in
+/// a string of JSON held in a string of JSON held in a string… four deep.
+pub const MAX_JSON_DEPTH: u8 = 4;
+
+/// How a run of backslashes is read. No one reading finds every copy: at
+/// depth 1 `\\n` is a backslash and `n` (a Windows path's `C:\new`), at
+/// depth 2 a newline; so the decoded pass runs each reading in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading {
+    /// A run before an escape is that escape, however deep, and a run
+    /// before anything else one backslash: finds copies escaped in part at
+    /// one depth and in part at another.
+    AnyDepth,
+    /// JSON string text `d` deep (1: the body of `"a\\b"`; 2: that JSON
+    /// inside a string): a literal backslash is 2^d backslashes, an
+    /// escape's own 2^(d-1), a quote's 2^d - 1. Finds the backslashes a secret holds, which
+    /// [`Reading::AnyDepth`] swallows into the escape after them.
+    Depth(u8),
+}
+
+impl Reading {
+    /// Every reading the decoded pass runs.
+    pub fn all() -> impl Iterator<Item = Reading> {
+        std::iter::once(Reading::AnyDepth).chain((1..=MAX_JSON_DEPTH).map(Reading::Depth))
+    }
+
+    /// How many backslashes an escape's own backslash is, if fixed.
+    fn escape_run(self) -> Option<usize> {
+        match self {
+            Reading::AnyDepth => None,
+            Reading::Depth(d) => Some(1 << (d.clamp(1, MAX_JSON_DEPTH) - 1)),
         }
     }
 }
 
+/// What one unit decodes to: `lead` backslashes, then `out[..n]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unit {
+    pub lead: usize,
+    pub n: usize,
+    /// Where the unit ends in the text.
+    pub end: usize,
+}
+
+/// The unit of `text` starting at `i` (`i < text.len()`) as `reading`
+/// reads it; its bytes after the leading backslashes go in `out`.
+pub fn next(text: &[u8], i: usize, reading: Reading, out: &mut [u8; MAX_UNIT_BYTES]) -> Unit {
+    let one = |b: u8, out: &mut [u8; MAX_UNIT_BYTES], end| {
+        out[0] = b;
+        Unit { lead: 0, n: 1, end }
+    };
+    match text[i] {
+        b'%' => {
+            if let (Some(&h), Some(&l)) = (text.get(i + 1), text.get(i + 2)) {
+                if let (Some(h), Some(l)) = (hex_val(h), hex_val(l)) {
+                    return one((h << 4) | l, out, i + 3);
+                }
+            }
+            one(b'%', out, i + 1)
+        }
+        b'\\' => backslash(text, i, reading, out),
+        b => one(b, out, i + 1),
+    }
+}
+
 /// A run of backslashes and what follows it.
-fn backslash(text: &[u8], i: usize, out: &mut [u8; MAX_UNIT_BYTES]) -> (usize, usize) {
+fn backslash(text: &[u8], i: usize, reading: Reading, out: &mut [u8; MAX_UNIT_BYTES]) -> Unit {
     let mut j = i;
     while j < text.len() && text[j] == b'\\' {
         j += 1;
     }
+    let run = j - i;
+    let Some(esc) = reading.escape_run() else {
+        if let Some((n, end)) = escape(text, j, reading, out) {
+            return Unit { lead: 0, n, end };
+        }
+        // A run before anything else (or a lone surrogate): a backslash.
+        out[0] = b'\\';
+        return Unit { lead: 0, n: 1, end: j };
+    };
+    let literal = 2 * esc;
+    // A quote is escaped again at each depth, its escape's backslashes
+    // with it: 2^d - 1 of them.
+    if text.get(j) == Some(&b'"') && (run + 1).is_multiple_of(literal) {
+        out[0] = b'"';
+        return Unit { lead: (run + 1) / literal - 1, n: 1, end: j + 1 };
+    }
+    if run >= esc && (run - esc).is_multiple_of(literal) {
+        if let Some((n, end)) = escape(text, j, reading, out) {
+            return Unit { lead: (run - esc) / literal, n, end };
+        }
+    }
+    // Backslashes that escape nothing here: as many as the run holds at
+    // this depth (at least one, so no run vanishes).
+    Unit { lead: run.div_ceil(literal), n: 0, end: j }
+}
+
+/// The escaped character at `j`, just past a run: its bytes and where it
+/// ends.
+fn escape(text: &[u8], j: usize, reading: Reading, out: &mut [u8; MAX_UNIT_BYTES]) -> Option<(usize, usize)> {
     let simple = match text.get(j) {
         Some(b'"') => Some(b'"'),
         Some(b'/') => Some(b'/'),
@@ -50,27 +122,17 @@ fn backslash(text: &[u8], i: usize, out: &mut [u8; MAX_UNIT_BYTES]) -> (usize, u
     };
     if let Some(b) = simple {
         out[0] = b;
-        return (1, j + 1);
+        return Some((1, j + 1));
     }
-    if let Some((code, end)) = u_escape(text, j) {
-        let c = match code {
-            0xD800..=0xDBFF => low_surrogate(text, end)
-                .and_then(|(low, end2)| {
-                    let c = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-                    char::from_u32(c).map(|c| (c, end2))
-                })
-                .map_or((None, end), |(c, e)| (Some(c), e)),
-            _ => (char::from_u32(code), end),
-        };
-        if let (Some(c), end) = c {
-            let n = c.encode_utf8(&mut [0; MAX_UNIT_BYTES]).len();
-            c.encode_utf8(&mut out[..]);
-            return (n, end);
+    let (code, end) = u_escape(text, j)?;
+    let (c, end) = match code {
+        0xD800..=0xDBFF => {
+            let (low, end2) = low_surrogate(text, end, reading)?;
+            (char::from_u32(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00))?, end2)
         }
-    }
-    // A run before anything else (or a lone surrogate): a backslash.
-    out[0] = b'\\';
-    (1, j)
+        _ => (char::from_u32(code)?, end),
+    };
+    Some((c.encode_utf8(out).len(), end))
 }
 
 /// `u` and four hex digits at `j`: the code and where they end.
@@ -86,13 +148,17 @@ fn u_escape(text: &[u8], j: usize) -> Option<(u32, usize)> {
     Some((code, j + 5))
 }
 
-/// A `\…\uDC00`-range escape at `at` (after any run of backslashes).
-fn low_surrogate(text: &[u8], at: usize) -> Option<(u32, usize)> {
+/// A `\…\uDC00`-range escape at `at`, after the run `reading` asks for.
+fn low_surrogate(text: &[u8], at: usize, reading: Reading) -> Option<(u32, usize)> {
     let mut j = at;
     while j < text.len() && text[j] == b'\\' {
         j += 1;
     }
-    if j == at {
+    let fits = match reading.escape_run() {
+        None => j > at,
+        Some(esc) => j - at == esc,
+    };
+    if !fits {
         return None;
     }
     u_escape(text, j).filter(|(c, _)| (0xDC00..=0xDFFF).contains(c))
@@ -113,12 +179,13 @@ pub fn has_escapes(text: &[u8]) -> bool {
     memchr::memchr2(b'%', b'\\', text).is_some()
 }
 
-/// Spans of `text` whose decoded units `found` reports a match in. `found`
-/// is fed each decoded byte and returns the lengths (in decoded bytes) of
-/// the patterns ending there; `max_len` bounds them. Linear in the text,
-/// memory `max_len` offsets.
+/// Spans of `text` whose units, as `reading` decodes them, `found`
+/// reports a match in. `found` is fed each decoded byte and returns the
+/// lengths (in decoded bytes) of the patterns ending there; `max_len`
+/// bounds them. Linear in the text, memory `max_len` offsets.
 pub fn spans(
     text: &[u8],
+    reading: Reading,
     max_len: usize,
     mut found: impl FnMut(u8, &mut Vec<usize>),
     out: &mut Vec<Range<usize>>,
@@ -134,19 +201,19 @@ pub fn spans(
     let mut buf = [0u8; MAX_UNIT_BYTES];
     let mut i = 0;
     while i < text.len() {
-        let (n, end) = next(text, i, &mut buf);
-        for &b in &buf[..n] {
+        let unit = next(text, i, reading, &mut buf);
+        for b in std::iter::repeat_n(b'\\', unit.lead).chain(buf[..unit.n].iter().copied()) {
             starts[count % max_len] = i;
             count += 1;
             lens.clear();
             found(b, &mut lens);
             for &len in &lens {
                 if len > 0 && len <= max_len && len <= count {
-                    out.push(starts[(count - len) % max_len]..end);
+                    out.push(starts[(count - len) % max_len]..unit.end);
                 }
             }
         }
-        i = end;
+        i = unit.end;
     }
 }
 
@@ -154,26 +221,48 @@ pub fn spans(
 mod tests {
     use super::*;
 
-    fn decode(text: &[u8]) -> Vec<u8> {
+    fn decode(text: &[u8], reading: Reading) -> Vec<u8> {
         let mut out = Vec::new();
         let mut buf = [0u8; MAX_UNIT_BYTES];
         let mut i = 0;
         while i < text.len() {
-            let (n, end) = next(text, i, &mut buf);
-            out.extend_from_slice(&buf[..n]);
-            i = end;
+            let unit = next(text, i, reading, &mut buf);
+            out.extend(std::iter::repeat_n(b'\\', unit.lead));
+            out.extend_from_slice(&buf[..unit.n]);
+            i = unit.end;
         }
         out
     }
 
     #[test]
     fn units_decode_every_escape() {
-        assert_eq!(decode(br"a%2Fb%2fc%zz%"), b"a/b/c%zz%");
-        assert_eq!(decode(br"\u0073\\u0073\\\/\n\t\x"), b"ss/\n\t\\x");
-        assert_eq!(decode(br"\ud83d\ude00"), "😀".as_bytes());
-        assert_eq!(decode(br"\\ud83d\\ude00"), "😀".as_bytes());
-        assert_eq!(decode(br"\ud83dx"), b"\\ud83dx");
-        assert_eq!(decode(br"\u00e9"), "é".as_bytes());
-        assert_eq!(decode(b"\\"), b"\\");
+        let any = |t: &[u8]| decode(t, Reading::AnyDepth);
+        assert_eq!(any(br"a%2Fb%2fc%zz%"), b"a/b/c%zz%");
+        assert_eq!(any(br"\u0073\\u0073\\\/\n\t\x"), b"ss/\n\t\\x");
+        assert_eq!(any(br"\ud83d\ude00"), "😀".as_bytes());
+        assert_eq!(any(br"\\ud83d\\ude00"), "😀".as_bytes());
+        assert_eq!(any(br"\ud83dx"), b"\\ud83dx");
+        assert_eq!(any(br"\u00e9"), "é".as_bytes());
+        assert_eq!(any(b"\\"), b"\\");
+    }
+
+    #[test]
+    fn each_depth_reads_its_own_backslashes() {
+        // `C:\new` as JSON, one and two deep.
+        assert_eq!(decode(br"C:\\new", Reading::Depth(1)), br"C:\new");
+        assert_eq!(decode(br"C:\\\\new", Reading::Depth(2)), br"C:\new");
+        assert_eq!(decode(br"C:\\new", Reading::Depth(2)), b"C:\new");
+        // A backslash, then an escaped `/`, three deep: 8 + 4 backslashes.
+        let three = [b"\\".repeat(12), b"u002f".to_vec()].concat();
+        assert_eq!(decode(&three, Reading::Depth(3)), br"\/");
+        assert_eq!(decode(&three, Reading::AnyDepth), b"/");
+        // A surrogate pair's halves each after the depth's own run.
+        assert_eq!(decode(br"\\ud83d\\ude00", Reading::Depth(2)), "😀".as_bytes());
+        assert_eq!(decode(br"\\ud83d\ude00", Reading::Depth(2)), br"\ud83d\ude00");
+        // A quote's escape is escaped again at each depth.
+        assert_eq!(decode(br#"a\\\"b"#, Reading::Depth(2)), br#"a"b"#);
+        assert_eq!(decode(br#"a\\\\\\\"b"#, Reading::Depth(2)), br#"a\"b"#);
+        // A run that escapes nothing is never lost.
+        assert_eq!(decode(br"a\b", Reading::Depth(3)), br"a\b");
     }
 }
