@@ -278,8 +278,11 @@ pub fn forms_request(input: &[u8]) -> bool {
         if h.name.eq_ignore_ascii_case("content-length") {
             match std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok()) {
                 Some(n) => content_length = Some(n),
-                // A malformed length is a malformed head: answered.
-                None => return true,
+                // A malformed length is a malformed head: answered, unless
+                // the bytes after the head are HTTP/2's preface (hyper has
+                // consumed the head by then, finds the preface in what is
+                // left, and closes as it does before a preface).
+                None => return !input[head_len..].starts_with(H2_PREFACE),
             }
         }
     }
