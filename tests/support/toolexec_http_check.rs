@@ -245,19 +245,21 @@ fn serve_measured(input: &[u8]) -> Outcome {
 /// What an HTTP/2 client with prior knowledge sends first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// Whether `bytes`, past the CRs and LFs hyper skips before a head, are
+/// HTTP/2's preface: hyper closes such a connection without an answer an
+/// HTTP/2 client would misread.
+fn opens_with_preface(bytes: &[u8]) -> bool {
+    let skip = bytes.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+    bytes[skip..].starts_with(H2_PREFACE)
+}
+
 /// Does `input` start with a whole request (see the module comment)?
 pub fn forms_request(input: &[u8]) -> bool {
     // HTTP/2's connection preface is not an HTTP/1 request: hyper closes
     // the connection without an answer an HTTP/2 client would misread,
     // after the empty lines an HTTP/1 parser skips before a request too,
     // and after a lone CR as well (hyper finds the preface past it).
-    let mut head = input;
-    while let Some(rest) =
-        head.strip_prefix(b"\r\n").or_else(|| head.strip_prefix(b"\n")).or_else(|| head.strip_prefix(b"\r"))
-    {
-        head = rest;
-    }
-    if head.starts_with(H2_PREFACE) {
+    if opens_with_preface(input) {
         return false;
     }
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -269,6 +271,13 @@ pub fn forms_request(input: &[u8]) -> bool {
         Err(_) => return true,
         Ok(httparse::Status::Partial) => return false,
     };
+    // hyper takes the head off its buffer before it reads the URI and
+    // the headers; a head it refuses from there on is closed unanswered
+    // too when what is left, past empty lines, is the preface. Which heads
+    // hyper refuses is hyper's to judge, so any answer is optional there.
+    if opens_with_preface(&input[head_len..]) {
+        return false;
+    }
     let mut content_length: Option<u64> = None;
     for h in req.headers.iter() {
         if h.name.eq_ignore_ascii_case("transfer-encoding") {
@@ -278,11 +287,8 @@ pub fn forms_request(input: &[u8]) -> bool {
         if h.name.eq_ignore_ascii_case("content-length") {
             match std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok()) {
                 Some(n) => content_length = Some(n),
-                // A malformed length is a malformed head: answered, unless
-                // the bytes after the head are HTTP/2's preface (hyper has
-                // consumed the head by then, finds the preface in what is
-                // left, and closes as it does before a preface).
-                None => return !input[head_len..].starts_with(H2_PREFACE),
+                // A malformed length is a malformed head: answered.
+                None => return true,
             }
         }
     }

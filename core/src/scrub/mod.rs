@@ -13,8 +13,10 @@
 //!   [`units`] and the secret matched on the decoded bytes, with a span
 //!   back in the text; once reading any run before an escape as that
 //!   escape, and, for a secret holding `\` or `"`, once per JSON depth up
-//!   to [`units::MAX_JSON_DEPTH`], where the backslashes it holds count.
-//!   This pass runs only on text holding `%` or `\`.
+//!   to [`units::MAX_JSON_DEPTH`], where the backslashes it holds count;
+//!   for a secret holding `%`, each of those again with percent escapes
+//!   left as they are, as JSON leaves them. This pass runs only on text
+//!   holding `%` or `\`.
 //!
 //! Both passes are linear in the text (the second once per reading); memory is the automata (a few times
 //! the secrets' total length, built once) plus the spans found. Spans are
@@ -45,6 +47,9 @@ pub struct SecretSet {
     /// Whether a secret holds a backslash or a quote: only then do the
     /// JSON depths read its own bytes otherwise than any depth does.
     depths: bool,
+    /// Whether a secret holds `%`: only then is text read with percent
+    /// escapes left as they are too.
+    percents: bool,
 }
 
 fn automaton(patterns: &[Vec<u8>], any_case: bool) -> Option<AhoCorasick> {
@@ -93,6 +98,7 @@ impl SecretSet {
             decoded,
             max_len: plain.iter().map(Vec::len).max().unwrap_or(0),
             depths: plain.iter().flatten().any(|b| matches!(b, b'\\' | b'"')),
+            percents: plain.iter().flatten().any(|&b| b == b'%'),
         }
     }
 
@@ -129,8 +135,7 @@ impl SecretSet {
         out: &mut Vec<Range<usize>>,
     ) {
         let Ok(start) = nfa.start_state(Anchored::No) else { return };
-        let readings = units::Reading::all().take(if self.depths { usize::MAX } else { 1 });
-        for reading in readings {
+        for reading in units::Reading::needed(self.depths, self.percents) {
             let mut sid = start;
             units::spans(
                 data,

@@ -61,6 +61,14 @@ fn a_secret_holding_backslashes_is_found_however_deep_json_holds_it() {
     }
 }
 
+#[test]
+fn a_secret_holding_percent_escapes_is_found_in_json_that_escapes_the_rest() {
+    let secret = "\0tok%00en%2";
+    let set = SecretSet::new([secret]);
+    let text = serde_json::to_string(secret).expect("a string");
+    assert_eq!(&*set.replace(text.as_bytes(), MARK), &[b"\"".as_slice(), MARK, b"\""].concat()[..], "{text}");
+}
+
 proptest! {
     /// Any secret, planted in any encoding among filler that no encoding
     /// uses: nothing of it can be read afterwards, and the filler stays.

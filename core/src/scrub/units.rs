@@ -1,46 +1,69 @@
 //! Text read as *units*, each decoding to a few bytes: a byte as it is, a
 //! percent escape (`%2F`, `%2f`), or a JSON escape preceded by any run of
 //! backslashes (`\u0073`, `\\u0073`, `\/`, `\n`; a `\uD83D\uDE00` pair is
-//! one character). A secret is matched on the decoded bytes, so a copy
-//! that is escaped in part, in full, in either case, or escaped again
-//! inside JSON held in a string, is one span of the text.
+//! one character), each as a [`Reading`] has it. A secret is matched on
+//! the decoded bytes, so a copy that is escaped in part, in full, in
+//! either case, or escaped again inside JSON held in a string, is one span
+//! of the text.
 
 use std::ops::Range;
 
 /// Longest UTF-8 encoding of a character.
 pub const MAX_UNIT_BYTES: usize = 4;
 
-/// Deepest JSON nesting read exactly ([`Reading::Depth`]): a secret held in
-/// a string of JSON held in a string of JSON held in a string… four deep.
+/// Deepest JSON nesting read exactly ([`Backslashes::Depth`]): a secret
+/// held in a string of JSON held in a string of JSON held in a string…
+/// four deep.
 pub const MAX_JSON_DEPTH: u8 = 4;
 
-/// How a run of backslashes is read. No one reading finds every copy: at
-/// depth 1 `\\n` is a backslash and `n` (a Windows path's `C:\new`), at
-/// depth 2 a newline; so the decoded pass runs each reading in turn.
+/// How a run of backslashes is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reading {
+pub enum Backslashes {
     /// A run before an escape is that escape, however deep, and a run
     /// before anything else one backslash: finds copies escaped in part at
     /// one depth and in part at another.
     AnyDepth,
     /// JSON string text `d` deep (1: the body of `"a\\b"`; 2: that JSON
     /// inside a string): a literal backslash is 2^d backslashes, an
-    /// escape's own 2^(d-1), a quote's 2^d - 1. Finds the backslashes a secret holds, which
-    /// [`Reading::AnyDepth`] swallows into the escape after them.
+    /// escape's own 2^(d-1), a quote's 2^d - 1. Finds the backslashes a
+    /// secret holds, which [`Backslashes::AnyDepth`] swallows into the
+    /// escape after them.
     Depth(u8),
 }
 
+/// How the text is decoded. No one reading finds every copy: at depth 1
+/// `\\n` is a backslash and `n` (a Windows path's `C:\new`), at depth 2 a
+/// newline; in JSON, a secret's own `%00` is three characters, not a
+/// percent escape. So the decoded pass runs each reading the secrets need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    /// Whether `%XX` is an escape.
+    pub percent: bool,
+    pub backslashes: Backslashes,
+}
+
 impl Reading {
-    /// Every reading the decoded pass runs.
-    pub fn all() -> impl Iterator<Item = Reading> {
-        std::iter::once(Reading::AnyDepth).chain((1..=MAX_JSON_DEPTH).map(Reading::Depth))
+    /// Percent escapes and JSON escapes at any depth: enough for every
+    /// secret without `\`, `"` or `%`.
+    pub const ANY: Reading = Reading { percent: true, backslashes: Backslashes::AnyDepth };
+
+    /// The readings secrets need: `depths` when one holds `\` or `"`
+    /// (which read otherwise at each JSON depth), `literal_percent` when
+    /// one holds `%` (which JSON leaves as it is).
+    pub fn needed(depths: bool, literal_percent: bool) -> impl Iterator<Item = Reading> {
+        let rules = std::iter::once(Backslashes::AnyDepth)
+            .chain((1..=MAX_JSON_DEPTH).map(Backslashes::Depth).filter(move |_| depths));
+        [true, false]
+            .into_iter()
+            .filter(move |&percent| percent || literal_percent)
+            .flat_map(move |percent| rules.clone().map(move |backslashes| Reading { percent, backslashes }))
     }
 
     /// How many backslashes an escape's own backslash is, if fixed.
     fn escape_run(self) -> Option<usize> {
-        match self {
-            Reading::AnyDepth => None,
-            Reading::Depth(d) => Some(1 << (d.clamp(1, MAX_JSON_DEPTH) - 1)),
+        match self.backslashes {
+            Backslashes::AnyDepth => None,
+            Backslashes::Depth(d) => Some(1 << (d.clamp(1, MAX_JSON_DEPTH) - 1)),
         }
     }
 }
@@ -62,7 +85,7 @@ pub fn next(text: &[u8], i: usize, reading: Reading, out: &mut [u8; MAX_UNIT_BYT
         Unit { lead: 0, n: 1, end }
     };
     match text[i] {
-        b'%' => {
+        b'%' if reading.percent => {
             if let (Some(&h), Some(&l)) = (text.get(i + 1), text.get(i + 2)) {
                 if let (Some(h), Some(l)) = (hex_val(h), hex_val(l)) {
                     return one((h << 4) | l, out, i + 3);
@@ -236,7 +259,9 @@ mod tests {
 
     #[test]
     fn units_decode_every_escape() {
-        let any = |t: &[u8]| decode(t, Reading::AnyDepth);
+        let any = |t: &[u8]| decode(t, Reading::ANY);
+        let json_only = Reading { percent: false, backslashes: Backslashes::AnyDepth };
+        assert_eq!(decode(br"%00\u0025", json_only), b"%00%");
         assert_eq!(any(br"a%2Fb%2fc%zz%"), b"a/b/c%zz%");
         assert_eq!(any(br"\u0073\\u0073\\\/\n\t\x"), b"ss/\n\t\\x");
         assert_eq!(any(br"\ud83d\ude00"), "😀".as_bytes());
@@ -246,23 +271,27 @@ mod tests {
         assert_eq!(any(b"\\"), b"\\");
     }
 
+    fn depth(d: u8) -> Reading {
+        Reading { percent: true, backslashes: Backslashes::Depth(d) }
+    }
+
     #[test]
     fn each_depth_reads_its_own_backslashes() {
         // `C:\new` as JSON, one and two deep.
-        assert_eq!(decode(br"C:\\new", Reading::Depth(1)), br"C:\new");
-        assert_eq!(decode(br"C:\\\\new", Reading::Depth(2)), br"C:\new");
-        assert_eq!(decode(br"C:\\new", Reading::Depth(2)), b"C:\new");
+        assert_eq!(decode(br"C:\\new", depth(1)), br"C:\new");
+        assert_eq!(decode(br"C:\\\\new", depth(2)), br"C:\new");
+        assert_eq!(decode(br"C:\\new", depth(2)), b"C:\new");
         // A backslash, then an escaped `/`, three deep: 8 + 4 backslashes.
         let three = [b"\\".repeat(12), b"u002f".to_vec()].concat();
-        assert_eq!(decode(&three, Reading::Depth(3)), br"\/");
-        assert_eq!(decode(&three, Reading::AnyDepth), b"/");
+        assert_eq!(decode(&three, depth(3)), br"\/");
+        assert_eq!(decode(&three, Reading::ANY), b"/");
         // A surrogate pair's halves each after the depth's own run.
-        assert_eq!(decode(br"\\ud83d\\ude00", Reading::Depth(2)), "😀".as_bytes());
-        assert_eq!(decode(br"\\ud83d\ude00", Reading::Depth(2)), br"\ud83d\ude00");
+        assert_eq!(decode(br"\\ud83d\\ude00", depth(2)), "😀".as_bytes());
+        assert_eq!(decode(br"\\ud83d\ude00", depth(2)), br"\ud83d\ude00");
         // A quote's escape is escaped again at each depth.
-        assert_eq!(decode(br#"a\\\"b"#, Reading::Depth(2)), br#"a"b"#);
-        assert_eq!(decode(br#"a\\\\\\\"b"#, Reading::Depth(2)), br#"a\"b"#);
+        assert_eq!(decode(br#"a\\\"b"#, depth(2)), br#"a"b"#);
+        assert_eq!(decode(br#"a\\\\\\\"b"#, depth(2)), br#"a\"b"#);
         // A run that escapes nothing is never lost.
-        assert_eq!(decode(br"a\b", Reading::Depth(3)), br"a\b");
+        assert_eq!(decode(br"a\b", depth(3)), br"a\b");
     }
 }
