@@ -139,7 +139,16 @@ fn oracle_socks_request(b: &[u8]) -> Option<(String, u16, usize)> {
         1 if b.len() >= 8 => (std::net::Ipv4Addr::new(b[4], b[5], b[6], b[7]).to_string(), 8),
         3 if b.len() >= 5 && b[4] > 0 && b.len() >= 5 + b[4] as usize => {
             let end = 5 + b[4] as usize;
-            (url_host(std::str::from_utf8(&b[5..end]).ok()?)?, end)
+            // A name holding `:` is an IPv6 address written out, as a
+            // resolver reads it (`getaddrinfo("::1")`); `url` wants it
+            // in brackets.
+            let text = std::str::from_utf8(&b[5..end]).ok()?;
+            let text = if text.contains(':') && !text.starts_with('[') {
+                format!("[{text}]")
+            } else {
+                text.to_owned()
+            };
+            (url_host(&text)?, end)
         }
         4 if b.len() >= 20 => {
             let mut o = [0u8; 16];
