@@ -93,6 +93,7 @@ fn the_proxy_refuses_every_change_to_a_protected_path_as_each_user_in_each_mode(
             printf '[core]\n' | "$AIRLOCK" fs write .git/config.worktree && echo WORKTREE-CONFIG
             printf '#!/bin/sh\ntouch pwned\n' | "$AIRLOCK" fs write .git/hooks/pre-commit && echo HOOKED
             "$AIRLOCK" fs mkdir .vscode && echo VSCODE
+            printf 'touch pwned\n' | "$AIRLOCK" fs write .envrc && echo ENVRC
             printf 'ok\n' | "$AIRLOCK" fs write .git/notes.txt && echo REST-OF-GIT-WRITABLE
             true
         "#,
@@ -100,9 +101,11 @@ fn the_proxy_refuses_every_change_to_a_protected_path_as_each_user_in_each_mode(
         let c = ctx(mode, who);
         assert_eq!(ran.output.status.code(), Some(0), "{c}: {}", ran.stderr());
         assert_eq!(ran.stdout(), "REST-OF-GIT-WRITABLE\n", "{c}: {}", ran.stderr());
-        assert!(ran.report["guarded"].to_string().contains("git_config"), "{c}: {}", ran.report);
+        for rule in ["git_config", "shell_hook"] {
+            assert!(ran.report["guarded"].to_string().contains(rule), "{c}: {rule}: {}", ran.report);
+        }
         assert_eq!(std::fs::read(f.project.join(".git/config")).unwrap(), config, "{c}");
-        for gone in [".git/config.worktree", ".git/hooks/pre-commit", ".vscode"] {
+        for gone in [".git/config.worktree", ".git/hooks/pre-commit", ".vscode", ".envrc"] {
             assert!(!f.project.join(gone).exists(), "{c}: {gone}");
         }
         git(&f.project, &["status", "--short"]);
@@ -116,6 +119,7 @@ const CREATE: &str = r#"
     mkdir -p .vscode && echo '{"tasks":[]}' > .vscode/tasks.json && echo VSCODE
     mkdir -p .claude && echo '{}' > .claude/settings.json && echo CLAUDE
     echo '{}' > .mcp.json && echo MCP
+    printf 'touch pwned\n' > .envrc && echo ENVRC
     printf '[core]\n\tfsmonitor = touch pwned\n' > .git/config.worktree && echo WORKTREE-CONFIG
     mkdir -p .git/modules/m && echo x > .git/modules/m/config && echo MODULE-CONFIG
     printf '#!/bin/sh\ntouch pwned\n' > .git/hooks/post-checkout && echo HOOKED
@@ -185,7 +189,9 @@ fn a_sandbox_rw_checkout_cannot_gain_executable_configuration_as_each_user_in_ea
         assert_eq!(std::fs::read_to_string(aside.join("tasks.json")).unwrap(), "{}\n", "{c}");
         // The placeholders are gone, and git sees only what the child
         // wrote on purpose.
-        for gone in [".vscode", ".claude", ".mcp.json", ".git/config.worktree", ".git/modules", ".cursor"] {
+        for gone in
+            [".vscode", ".claude", ".mcp.json", ".envrc", ".git/config.worktree", ".git/modules", ".cursor"]
+        {
             assert!(!f.project.join(gone).exists(), "{c}: {gone} stays on the host");
         }
         assert!(!f.project.join(".git/hooks/post-checkout").exists(), "{c}");
@@ -209,6 +215,7 @@ fn a_plain_writable_tree_holds_its_absent_protected_names_as_each_user_in_each_m
             mkdir .vscode 2>/dev/null && echo VSCODE
             mkdir .idea 2>/dev/null && echo IDEA
             echo '{}' > .mcp.json 2>/dev/null && echo MCP
+            echo 'touch pwned' > .envrc 2>/dev/null && echo ENVRC
             echo plain > notes.txt && echo PLAIN";
         let ran = run(&f, mode, &["--sandbox-rw", f.project.to_str().unwrap()], script);
         let c = ctx(mode, who);
@@ -219,15 +226,20 @@ fn a_plain_writable_tree_holds_its_absent_protected_names_as_each_user_in_each_m
             Mode::Namespaces => {
                 assert_eq!(ran.stdout(), "PLAIN\n", "{c}: {}", ran.stderr());
                 assert!(!gaps.contains("protected_create"), "{c}: {gaps}");
-                for gone in [".git", ".vscode", ".idea", ".mcp.json"] {
+                for gone in [".git", ".vscode", ".idea", ".mcp.json", ".envrc"] {
                     assert!(!f.project.join(gone).exists(), "{c}: {gone}");
                 }
             }
             Mode::Fallback => {
-                assert_eq!(ran.stdout(), "GIT-INIT\nVSCODE\nIDEA\nMCP\nPLAIN\n", "{c}: {}", ran.stderr());
+                assert_eq!(
+                    ran.stdout(),
+                    "GIT-INIT\nVSCODE\nIDEA\nMCP\nENVRC\nPLAIN\n",
+                    "{c}: {}",
+                    ran.stderr()
+                );
                 assert!(gaps.contains("protected_create"), "{c}: {gaps}");
                 // What no mount could stop is renamed aside at the end.
-                for name in [".git", ".vscode", ".idea", ".mcp.json"] {
+                for name in [".git", ".vscode", ".idea", ".mcp.json", ".envrc"] {
                     assert!(made.contains(&format!("/{name}\"")), "{c}: {name} not reported: {made}");
                     assert!(!f.project.join(name).exists(), "{c}: {name} stays where it runs");
                     assert!(

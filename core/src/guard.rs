@@ -67,6 +67,9 @@ pub enum Rule {
     EditorConfig,
     /// `.claude/`, `.cursor/`, `.codex/`, `.gemini/`, `.mcp.json`, `.claude.json`.
     AgentConfig,
+    /// `.envrc`: a script direnv runs on entering its directory. Read, it
+    /// is a secret of the `.env` family; changed, it is this rule.
+    ShellHook,
     /// Shell and login start-up files, `.gitconfig`, `.ssh/config`, … in a
     /// home directory.
     HomeStartup,
@@ -89,6 +92,7 @@ impl Rule {
             | Rule::GitHooks
             | Rule::EditorConfig
             | Rule::AgentConfig
+            | Rule::ShellHook
             | Rule::HomeStartup => Class::Protected,
             Rule::EnvFile | Rule::SshKey | Rule::Credentials => Class::Secret,
             Rule::DenyGlob => Class::Denied,
@@ -103,6 +107,7 @@ impl Rule {
             Rule::GitHooks => "the repository's hooks: .git/hooks",
             Rule::EditorConfig => "editor configuration that runs commands: .vscode, .idea, .devcontainer",
             Rule::AgentConfig => "agent configuration that runs commands: .claude, .cursor, .mcp.json, …",
+            Rule::ShellHook => "a script a shell runs on entering its directory: .envrc",
             Rule::HomeStartup => "a start-up file of a home directory: .bashrc, .profile, .gitconfig, …",
             Rule::EnvFile => "the .env family",
             Rule::SshKey => "an SSH private key",
@@ -118,6 +123,7 @@ impl Rule {
             Rule::GitHooks => "git_hooks",
             Rule::EditorConfig => "editor_config",
             Rule::AgentConfig => "agent_config",
+            Rule::ShellHook => "shell_hook",
             Rule::HomeStartup => "home_startup",
             Rule::EnvFile => "env_file",
             Rule::SshKey => "ssh_key",
@@ -450,20 +456,28 @@ impl Guard {
 
     /// The rule `path` (canonical absolute) falls under for `act`, if
     /// any, ignoring grants: a `--deny` glob, then a secret, then (for an
-    /// act that changes the file system) a protected path.
+    /// act that changes the file system) a protected path. A file that is
+    /// both a secret and a script the host runs (`.envrc`) meets the
+    /// protected rule when changed, so a writable direct view holds it
+    /// and sets aside one made past the holds, as it does `.vscode`.
     pub fn matched(&self, path: &[u8], act: Act, is_dir: bool) -> Option<Rule> {
         if self.deny.iter().any(|d| d.matches(path, is_dir)) {
             return Some(Rule::DenyGlob);
         }
-        if let Some(rule) = names::secret(path) {
-            return Some(rule);
-        }
-        if act.changes() {
+        let protected = || {
             let homes: Vec<&[u8]> = self.homes.iter().map(|h| bytes::bytes(h)).collect();
             let dir_into = matches!(act, Act::RenameTo { dir: true });
-            return names::protected(path, &homes, dir_into);
+            names::protected(path, &homes, dir_into)
+        };
+        let secret = names::secret(path);
+        if !act.changes() {
+            return secret;
         }
-        None
+        match (secret, protected()) {
+            (_, Some(Rule::ShellHook)) => Some(Rule::ShellHook),
+            (Some(rule), _) => Some(rule),
+            (None, protected) => protected,
+        }
     }
 
     /// Decide `act` on `path` (canonical absolute, the resolved path).

@@ -67,6 +67,8 @@ const EDITOR_DIRS: &[&[u8]] = &[b".vscode", b".idea", b".devcontainer"];
 /// Agent configuration that runs commands (hooks, MCP servers).
 const AGENT_DIRS: &[&[u8]] = &[b".claude", b".cursor", b".codex", b".gemini"];
 const AGENT_FILES: &[&[u8]] = &[b".mcp.json", b".claude.json"];
+/// Scripts a shell runs on entering their directory (direnv).
+const SHELL_HOOK_FILES: &[&[u8]] = &[b".envrc"];
 
 /// What a login, a shell, a desktop session or git runs from a home
 /// directory.
@@ -201,7 +203,7 @@ pub fn secret(path: &[u8]) -> Option<Rule> {
 /// What a place a writable direct view holds empty must hold, each
 /// (path beneath the place, whether a directory): the protected names
 /// that place may be made to hold. Names that are files of JSON (agent
-/// configuration) are held as directories: an empty file there would
+/// configuration, `.envrc`) are held as directories: an empty file there would
 /// show in `git status` and be added with the rest. `commondir` is left
 /// out: git refuses a repository whose `commondir` it cannot follow, so
 /// no placeholder can stand there (a created one is reported).
@@ -215,6 +217,7 @@ pub fn held(git_dir: bool) -> Vec<(Vec<u8>, bool)> {
         .chain(EDITOR_DIRS.iter().copied())
         .chain(AGENT_DIRS.iter().copied())
         .chain(AGENT_FILES.iter().copied())
+        .chain(SHELL_HOOK_FILES.iter().copied())
         .map(|n| (n.to_vec(), true))
         .collect();
     out.extend(HOME_FILES.iter().map(|n| (n.to_vec(), false)));
@@ -311,6 +314,9 @@ pub fn protected(path: &[u8], homes: &[&[u8]], dir_into: bool) -> Option<Rule> {
     let last = c.last()?;
     if AGENT_FILES.iter().any(|n| eq(last, n)) {
         return Some(Rule::AgentConfig);
+    }
+    if SHELL_HOOK_FILES.iter().any(|n| eq(last, n)) {
+        return Some(Rule::ShellHook);
     }
     let homes: Vec<Vec<&[u8]>> = homes.iter().map(|h| components(h)).collect();
     for (i, _) in c.iter().enumerate() {

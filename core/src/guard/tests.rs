@@ -48,6 +48,30 @@ fn the_env_family_and_its_editor_copies_are_secret_in_any_case() {
     }
 }
 
+/// `.envrc` holds keys and is a script direnv runs: reading it meets the
+/// secret rule, changing it the protected one, so each grant lifts only
+/// its own half.
+#[test]
+fn envrc_is_a_secret_to_read_and_protected_to_change() {
+    let g = plain();
+    for path in ["/p/.envrc", "/p/sub/.ENVRC"] {
+        assert_eq!(rule(&g, path, Act::Read), Some(Rule::EnvFile), "{path}");
+        for act in [Act::Write, Act::Create, Act::Truncate, Act::Remove, Act::RenameFrom, Act::MakeDir] {
+            let hit = g.check(Path::new(path), act, false).unwrap_err();
+            assert_eq!((hit.rule, hit.class), (Rule::ShellHook, Class::Protected), "{path} {act:?}");
+        }
+    }
+    // Its editor copies are secrets only: direnv runs none of them.
+    assert_eq!(rule(&g, "/p/.envrc~", Act::Write), Some(Rule::EnvFile));
+    let to = |grants: &[&str]| Grants::new(grants.iter().map(PathBuf::from));
+    let write_granted = Guard::new(to(&["/p/.envrc"]), Grants::default(), None, []);
+    assert!(write_granted.check(Path::new("/p/.envrc"), Act::Write, false).unwrap().is_some());
+    assert!(write_granted.check(Path::new("/p/.envrc"), Act::Read, false).is_err());
+    let read_granted = Guard::new(Grants::default(), to(&["/p/.envrc"]), None, []);
+    assert!(read_granted.check(Path::new("/p/.envrc"), Act::Read, false).unwrap().is_some());
+    assert!(read_granted.check(Path::new("/p/.envrc"), Act::Write, false).is_err());
+}
+
 #[test]
 fn credentials_and_keys_are_secret() {
     let g = plain();

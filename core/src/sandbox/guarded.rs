@@ -380,7 +380,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let top = names("/p", HoldAt::Top);
-        for want in [".git", ".vscode", ".idea", ".claude", ".cursor", ".mcp.json"] {
+        for want in [".git", ".vscode", ".idea", ".claude", ".cursor", ".mcp.json", ".envrc"] {
             assert!(top.contains(&(format!("/p/{want}"), true)), "{want}: {top:?}");
         }
         // Not a home: its start-up files are not protected there.
