@@ -608,6 +608,7 @@ pub fn run(
             covered,
             protected_created: ended.created,
             protected_set_aside: ended.set_aside,
+            protected_unchecked: ended.unchecked,
         };
         // Before the audit log closes: the proxies' last lines go there.
         let egress_report = match egress_service {

@@ -2,14 +2,20 @@
 //! the guard covers there (`airlock_core::sandbox::cover` decides each
 //! entry): secret files to mask, protected paths to keep read-only, git
 //! directories to pin. Symlinks are not followed (a link's target is
-//! decided where it really lies); a tree larger than
-//! `MAX_GUARD_SCAN_ENTRIES` is refused, never half checked.
+//! decided where it really lies, but a link under a protected name counts
+//! as that protected path); a tree larger than
+//! `MAX_GUARD_SCAN_ENTRIES` is refused, never half checked, and one the
+//! process grew past it is said to be unchecked at the end.
 
 use airlock_core::guard::{Act, Class, Guard};
 use airlock_core::sandbox::{
     cover, ordered, Cover, CoverRefusal, NsMode, MAX_COVERS, MAX_GUARD_SCAN_ENTRIES,
 };
 use std::path::{Path, PathBuf};
+
+/// Set-aside paths said one by one on stderr at most; the rest are
+/// counted there and listed in the report.
+pub const MAX_SET_ASIDE_SAID: usize = 16;
 
 /// A tree (absolute, resolved) and whether it is granted for writing.
 #[derive(Clone, Debug)]
@@ -30,6 +36,17 @@ pub struct Found {
 
 /// Look through `trees` for what `guard` covers.
 pub fn scan(guard: &Guard, trees: &[Tree]) -> Result<Found, CoverRefusal> {
+    let mut found = walk(guard, trees)?;
+    if found.covers.len() > MAX_COVERS {
+        return Err(CoverRefusal::TooMany { count: found.covers.len() });
+    }
+    found.covers = ordered(found.covers);
+    Ok(found)
+}
+
+/// Every entry of `trees` decided, however many covers that takes; only a
+/// tree of more than `MAX_GUARD_SCAN_ENTRIES` entries is refused.
+fn walk(guard: &Guard, trees: &[Tree]) -> Result<Found, CoverRefusal> {
     let mut found = Found::default();
     for tree in trees {
         let mut seen = 0usize;
@@ -49,10 +66,14 @@ pub fn scan(guard: &Guard, trees: &[Tree]) -> Result<Found, CoverRefusal> {
                     return Err(CoverRefusal::TooLarge { tree: tree.path.clone() });
                 }
                 let Ok(kind) = entry.file_type() else { continue };
+                let path = entry.path();
                 if kind.is_symlink() {
+                    // Never followed, but a link under a protected name
+                    // (`deep/.envrc -> payload.sh`) is what an editor or
+                    // direnv opens: it counts as that protected path.
+                    note(guard, &mut found, None, &path, false, tree.writable);
                     continue;
                 }
-                let path = entry.path();
                 let (c, descend) = cover(guard, &path, kind.is_dir(), tree.writable);
                 note(guard, &mut found, c, &path, kind.is_dir(), tree.writable);
                 if descend && kind.is_dir() {
@@ -61,10 +82,6 @@ pub fn scan(guard: &Guard, trees: &[Tree]) -> Result<Found, CoverRefusal> {
             }
         }
     }
-    if found.covers.len() > MAX_COVERS {
-        return Err(CoverRefusal::TooMany { count: found.covers.len() });
-    }
-    found.covers = ordered(found.covers);
     found.protected.sort();
     found.protected.dedup();
     Ok(found)
@@ -101,6 +118,9 @@ pub struct Ended {
     pub created: Vec<PathBuf>,
     /// Those renamed aside, and to what.
     pub set_aside: Vec<crate::holds::SetAside>,
+    /// Writable trees the process grew past what a scan reads: nothing in
+    /// them was checked.
+    pub unchecked: Vec<PathBuf>,
 }
 
 impl View {
@@ -133,10 +153,21 @@ impl View {
     /// past every placeholder, each said on stderr and renamed aside.
     pub fn end(self, guard: &Guard) -> Ended {
         let View { found, held, trees } = self;
-        let created = held.made_past(created(guard, &trees, &found.protected));
+        let (created, unchecked) = created(guard, &trees, &found.protected);
+        let created = held.made_past(created);
+        for tree in &unchecked {
+            eprintln!(
+                "airlock: warning: {} holds more than {MAX_GUARD_SCAN_ENTRIES} entries now, so airlock could \
+                 not look for protected paths the confined process made in it (.git, .vscode, .envrc, …): \
+                 look before an editor, an agent or git runs in it",
+                tree.display()
+            );
+        }
         drop(held);
         let set_aside = crate::holds::set_aside(&created);
-        for s in &set_aside {
+        // A child that made thousands does not flood the terminal: the
+        // report lists every one.
+        for s in set_aside.iter().take(MAX_SET_ASIDE_SAID) {
             eprintln!(
                 "airlock: warning: a confined process created the protected path {} in a --sandbox-rw \
                  directory, where no placeholder could hold it; it is renamed to {}, where nothing runs \
@@ -145,16 +176,38 @@ impl View {
                 s.to.display()
             );
         }
-        Ended { created, set_aside }
+        if set_aside.len() > MAX_SET_ASIDE_SAID {
+            eprintln!(
+                "airlock: warning: {} more protected paths the confined process created were renamed aside \
+                 the same way (the report's protected_set_aside lists each)",
+                set_aside.len() - MAX_SET_ASIDE_SAID
+            );
+        }
+        Ended { created, set_aside, unchecked }
     }
 }
 
-/// Protected paths a writable view let the process create: present now,
-/// absent when the view was made, not granted.
-fn created(guard: &Guard, trees: &[Tree], before: &[PathBuf]) -> Vec<PathBuf> {
-    let writable: Vec<Tree> = trees.iter().filter(|t| t.writable).cloned().collect();
-    match scan(guard, &writable) {
-        Ok(after) => airlock_core::sandbox::created(guard, before, &after.protected),
-        Err(_) => Vec::new(),
+/// Protected paths a writable view let the process create (present now,
+/// absent when the view was made, not granted), and the writable trees
+/// too large now to be looked through, each scanned alone so one grown
+/// tree does not hide what was made in another.
+fn created(guard: &Guard, trees: &[Tree], before: &[PathBuf]) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut made, mut unchecked) = (Vec::new(), Vec::new());
+    for tree in trees.iter().filter(|t| t.writable) {
+        match scan_protected(guard, tree) {
+            Some(after) => made.extend(airlock_core::sandbox::created(guard, before, &after)),
+            None => unchecked.push(tree.path.clone()),
+        }
     }
+    made.sort();
+    made.dedup();
+    (made, unchecked)
+}
+
+/// The protected paths in one tree, or `None` when it holds more than a
+/// scan reads. However many there are: nothing is mounted at the end, so
+/// `MAX_COVERS` does not apply, and a child that made thousands must not
+/// have them all kept.
+fn scan_protected(guard: &Guard, tree: &Tree) -> Option<Vec<PathBuf>> {
+    walk(guard, std::slice::from_ref(tree)).ok().map(|found| found.protected)
 }

@@ -65,6 +65,9 @@ pub struct Direct {
     /// What of those was renamed aside, and to what.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub protected_set_aside: Vec<crate::holds::SetAside>,
+    /// Writable trees grown too large at the end to be looked through.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub protected_unchecked: Vec<std::path::PathBuf>,
 }
 
 /// What the broker did: its own counters (`submitted`, `started`,

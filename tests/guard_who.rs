@@ -289,3 +289,38 @@ fn placeholders_left_by_a_killed_session_go_with_the_next_start() {
         assert!(f.project.join(".idea").is_dir(), "{who:?}: the user's own directory went");
     }
 }
+
+/// What the end of a writable view cannot be talked out of: a protected
+/// name made as a symlink (`deep/.envrc -> payload.sh`, which direnv and
+/// an editor follow) and more protected names than a view may cover
+/// (`MAX_COVERS`, 4096) are each renamed aside, links as links; stderr
+/// names the first few and counts the rest, the report lists them all.
+#[test]
+fn links_and_thousands_of_protected_names_are_set_aside_as_each_user_in_each_mode() {
+    const MANY: usize = 4200;
+    for (mode, who) in cases() {
+        let f = Fixture::new(who);
+        let script = format!(
+            "mkdir -p deep/payload && echo 'touch pwned' > deep/payload.sh && ln -s payload.sh deep/.envrc \
+             && ln -s payload deep/.vscode && echo LINKS\n\
+             seq {MANY} | sed 's|.*|m/&/.claude|' | xargs mkdir -p && echo MANY"
+        );
+        let ran = run(&f, mode, &["--sandbox-rw", f.project.to_str().unwrap()], &script);
+        let c = ctx(mode, who);
+        assert_eq!(ran.output.status.code(), Some(0), "{c}: {}", ran.stderr());
+        assert_eq!(ran.stdout(), "LINKS\nMANY\n", "{c}: {}", ran.stderr());
+        let aside = ran.report["protected_set_aside"].as_array().map_or(0, Vec::len);
+        assert_eq!(aside, MANY + 2, "{c}: {}", ran.stderr());
+        for link in ["deep/.envrc", "deep/.vscode"] {
+            assert!(std::fs::symlink_metadata(f.project.join(link)).is_err(), "{c}: {link} stays");
+            let to = std::fs::symlink_metadata(f.project.join(format!("{link}.airlock-refused")));
+            assert!(to.is_ok_and(|m| m.file_type().is_symlink()), "{c}: {link} not set aside as a link");
+        }
+        assert!(!f.project.join(format!("m/{MANY}/.claude")).exists(), "{c}");
+        assert!(f.project.join(format!("m/{MANY}/.claude.airlock-refused")).is_dir(), "{c}");
+        let said = ran.stderr().matches("created the protected path").count();
+        assert_eq!(said, 16, "{c}: {}", ran.stderr());
+        let more = format!("{} more protected paths", MANY + 2 - 16);
+        assert!(ran.stderr().contains(&more), "{c}: {}", ran.stderr());
+    }
+}
