@@ -171,6 +171,9 @@ fn authority(text: &str, default: Option<u16>) -> Result<(Host, u16), HeadError>
         (&text[..inner.len() + 2], port)
     } else {
         match text.rsplit_once(':') {
+            // An IPv6 address in an authority is bracketed (RFC 3986):
+            // `a::f2:8080` has no one reading, so it gets none.
+            Some((h, _)) if h.contains(':') => return Err(HeadError::BadAuthority),
             Some((h, p)) => (h, Some(p)),
             None => (text, None),
         }
@@ -347,6 +350,9 @@ mod tests {
         assert_eq!(err(b"CONNECT pypi.org HTTP/1.1\r\n\r\n"), HeadError::BadAuthority);
         assert_eq!(err(b"CONNECT a@pypi.org:443 HTTP/1.1\r\n\r\n"), HeadError::Userinfo);
         assert_eq!(err(b"CONNECT pypi.org:0 HTTP/1.1\r\n\r\n"), HeadError::BadPort);
+        // An IPv6 address unbracketed: no reading is the one meant.
+        assert_eq!(err(b"CONNECT a::f2:8080 HTTP/1.1\r\n\r\n"), HeadError::BadAuthority);
+        assert_eq!(err(b"GET http://::1:80/ HTTP/1.1\r\n\r\n"), HeadError::BadAuthority);
     }
 
     #[test]

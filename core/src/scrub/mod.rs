@@ -114,11 +114,18 @@ impl SecretSet {
             return spans;
         }
         // Counted first, then kept: a vector that doubles as it fills
-        // would hold up to three times the spans while it grows.
+        // would hold up to three times the spans while it grows. Each
+        // match overlapping the one before joins it, so a run of matches
+        // (a secret of one repeated byte inside a long run of it) costs
+        // one span, not one per byte.
         let automata = || [&self.exact, &self.any_case].into_iter().flatten();
-        spans.reserve_exact(automata().map(|ac| ac.find_overlapping_iter(data).count()).sum());
+        spans.reserve_exact(
+            automata().map(|ac| merged_count(ac.find_overlapping_iter(data).map(|m| m.range()))).sum(),
+        );
         for ac in automata() {
-            spans.extend(ac.find_overlapping_iter(data).map(|m| m.range()));
+            for m in ac.find_overlapping_iter(data) {
+                push_merged(&mut spans, m.range());
+            }
         }
         // Only escapes decode to something else: without them the
         // literal pass has found every span already.
@@ -136,6 +143,10 @@ impl SecretSet {
     ) {
         let Ok(start) = nfa.start_state(Anchored::No) else { return };
         for reading in units::Reading::needed(self.depths, self.percents) {
+            // What earlier readings found is merged before the next adds
+            // its own: the readings mostly find the same spans, which
+            // would otherwise be kept once per reading.
+            merge_in_place(out);
             let mut sid = start;
             units::spans(
                 data,
@@ -184,6 +195,44 @@ impl SecretSet {
         out.extend_from_slice(&data[at..]);
         Cow::Owned(out)
     }
+}
+
+/// Whether two spans overlap: then their union is one span, the one
+/// [`merge`] would make of them.
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// `r` added to `spans`, joined to the last span when the two overlap.
+/// Matches come with their ends in order, so a run of overlapping ones
+/// is kept as one span; [`merge`] still settles the rest.
+fn push_merged(spans: &mut Vec<Range<usize>>, r: Range<usize>) {
+    match spans.last_mut() {
+        Some(last) if overlap(last, &r) => *last = last.start.min(r.start)..last.end.max(r.end),
+        _ => spans.push(r),
+    }
+}
+
+/// How many spans [`push_merged`] keeps of `ranges`, allocating nothing.
+fn merged_count(ranges: impl Iterator<Item = Range<usize>>) -> usize {
+    let mut last: Option<Range<usize>> = None;
+    let mut n = 0;
+    for r in ranges {
+        match &mut last {
+            Some(l) if overlap(l, &r) => *l = l.start.min(r.start)..l.end.max(r.end),
+            _ => {
+                n += 1;
+                last = Some(r);
+            }
+        }
+    }
+    n
+}
+
+/// [`merge`] on a vector kept in place (its capacity stays for reuse).
+fn merge_in_place(spans: &mut Vec<Range<usize>>) {
+    let merged = merge(std::mem::take(spans));
+    *spans = merged;
 }
 
 /// Sorted and merged: spans that overlap become one (copies side by side

@@ -232,7 +232,7 @@ pub fn spans(
             found(b, &mut lens);
             for &len in &lens {
                 if len > 0 && len <= max_len && len <= count {
-                    out.push(starts[(count - len) % max_len]..unit.end);
+                    super::push_merged(out, starts[(count - len) % max_len]..unit.end);
                 }
             }
         }
