@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 /// Set-aside paths said one by one on stderr at most; the rest are
 /// counted there and listed in the report.
-pub const MAX_SET_ASIDE_SAID: usize = 16;
+const MAX_SET_ASIDE_SAID: usize = 16;
 
 /// A tree (absolute, resolved) and whether it is granted for writing.
 #[derive(Clone, Debug)]
@@ -206,8 +206,8 @@ fn created(guard: &Guard, trees: &[Tree], before: &[PathBuf]) -> (Vec<PathBuf>, 
 
 /// The protected paths in one tree, or `None` when it holds more than a
 /// scan reads. However many there are: nothing is mounted at the end, so
-/// `MAX_COVERS` does not apply, and a child that made thousands must not
-/// have them all kept.
+/// `MAX_COVERS` does not apply (a child that made thousands gets every
+/// one set aside, not none).
 fn scan_protected(guard: &Guard, tree: &Tree) -> Option<Vec<PathBuf>> {
     walk(guard, std::slice::from_ref(tree)).ok().map(|found| found.protected)
 }

@@ -197,19 +197,22 @@ impl SecretSet {
     }
 }
 
-/// Whether two spans overlap: then their union is one span, the one
-/// [`merge`] would make of them.
-fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
-    a.start < b.end && b.start < a.end
+/// `r` joined into `last` when the two overlap (their union is then one
+/// span, the one [`merge`] would make of them); whether it was.
+fn join(last: &mut Range<usize>, r: &Range<usize>) -> bool {
+    let overlap = r.start < last.end && last.start < r.end;
+    if overlap {
+        *last = last.start.min(r.start)..last.end.max(r.end);
+    }
+    overlap
 }
 
 /// `r` added to `spans`, joined to the last span when the two overlap.
 /// Matches come with their ends in order, so a run of overlapping ones
 /// is kept as one span; [`merge`] still settles the rest.
 fn push_merged(spans: &mut Vec<Range<usize>>, r: Range<usize>) {
-    match spans.last_mut() {
-        Some(last) if overlap(last, &r) => *last = last.start.min(r.start)..last.end.max(r.end),
-        _ => spans.push(r),
+    if !spans.last_mut().is_some_and(|last| join(last, &r)) {
+        spans.push(r);
     }
 }
 
@@ -218,12 +221,9 @@ fn merged_count(ranges: impl Iterator<Item = Range<usize>>) -> usize {
     let mut last: Option<Range<usize>> = None;
     let mut n = 0;
     for r in ranges {
-        match &mut last {
-            Some(l) if overlap(l, &r) => *l = l.start.min(r.start)..l.end.max(r.end),
-            _ => {
-                n += 1;
-                last = Some(r);
-            }
+        if !last.as_mut().is_some_and(|l| join(l, &r)) {
+            n += 1;
+            last = Some(r);
         }
     }
     n
@@ -231,8 +231,7 @@ fn merged_count(ranges: impl Iterator<Item = Range<usize>>) -> usize {
 
 /// [`merge`] on a vector kept in place (its capacity stays for reuse).
 fn merge_in_place(spans: &mut Vec<Range<usize>>) {
-    let merged = merge(std::mem::take(spans));
-    *spans = merged;
+    *spans = merge(std::mem::take(spans));
 }
 
 /// Sorted and merged: spans that overlap become one (copies side by side

@@ -107,3 +107,22 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Joining matches as they come (ends in order, as an automaton
+    /// reports them) keeps what merging them all at the end would, in
+    /// exactly as many spans as were counted beforehand.
+    #[test]
+    fn spans_joined_as_found_merge_like_all_of_them(raw in proptest::collection::vec((0usize..64, 1usize..12), 0..64)) {
+        let mut ends: Vec<(usize, usize)> = raw;
+        ends.sort_by_key(|&(end, _)| end);
+        let ranges: Vec<Range<usize>> =
+            ends.iter().map(|&(end, len)| end.saturating_sub(len)..end.max(1)).collect();
+        let mut joined = Vec::new();
+        for r in &ranges {
+            push_merged(&mut joined, r.clone());
+        }
+        prop_assert_eq!(joined.len(), merged_count(ranges.iter().cloned()));
+        prop_assert_eq!(merge(joined), merge(ranges));
+    }
+}
